@@ -1,0 +1,164 @@
+"""Talking to systemd managers on their private sockets, in-process, with pystemd.
+
+PID 1 listens on /run/systemd/private and each user manager on
+/run/user/UID/systemd/private. Both are peer-to-peer D-Bus: no dbus-daemon
+in the way, so the guard can run before dbus.service and never waits on the
+system bus. Calls name their D-Bus signatures explicitly instead of letting
+pystemd introspect (an lxml parse per object; pystemd 0.11 repeats it on
+every load()).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .snapshot import SYSTEM
+
+_DEST = b"org.freedesktop.systemd1"
+_PATH = b"/org/freedesktop/systemd1"
+_MANAGER = b"org.freedesktop.systemd1.Manager"
+_UNIT = b"org.freedesktop.systemd1.Unit"
+_SERVICE = b"org.freedesktop.systemd1.Service"
+
+
+class ManagerError(RuntimeError):
+    """A manager could not be reached or refused a call; str() says which and why."""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    load_state: str
+    active_state: str
+    sub_state: str
+
+
+@dataclass(frozen=True)
+class UnitDetails:
+    exec_start: tuple[tuple[str, ...], ...]
+    active_since: float | None  # monotonic seconds
+    fragment_path: str
+
+
+class Manager:
+    """One systemd manager: 'system' or 'user:UID', reached on `socket_path`."""
+
+    def __init__(self, key: str, socket_path: str) -> None:
+        self.key = key
+        self.socket_path = socket_path
+        self._bus: Any = None
+        self.root_cgroup = "/"
+
+    def __repr__(self) -> str:
+        return f"Manager({self.key}, {self.socket_path})"
+
+    def connect(self) -> None:
+        from pystemd.dbuslib import DBusAddress
+
+        bus = DBusAddress(f"unix:path={self.socket_path}".encode(), peer_to_peer=True)
+        try:
+            bus.open()
+        except Exception as e:
+            raise ManagerError(f"{self.key}: cannot connect to {self.socket_path}: {e}") from None
+        self._bus = bus
+        root = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s"))
+        self.root_cgroup = root.rstrip("/") or "/"
+
+    def close(self) -> None:
+        if self._bus is not None:
+            try:
+                self._bus.close()
+            finally:
+                self._bus = None
+
+    @property
+    def connected(self) -> bool:
+        return self._bus is not None
+
+    def _get(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
+        if self._bus is None:
+            raise ManagerError(f"{self.key}: not connected")
+        try:
+            return self._bus.get_property(_DEST, path, iface, prop, sig)
+        except Exception as e:
+            raise ManagerError(f"{self.key}: reading {prop.decode()}: {e}") from None
+
+    def _call(self, method: bytes, sig: bytes, *args: Any) -> Any:
+        from pystemd.dbuslib import apply_signature
+
+        if self._bus is None:
+            raise ManagerError(f"{self.key}: not connected")
+        try:
+            call_args = apply_signature(sig, list(args)) if sig else []
+            # A single out-argument comes back bare, several as a list.
+            return self._bus.call_method(_DEST, _PATH, _MANAGER, method, call_args).body
+        except Exception as e:
+            raise ManagerError(f"{self.key}: {method.decode()}: {e}") from None
+
+    @staticmethod
+    def unit_path(name: str) -> bytes:
+        from pystemd.dbuslib import path_encode
+
+        return bytes(path_encode(b"/org/freedesktop/systemd1/unit", name.encode()))
+
+    def unit_states(self, names: Iterable[str]) -> dict[str, UnitState]:
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        rows = self._call(b"ListUnitsByNames", b"as", [n.encode() for n in wanted])
+        return {_s(r[0]): UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4])) for r in rows}
+
+    def unit_details(self, name: str) -> UnitDetails:
+        path = self.unit_path(name)
+        exec_start: tuple[tuple[str, ...], ...] = ()
+        if name.endswith(".service"):
+            raw = self._get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
+            exec_start = tuple(tuple(_s(a) for a in row[1]) for row in raw)
+        since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
+        if since_us == 0:  # still activating: it left 'inactive' when the start began
+            since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
+        fragment = _s(self._get(path, _UNIT, b"FragmentPath", b"s"))
+        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, fragment)
+
+    def default_target(self) -> str:
+        return _s(self._call(b"GetDefaultTarget", b""))
+
+    def stop_unit(self, name: str, mode: str = "replace") -> str:
+        """Queue a stop job; returns the job's object path."""
+        return _s(self._call(b"StopUnit", b"ss", name.encode(), mode.encode()))
+
+
+def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
+    """Manager key -> private socket path, for every manager running now."""
+    found = {}
+    if os.path.exists(system_socket):
+        found[SYSTEM] = system_socket
+    for sock in sorted(glob.glob(os.path.join(glob.escape(user_runtime), "*", "systemd", "private"))):
+        uid = sock[len(user_runtime) :].strip("/").split("/", 1)[0]
+        if uid.isdigit():
+            found[f"user:{uid}"] = sock
+    return found
+
+
+def unit_of_cgroup(cgroup: str, root: str) -> str | None:
+    """The unit a cgroup path belongs to, as seen by the manager rooted at `root`.
+
+    '/system.slice/foo.service/payload' -> 'foo.service'; the first component
+    below the root that is not a slice names the unit (services may delegate
+    sub-cgroups of their own).
+    """
+    prefix = "" if root == "/" else root
+    if prefix and not (cgroup == prefix or cgroup.startswith(prefix + "/")):
+        return None
+    for part in cgroup[len(prefix) :].split("/"):
+        if part and not part.endswith(".slice"):
+            return part
+    return None

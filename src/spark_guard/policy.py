@@ -1,0 +1,145 @@
+"""decide(snapshot, config) -> Decision: the guard's whole judgement, with no I/O.
+
+Strict phase (boot, until the way in is up plus a grace period): a loader is
+stopped before it can take MemAvailable below the reserve, by its expected
+footprint or by the trend. Steady phase: act only once MemAvailable is below
+the reserve, and only if the config says 'guard'. In every phase a second
+loader of a model that is already loaded is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .classify import classify
+from .config import Config, format_size
+from .snapshot import Action, Decision, Loader, Snapshot
+
+STRICT = "strict"
+STEADY = "steady"
+
+# Below this fall rate (bytes/s) a slope is noise, not a loader at work.
+_SLOPE_NOISE = 16 * 1024**2
+
+
+def phase(snapshot: Snapshot, config: Config) -> str:
+    """'strict' until every present rescue group is active for `grace`, then 'steady'."""
+    present = [g for g in snapshot.rescue if g.present]
+    if not present:
+        # Nothing to wait for: protect the boot for one grace period from our start.
+        since = snapshot.guard_started
+    elif any(g.active_since is None for g in present):
+        return STRICT
+    else:
+        since = max(g.active_since for g in present if g.active_since is not None)
+    return STEADY if snapshot.now - since >= config.grace else STRICT
+
+
+def slope(history: Iterable[tuple[float, int]], window: float, now: float) -> float:
+    """Least-squares slope of MemAvailable over the last `window` seconds (bytes/s)."""
+    pts = [(t, float(v)) for t, v in history if now - t <= window]
+    if len(pts) < 2:
+        return 0.0
+    mt = sum(t for t, _ in pts) / len(pts)
+    mv = sum(v for _, v in pts) / len(pts)
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    if den == 0:
+        return 0.0
+    return sum((t - mt) * (v - mv) for t, v in pts) / den
+
+
+def _start_order(loader: Loader) -> tuple[float, str]:
+    since = loader.usage.active_since
+    return (since if since is not None else float("inf"), str(loader.ref))
+
+
+def _figures(snapshot: Snapshot, reserve: int, loader: Loader, **extra: float) -> dict[str, int | float]:
+    figures: dict[str, int | float] = {
+        "mem_available": snapshot.memory.available,
+        "mem_total": snapshot.memory.total,
+        "reserve": reserve,
+        "unit_rss": loader.usage.rss,
+        "unit_gpu": loader.usage.gpu,
+    }
+    if loader.expected is not None:
+        figures["expected"] = loader.expected
+    figures.update(extra)
+    return figures
+
+
+def decide(snapshot: Snapshot, config: Config) -> Decision:
+    reserve = config.reserve_for(snapshot.memory.total)
+    current_phase = phase(snapshot, config)
+    loaders = tuple(
+        loader
+        for usage in snapshot.units
+        if (loader := classify(usage, config, snapshot.guard_unit)) is not None
+        and usage.active_state in ("active", "activating", "reloading")
+    )
+    rate = slope(snapshot.history, config.trend_window, snapshot.now)
+    available = snapshot.memory.available
+    actions: dict[str, Action] = {}
+
+    def act(loader: Loader, reason: str, detail: str, **extra: float) -> None:
+        key = str(loader.ref)
+        if key not in actions:
+            kind = "stop"
+            if current_phase == STEADY and config.steady == "warn":
+                kind = "warn"
+            actions[key] = Action(kind, loader.ref, reason, detail,
+                                  _figures(snapshot, reserve, loader, **extra))  # fmt: skip
+
+    if current_phase == STEADY and config.steady == "off":
+        return Decision(current_phase, reserve, loaders, (), rate)
+
+    # The same model twice: keep the one that started first.
+    by_model: dict[str, Loader] = {}
+    for loader in sorted(loaders, key=_start_order):
+        for model in loader.models:
+            first = by_model.setdefault(model, loader)
+            if first is not loader:
+                act(loader, "duplicate", f"{model} is already loaded by {first.ref}")
+
+    if current_phase == STRICT:
+        # Admit loaders oldest first while their remaining growth fits above the reserve.
+        pending = 0
+        for loader in sorted(loaders, key=_start_order):
+            if str(loader.ref) in actions or loader.expected is None:
+                continue
+            remaining = max(loader.expected - loader.usage.used, 0)
+            if available - pending - remaining < reserve:
+                act(loader, "footprint",
+                    f"expects {format_size(loader.expected)}, would leave "
+                    f"{format_size(available - pending - remaining)} available "
+                    f"(reserve {format_size(reserve)})",
+                    remaining=remaining)  # fmt: skip
+            else:
+                pending += remaining
+        # The trend: at this fall rate the reserve is crossed within the horizon.
+        projected = available + rate * config.trend_horizon
+        if rate < -_SLOPE_NOISE and projected < reserve:
+            for loader in loaders:
+                if loader.usage.growth > 0:
+                    act(loader, "trend",
+                        f"MemAvailable falling {format_size(-rate)}/s, "
+                        f"{format_size(projected)} in {config.trend_horizon:g}s "
+                        f"(reserve {format_size(reserve)}); unit growing "
+                        f"{format_size(loader.usage.growth)}/s",
+                        slope=rate, projected=projected)  # fmt: skip
+
+    if available < reserve:
+        # Below the reserve in any phase: free the deficit, growing and biggest first.
+        deficit = reserve - available - sum(
+            ld.usage.used for ld in loaders if str(ld.ref) in actions
+        )
+        for loader in sorted(loaders, key=lambda ld: (ld.usage.growth <= 0, -ld.usage.used)):
+            if deficit <= 0:
+                break
+            if str(loader.ref) in actions:
+                continue
+            act(loader, "reserve",
+                f"MemAvailable {format_size(available)} is below the reserve "
+                f"{format_size(reserve)}; unit holds {format_size(loader.usage.used)}")  # fmt: skip
+            deficit -= loader.usage.used
+
+    return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)

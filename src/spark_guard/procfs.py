@@ -1,0 +1,139 @@
+"""Readers for /proc, rooted anywhere so tests can feed a fixture tree.
+
+A process may exit between listing and reading: every per-PID reader returns
+None for a vanished PID rather than raising. Nothing here forks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .classify import MODEL_SUFFIXES
+from .snapshot import Memory, Pressure
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+class ProcError(RuntimeError):
+    """A file that must exist (meminfo) is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    cgroup: str
+    rss: int
+
+
+class ProcFS:
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def memory(self) -> Memory:
+        fields: dict[str, int] = {}
+        path = self._path("meminfo")
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    name, _, rest = line.partition(b":")
+                    if name in (b"MemTotal", b"MemAvailable"):
+                        fields[name.decode()] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError) as e:
+            raise ProcError(f"{path}: cannot read MemTotal/MemAvailable: {e}") from None
+        if "MemTotal" not in fields or "MemAvailable" not in fields:
+            raise ProcError(f"{path}: MemTotal or MemAvailable missing")
+        return Memory(fields["MemTotal"], fields["MemAvailable"])
+
+    def pressure(self) -> Pressure | None:
+        """Memory PSI, or None where the kernel has none (CONFIG_PSI off, psi=0)."""
+        try:
+            with open(self._path("pressure", "memory"), "rb") as f:
+                lines = f.read().decode().splitlines()
+        except OSError:
+            return None
+        avg: dict[str, float] = {}
+        for line in lines:
+            kind, *pairs = line.split()
+            for pair in pairs:
+                key, _, value = pair.partition("=")
+                if key == "avg10":
+                    avg[kind] = float(value)
+        if "some" not in avg:
+            return None
+        return Pressure(avg["some"], avg.get("full", 0.0))
+
+    def pids(self) -> list[int]:
+        return [int(n) for n in os.listdir(self.root) if n.isdigit()]
+
+    def cgroup(self, pid: int) -> str | None:
+        """The process's cgroup path as systemd tracks it.
+
+        Pure cgroup v2 gives it on the '0::' line; hybrid machines leave that
+        at '/' and keep the unit in the named 'name=systemd' hierarchy.
+        """
+        try:
+            with open(self._path(str(pid), "cgroup"), "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        unified = named = None
+        for line in text.splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                unified = path
+            elif controllers == "name=systemd":
+                named = path
+        if unified and unified != "/":
+            return unified
+        return named or unified
+
+    def rss(self, pid: int) -> int | None:
+        try:
+            with open(self._path(str(pid), "statm"), "rb") as f:
+                return int(f.read().split()[1]) * PAGE_SIZE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def process(self, pid: int) -> ProcessInfo | None:
+        cgroup = self.cgroup(pid)
+        rss = self.rss(pid)
+        if cgroup is None or rss is None:
+            return None
+        return ProcessInfo(pid, cgroup, rss)
+
+    def cmdline(self, pid: int) -> tuple[str, ...] | None:
+        try:
+            with open(self._path(str(pid), "cmdline"), "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        return tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+
+    def start_time(self, pid: int) -> int | None:
+        """Clock ticks since boot when the process started: with the PID, a unique key."""
+        try:
+            with open(self._path(str(pid), "stat"), "rb") as f:
+                stat = f.read()
+            # comm may hold spaces and parentheses: split after the last ')'.
+            return int(stat[stat.rindex(b")") + 2 :].split()[19])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def mapped_models(self, pid: int) -> tuple[str, ...] | None:
+        """Model files (*.gguf, *.safetensors) the process has mapped."""
+        found: dict[str, None] = {}
+        suffixes = tuple(s.encode() for s in MODEL_SUFFIXES)
+        try:
+            with open(self._path(str(pid), "maps"), "rb") as f:
+                for line in f:
+                    line = line.rstrip(b"\n")
+                    if line.lower().endswith(suffixes):
+                        path = line.split(maxsplit=5)[-1]
+                        found[path.decode(errors="replace")] = None
+        except OSError:
+            return None
+        return tuple(found)

@@ -1,0 +1,124 @@
+"""Plain data passed from sensing to deciding to acting.
+
+Nothing here does I/O. A Snapshot is what the guard saw at one instant; the
+policy reads it and returns Actions. Times are CLOCK_MONOTONIC seconds, the
+clock systemd's *TimestampMonotonic properties use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SYSTEM = "system"
+
+
+@dataclass(frozen=True, order=True)
+class UnitRef:
+    """A unit in one manager: 'system' (PID 1) or 'user:UID'."""
+
+    manager: str
+    name: str
+
+    @property
+    def uid(self) -> int | None:
+        return int(self.manager.split(":", 1)[1]) if self.manager.startswith("user:") else None
+
+    def __str__(self) -> str:
+        return self.name if self.manager == SYSTEM else f"{self.manager}:{self.name}"
+
+
+@dataclass(frozen=True)
+class Memory:
+    total: int
+    available: int
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """PSI for memory: share of time (percent) stalled over the last 10 s."""
+
+    some_avg10: float
+    full_avg10: float
+
+
+@dataclass(frozen=True)
+class UnitUsage:
+    """One unit that has processes right now, with what they hold."""
+
+    ref: UnitRef
+    active_state: str = "active"
+    pids: tuple[int, ...] = ()
+    rss: int = 0
+    gpu: int = 0
+    gpu_pids: tuple[int, ...] = ()
+    # ExecStart= command lines, as the manager reports them.
+    exec_start: tuple[tuple[str, ...], ...] = ()
+    # Command lines of the running processes (for units whose ExecStart is a wrapper).
+    cmdlines: tuple[tuple[str, ...], ...] = ()
+    mapped_models: tuple[str, ...] = ()
+    active_since: float | None = None
+    # Bytes per second the unit's usage grew since the previous snapshot.
+    growth: float = 0.0
+
+    @property
+    def used(self) -> int:
+        return self.rss + self.gpu
+
+
+@dataclass(frozen=True)
+class RescueGroup:
+    """Alternatives that each count as 'the way in' (ssh.service | ssh.socket)."""
+
+    names: tuple[str, ...]
+    present: bool
+    # Monotonic time the first member became active; None while none is.
+    active_since: float | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    memory: Memory
+    # (time, MemAvailable) samples, oldest first, the last one being `memory`.
+    history: tuple[tuple[float, int], ...] = ()
+    pressure: Pressure | None = None
+    units: tuple[UnitUsage, ...] = ()
+    rescue: tuple[RescueGroup, ...] = ()
+    guard_started: float = 0.0
+    guard_unit: UnitRef | None = None
+    gpu_accounting: bool = False
+
+
+@dataclass(frozen=True)
+class Loader:
+    """A unit the classifier judged to be a model loader, and why."""
+
+    usage: UnitUsage
+    evidence: tuple[str, ...]
+    models: tuple[str, ...]
+    expected: int | None
+
+    @property
+    def ref(self) -> UnitRef:
+        return self.usage.ref
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the policy wants done to one unit; `kind` is 'stop' or 'warn'."""
+
+    kind: str
+    unit: UnitRef
+    reason: str
+    detail: str
+    figures: dict[str, int | float] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Decision:
+    phase: str
+    reserve: int
+    loaders: tuple[Loader, ...]
+    actions: tuple[Action, ...]
+    # MemAvailable slope over the trend window, bytes/s (negative: falling).
+    slope: float = 0.0

@@ -1,0 +1,145 @@
+"""A real `systemd --user` manager for tests, on a host whose PID 1 is not systemd.
+
+The manager refuses to start without /run/systemd/system/, which must never
+appear on the host (apt's scripts would think systemd runs), so it gets a
+private mount namespace with an empty directory bound over /run/systemd. It
+also gets its own cgroup in both hierarchies of this hybrid host, so its
+units have real cgroups the guard can attribute processes to. Everything it
+started is killed and its cgroups removed on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+SYSTEMD = next((p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
+               "/lib/systemd/systemd")  # fmt: skip
+CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
+
+
+class UserManager:
+    """Start with `with UserManager() as um:`; um.systemctl(...) runs inside its namespace."""
+
+    def __init__(self, uid_dir: str = "0") -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="sg-um."))
+        self.home = self.base / "home"
+        self.user_runtime = self.base / "run-user"
+        self.runtime = self.user_runtime / uid_dir
+        self.unit_dir = self.home / ".config" / "systemd" / "user"
+        self.data_unit_dir = self.home / ".local" / "share" / "systemd" / "user"
+        self.log = self.base / "manager.log"
+        self.cgroup = f"sg-test-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.runtime / "systemd" / "private"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(HOME=str(self.home), XDG_RUNTIME_DIR=str(self.runtime),
+                   XDG_CONFIG_HOME=str(self.home / ".config"))  # fmt: skip
+        env.pop("NOTIFY_SOCKET", None)
+        return env
+
+    def __enter__(self) -> UserManager:
+        for d in (self.unit_dir, self.data_unit_dir, self.base / "runsd" / "system"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.runtime.mkdir(parents=True, mode=0o700)
+        # No journald here: units write to the manager's own stdout, our log file.
+        (self.home / ".config" / "systemd" / "user.conf").write_text(
+            "[Manager]\nDefaultStandardOutput=inherit\nDefaultStandardError=inherit\n"
+        )
+        for root in CGROUP_ROOTS:
+            os.mkdir(f"{root}/{self.cgroup}")
+        moves = "; ".join(f"echo $$ > {r}/{self.cgroup}/cgroup.procs" for r in CGROUP_ROOTS)
+        script = (
+            f"{moves}; exec unshare --mount --propagation private sh -c "
+            f"'mount --bind {self.base}/runsd /run/systemd && exec {SYSTEMD} --user'"
+        )
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(["sh", "-c", script], env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 15
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"systemd --user did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert self.proc is not None
+        # systemctl finds /run/systemd/system only inside the manager's namespace.
+        cmd = ["nsenter", "-t", str(self.proc.pid), "-m", "systemctl", "--user", *args]
+        return subprocess.run(cmd, env=self.env, text=True, capture_output=True, check=check,
+                              timeout=60)  # fmt: skip
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        out = self.systemctl("show", unit, *(f"--property={p}" for p in props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def wait_for(self, unit: str, prop: str, value: str, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while time.monotonic() < deadline:
+            seen = self.show(unit, prop).get(prop, "")
+            if seen == value:
+                return seen
+            time.sleep(0.05)
+        raise AssertionError(f"{unit}: {prop}={seen!r}, wanted {value!r}; log:\n"
+                             f"{self.log.read_text()[-3000:]}")  # fmt: skip
+
+    def write_unit(self, name: str, text: str, data_dir: bool = False) -> Path:
+        path = (self.data_unit_dir if data_dir else self.unit_dir) / name
+        path.write_text(text)
+        self.systemctl("daemon-reload")
+        return path
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for root in CGROUP_ROOTS:
+            _kill_and_remove(Path(root) / self.cgroup)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _kill_and_remove(cg: Path) -> None:
+    if not cg.exists():
+        return
+    for _ in range(50):
+        pids = []
+        for procs in cg.rglob("cgroup.procs"):
+            try:
+                pids += [int(p) for p in procs.read_text().split()]
+            except OSError:
+                pass
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    try:
+        cg.rmdir()
+    except OSError:
+        pass
