@@ -10,6 +10,7 @@ started is killed and its cgroups removed on exit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-SYSTEMD = next((p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
-               "/lib/systemd/systemd")  # fmt: skip
+SYSTEMD = next(
+    (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
+    "/lib/systemd/systemd",
+)
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 
 
@@ -44,8 +47,11 @@ class UserManager:
     @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(HOME=str(self.home), XDG_RUNTIME_DIR=str(self.runtime),
-                   XDG_CONFIG_HOME=str(self.home / ".config"))  # fmt: skip
+        env.update(
+            HOME=str(self.home),
+            XDG_RUNTIME_DIR=str(self.runtime),
+            XDG_CONFIG_HOME=str(self.home / ".config"),
+        )
         env.pop("NOTIFY_SOCKET", None)
         return env
 
@@ -65,8 +71,13 @@ class UserManager:
             f"'mount --bind {self.base}/runsd /run/systemd && exec {SYSTEMD} --user'"
         )
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(["sh", "-c", script], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                ["sh", "-c", script],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 15
         while not self.socket.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -79,8 +90,9 @@ class UserManager:
         assert self.proc is not None
         # systemctl finds /run/systemd/system only inside the manager's namespace.
         cmd = ["nsenter", "-t", str(self.proc.pid), "-m", "systemctl", "--user", *args]
-        return subprocess.run(cmd, env=self.env, text=True, capture_output=True, check=check,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            cmd, env=self.env, text=True, capture_output=True, check=check, timeout=60
+        )
 
     def show(self, unit: str, *props: str) -> dict[str, str]:
         out = self.systemctl("show", unit, *(f"--property={p}" for p in props)).stdout
@@ -94,8 +106,9 @@ class UserManager:
             if seen == value:
                 return seen
             time.sleep(0.05)
-        raise AssertionError(f"{unit}: {prop}={seen!r}, wanted {value!r}; log:\n"
-                             f"{self.log.read_text()[-3000:]}")  # fmt: skip
+        raise AssertionError(
+            f"{unit}: {prop}={seen!r}, wanted {value!r}; log:\n{self.log.read_text()[-3000:]}"
+        )
 
     def write_unit(self, name: str, text: str, data_dir: bool = False) -> Path:
         path = (self.data_unit_dir if data_dir else self.unit_dir) / name
@@ -122,24 +135,16 @@ def _kill_and_remove(cg: Path) -> None:
     for _ in range(50):
         pids = []
         for procs in cg.rglob("cgroup.procs"):
-            try:
+            with contextlib.suppress(OSError):
                 pids += [int(p) for p in procs.read_text().split()]
-            except OSError:
-                pass
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.05)
     for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        try:
+        with contextlib.suppress(OSError):
             d.rmdir()
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):
         cg.rmdir()
-    except OSError:
-        pass

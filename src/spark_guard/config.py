@@ -19,12 +19,21 @@ DEFAULT_PATH = Path("/etc/spark-guard.toml")
 GiB = 1024**3
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1000, "kib": 1024,
-    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -81,22 +90,57 @@ def format_size(n: float) -> str:
 
 
 DEFAULT_LOADER_PATTERNS = (
-    "llama", "ds4", "deepseek", "lms", "lmstudio", "ollama", "qwen", "vllm",
-    "sglang", "gguf", "koboldcpp", "text-generation",
-)  # fmt: skip
+    "llama",
+    "ds4",
+    "deepseek",
+    "lms",
+    "lmstudio",
+    "ollama",
+    "qwen",
+    "vllm",
+    "sglang",
+    "gguf",
+    "koboldcpp",
+    "text-generation",
+)
 DEFAULT_LOADER_BINARIES = (
-    "llama-server", "llama-cli", "llama-run", "llama-box", "ollama", "lms",
-    "lmstudio", "lm-studio", "vllm", "sglang", "koboldcpp",
-    "text-generation-launcher", "text-generation-server",
-)  # fmt: skip
+    "llama-server",
+    "llama-cli",
+    "llama-run",
+    "llama-box",
+    "ollama",
+    "lms",
+    "lmstudio",
+    "lm-studio",
+    "vllm",
+    "sglang",
+    "koboldcpp",
+    "text-generation-launcher",
+    "text-generation-server",
+)
 DEFAULT_PROTECTED = (
-    "ssh.service", "ssh.socket", "sshd.service", "sshd@*.service", "ssh@*.service",
-    "getty@*.service", "serial-getty@*.service", "console-getty.service",
-    "dbus.service", "dbus.socket", "dbus-broker.service",
-    "systemd-journald.service", "systemd-logind.service",
-    "display-manager.service", "gdm.service", "gdm3.service", "lightdm.service",
-    "sddm.service", "spark-guard.service", "user@*.service", "init.scope",
-)  # fmt: skip
+    "ssh.service",
+    "ssh.socket",
+    "sshd.service",
+    "sshd@*.service",
+    "ssh@*.service",
+    "getty@*.service",
+    "serial-getty@*.service",
+    "console-getty.service",
+    "dbus.service",
+    "dbus.socket",
+    "dbus-broker.service",
+    "systemd-journald.service",
+    "systemd-logind.service",
+    "display-manager.service",
+    "gdm.service",
+    "gdm3.service",
+    "lightdm.service",
+    "sddm.service",
+    "spark-guard.service",
+    "user@*.service",
+    "init.scope",
+)
 DEFAULT_RESCUE = ("ssh.service|ssh.socket|sshd.service",)
 
 
@@ -307,8 +351,9 @@ def _footprints(text: str, path: str, raw: object) -> dict[str, int]:
 
 def _check_consistency(c: Config, text: str, path: str) -> None:
     if c.poll_min > c.poll_max:
-        raise ConfigError(path, "poll.min", _line_of(text, "poll", "min"),
-                          "must not be longer than poll.max")  # fmt: skip
+        raise ConfigError(
+            path, "poll.min", _line_of(text, "poll", "min"), "must not be longer than poll.max"
+        )
 
 
 def load(path: Path | str = DEFAULT_PATH) -> Config:

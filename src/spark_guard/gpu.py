@@ -9,6 +9,7 @@ since the driver may load after the guard (modprobe@nvidia).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +51,14 @@ class Nvml:
         except nv.NVMLError as e:
             self._handles = None
             raise GpuUnavailable(f"NVML: {_describe(nv, e)}") from None
-        return count
+        return int(count)
 
     def stop(self) -> None:
         if self._handles is not None:
             self._handles = None
             nv = _nvml()
-            try:
+            with contextlib.suppress(nv.NVMLError):
                 nv.nvmlShutdown()
-            except nv.NVMLError:
-                pass
 
     def processes(self) -> list[GpuProcess]:
         """Compute processes on every device; a PID on several devices is summed."""

@@ -141,7 +141,9 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
     found = {}
     if os.path.exists(system_socket):
         found[SYSTEM] = system_socket
-    for sock in sorted(glob.glob(os.path.join(glob.escape(user_runtime), "*", "systemd", "private"))):
+    for sock in sorted(
+        glob.glob(os.path.join(glob.escape(user_runtime), "*", "systemd", "private"))
+    ):
         uid = sock[len(user_runtime) :].strip("/").split("/", 1)[0]
         if uid.isdigit():
             found[f"user:{uid}"] = sock

@@ -53,7 +53,9 @@ def _start_order(loader: Loader) -> tuple[float, str]:
     return (since if since is not None else float("inf"), str(loader.ref))
 
 
-def _figures(snapshot: Snapshot, reserve: int, loader: Loader, **extra: float) -> dict[str, int | float]:
+def _figures(
+    snapshot: Snapshot, reserve: int, loader: Loader, **extra: float
+) -> dict[str, int | float]:
     figures: dict[str, int | float] = {
         "mem_available": snapshot.memory.available,
         "mem_total": snapshot.memory.total,
@@ -86,8 +88,9 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             kind = "stop"
             if current_phase == STEADY and config.steady == "warn":
                 kind = "warn"
-            actions[key] = Action(kind, loader.ref, reason, detail,
-                                  _figures(snapshot, reserve, loader, **extra))  # fmt: skip
+            actions[key] = Action(
+                kind, loader.ref, reason, detail, _figures(snapshot, reserve, loader, **extra)
+            )
 
     if current_phase == STEADY and config.steady == "off":
         return Decision(current_phase, reserve, loaders, (), rate)
@@ -108,11 +111,14 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 continue
             remaining = max(loader.expected - loader.usage.used, 0)
             if available - pending - remaining < reserve:
-                act(loader, "footprint",
+                act(
+                    loader,
+                    "footprint",
                     f"expects {format_size(loader.expected)}, would leave "
                     f"{format_size(available - pending - remaining)} available "
                     f"(reserve {format_size(reserve)})",
-                    remaining=remaining)  # fmt: skip
+                    remaining=remaining,
+                )
             else:
                 pending += remaining
         # The trend: at this fall rate the reserve is crossed within the horizon.
@@ -120,26 +126,33 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         if rate < -_SLOPE_NOISE and projected < reserve:
             for loader in loaders:
                 if loader.usage.growth > 0:
-                    act(loader, "trend",
+                    act(
+                        loader,
+                        "trend",
                         f"MemAvailable falling {format_size(-rate)}/s, "
                         f"{format_size(projected)} in {config.trend_horizon:g}s "
                         f"(reserve {format_size(reserve)}); unit growing "
                         f"{format_size(loader.usage.growth)}/s",
-                        slope=rate, projected=projected)  # fmt: skip
+                        slope=rate,
+                        projected=projected,
+                    )
 
     if available < reserve:
         # Below the reserve in any phase: free the deficit, growing and biggest first.
-        deficit = reserve - available - sum(
-            ld.usage.used for ld in loaders if str(ld.ref) in actions
+        deficit = (
+            reserve - available - sum(ld.usage.used for ld in loaders if str(ld.ref) in actions)
         )
         for loader in sorted(loaders, key=lambda ld: (ld.usage.growth <= 0, -ld.usage.used)):
             if deficit <= 0:
                 break
             if str(loader.ref) in actions:
                 continue
-            act(loader, "reserve",
+            act(
+                loader,
+                "reserve",
                 f"MemAvailable {format_size(available)} is below the reserve "
-                f"{format_size(reserve)}; unit holds {format_size(loader.usage.used)}")  # fmt: skip
+                f"{format_size(reserve)}; unit holds {format_size(loader.usage.used)}",
+            )
             deficit -= loader.usage.used
 
     return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)

@@ -69,7 +69,10 @@ class ProcFS:
     def pids(self) -> list[int]:
         return [int(n) for n in os.listdir(self.root) if n.isdigit()]
 
-    def cgroup(self, pid: int) -> str | None:
+    def cgroup_of_self(self) -> str | None:
+        return self.cgroup("self")
+
+    def cgroup(self, pid: int | str) -> str | None:
         """The process's cgroup path as systemd tracks it.
 
         Pure cgroup v2 gives it on the '0::' line; hybrid machines leave that

@@ -1,0 +1,135 @@
+"""Command line: thin front doors over the same sense -> decide -> act core."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from . import config as config_mod
+from . import log as log_mod
+from .config import ConfigError, format_size
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spark-guard",
+        description=(
+            "Keeps the rescue window open: stops model-loader units that threaten"
+            " the memory budget."
+        ),
+    )
+    p.add_argument("--version", action="version", version=f"spark-guard {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the guard (the daemon behind spark-guard.service)")
+    run.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+    run.add_argument("--dry-run", action="store_true", help="decide and log, but do not act")
+    run.add_argument(
+        "--log",
+        choices=("auto", "journal", "console"),
+        default="auto",
+        help="where events go (auto: the journal when run by systemd)",
+    )
+    run.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+
+    check = sub.add_parser("check-config", help="validate a config file; non-zero exit on errors")
+    check.add_argument("file", nargs="?", type=Path, default=config_mod.DEFAULT_PATH)
+
+    dump = sub.add_parser("dump", help="sense and decide once, print what the guard sees")
+    dump.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+    dump.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        log_mod.configure(args.log, level=args.log_level)
+        from .daemon import run  # imported here: the other commands need none of it
+
+        return run(args.config, dry_run=args.dry_run, log=log_mod.get_logger())
+    if args.command == "check-config":
+        return _check_config(args.file)
+    if args.command == "dump":
+        return _dump(args.config, args.json)
+    return 2
+
+
+def _check_config(path: Path) -> int:
+    try:
+        c = config_mod.load(path)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"{path}: ok (reserve {format_size(c.reserve)} or {c.reserve_percent:g}% of MemTotal, "
+        f"steady phase: {c.steady})"
+    )
+    return 0
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if hasattr(obj, "manager") and hasattr(obj, "name"):
+            return str(obj)
+        return out
+    if isinstance(obj, list | tuple):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _dump(path: Path, as_json: bool) -> int:
+    from .policy import decide
+    from .procfs import ProcError
+    from .sensor import Sensor
+
+    try:
+        config = config_mod.load(path)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    log_mod.configure("console", level="warning")
+    sensor = Sensor(config, log_mod.get_logger())
+    try:
+        sensor.refresh_managers()
+        managers = sorted(sensor.managers)
+        snapshot = sensor.snapshot()
+    except ProcError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    finally:
+        sensor.close()
+    decision = decide(snapshot, config)
+    if as_json:
+        json.dump(
+            {"snapshot": _plain(snapshot), "decision": _plain(decision), "managers": managers},
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0
+    m = snapshot.memory
+    print(
+        f"phase {decision.phase}; MemAvailable {format_size(m.available)} of "
+        f"{format_size(m.total)}; reserve {format_size(decision.reserve)}; "
+        f"GPU accounting {'on' if snapshot.gpu_accounting else 'off'}"
+    )
+    for loader in decision.loaders:
+        u = loader.usage
+        print(
+            f"loader {loader.ref}: {u.active_state}, rss {format_size(u.rss)}, "
+            f"gpu {format_size(u.gpu)}, expected "
+            f"{format_size(loader.expected) if loader.expected else '-'}; "
+            f"{', '.join(loader.evidence)}"
+        )
+    for action in decision.actions:
+        print(f"would {action.kind} {action.unit}: {action.reason}: {action.detail}")
+    return 0

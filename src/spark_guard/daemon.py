@@ -1,0 +1,279 @@
+"""`spark-guard run`: the watch loop, sense -> decide -> act, as a Type=notify service.
+
+READY=1 goes out once the first snapshot is taken and the managers are
+connected, i.e. as soon as the guard can act. STATUS= carries a one-line
+summary for `systemctl status`; WATCHDOG=1 is sent from the loop itself so a
+wedged loop is restarted by the manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import sdnotify
+
+from . import config as config_mod
+from .act import Actuator
+from .config import Config, ConfigError, format_size
+from .memlock import mlockall
+from .policy import STEADY, decide
+from .procfs import ProcError
+from .sensor import Sensor
+from .snapshot import Decision, Snapshot, UnitRef
+
+PSI_WINDOW_US = 1_000_000
+
+
+class PsiTrigger:
+    """A kernel PSI trigger on memory: poll() wakes when stalls pass a threshold."""
+
+    def __init__(self, proc_root: str, stall: float) -> None:
+        self.fd: int | None = None
+        if stall <= 0:
+            return
+        path = os.path.join(proc_root, "pressure", "memory")
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        try:
+            os.write(fd, f"some {int(stall * 1e6)} {PSI_WINDOW_US}\0".encode())
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Guard:
+    def __init__(
+        self,
+        config: Config,
+        config_path: Path,
+        log: Any,
+        *,
+        dry_run: bool,
+        config_error: ConfigError | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.log = log
+        self.dry_run = dry_run or config.dry_run
+        self.config_error = config_error
+        self.notifier = sdnotify.SystemdNotifier()
+        self.sensor = Sensor(config, log)
+        self.actuator = Actuator(
+            self.sensor.managers, log, dry_run=self.dry_run, repeat_after=config.repeat_after
+        )
+        self.steady_since: float | None = None
+        self.seen_loaders: set[UnitRef] = set()
+        self._stop = False
+        self._reload = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.psi: PsiTrigger | None = None
+
+    # --- signals --------------------------------------------------------------
+
+    def _on_term(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop = True
+
+    def _on_hup(self, signum: int, _frame: FrameType | None) -> None:
+        self._reload = True
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        # A signal writes a byte here, so it ends the poll() at once.
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    # --- the loop -------------------------------------------------------------
+
+    def run(self) -> int:
+        self.install_signals()
+        try:
+            self.psi = PsiTrigger(self.config.proc, self.config.psi_stall)
+        except OSError as e:
+            self.log.info(
+                "psi-trigger-off",
+                error=str(e),
+                msg=f"memory pressure trigger unavailable, polling only: {e}",
+            )
+        self.sensor.refresh_managers()
+        ready = False
+        next_refresh = 0.0
+        while not self._stop:
+            if self._reload:
+                self._reload = False
+                self.reload()
+            now = time.monotonic()
+            if now >= next_refresh:
+                self.sensor.refresh_managers()
+                next_refresh = now + 2.0
+            decision, snapshot = self.step()
+            if not ready and snapshot is not None:
+                ready = True
+                self.log.info(
+                    "guard-started",
+                    dry_run=self.dry_run,
+                    managers=sorted(self.sensor.managers),
+                    gpu=snapshot.gpu_accounting,
+                    msg="spark-guard watching"
+                    + (" (dry run: deciding, not acting)" if self.dry_run else ""),
+                )
+                self.notifier.notify("READY=1")
+            self.notifier.notify("WATCHDOG=1")
+            self._wait(self.interval(decision, snapshot))
+        self.notifier.notify("STOPPING=1")
+        self.log.info("guard-stopping", msg="spark-guard stopping")
+        self.close()
+        return 0
+
+    def step(self) -> tuple[Decision | None, Snapshot | None]:
+        """One pass of sense -> decide -> act; never raises for a bad reading."""
+        try:
+            snapshot = self.sensor.snapshot()
+        except ProcError as e:
+            self.log.error("sense-failed", error=str(e), msg=str(e))
+            self._status(None, None)
+            return None, None
+        if self.steady_since is not None:
+            # Once the way in has been up for the grace period, boot is over for good.
+            snapshot = dataclasses.replace(snapshot, rescue=(), guard_started=-1e18)
+        decision = decide(snapshot, self.config)
+        if decision.phase == STEADY and self.steady_since is None:
+            self.steady_since = snapshot.now
+            self.log.info("phase-changed", phase=STEADY, msg="boot phase over: steady")
+        for loader in decision.loaders:
+            if loader.ref not in self.seen_loaders:
+                self.seen_loaders.add(loader.ref)
+                self.log.info(
+                    "loader-seen",
+                    unit=str(loader.ref),
+                    manager=loader.ref.manager,
+                    evidence=loader.evidence,
+                    models=loader.models,
+                    expected=loader.expected,
+                    unit_rss=loader.usage.rss,
+                    unit_gpu=loader.usage.gpu,
+                    pids=loader.usage.pids,
+                    msg=f"model loader {loader.ref}: {', '.join(loader.evidence)}",
+                )
+        self.seen_loaders &= {ld.ref for ld in decision.loaders}
+        self.actuator.apply(decision)
+        self._status(decision, snapshot)
+        return decision, snapshot
+
+    def interval(self, decision: Decision | None, snapshot: Snapshot | None) -> float:
+        """Poll faster the sooner MemAvailable would reach the reserve at its current rate."""
+        c = self.config
+        if decision is None or snapshot is None:
+            return c.poll_max
+        longest = c.poll_max if decision.phase == STEADY else min(c.poll_strict, c.poll_max)
+        if decision.slope >= 0:
+            return longest
+        headroom = snapshot.memory.available - decision.reserve
+        time_to_reserve = max(headroom, 0) / -decision.slope
+        return min(max(time_to_reserve / 4, c.poll_min), longest)
+
+    def _wait(self, timeout: float) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        if self.psi is not None and self.psi.fd is not None:
+            poller.register(self.psi.fd, select.POLLPRI)
+        start = time.monotonic()
+        events = poller.poll(timeout * 1000)
+        for fd, _ in events:
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 64)
+        if events and not self._stop and not self._reload:
+            # A pressure event: act now, but never spin faster than poll.min.
+            rest = self.config.poll_min - (time.monotonic() - start)
+            if rest > 0:
+                time.sleep(rest)
+
+    def _status(self, decision: Decision | None, snapshot: Snapshot | None) -> None:
+        self.notifier.notify("STATUS=" + self.status_line(decision, snapshot))
+
+    def status_line(self, decision: Decision | None, snapshot: Snapshot | None) -> str:
+        parts = []
+        if self.config_error is not None:
+            parts.append(f"CONFIG ERROR, built-in defaults in use: {self.config_error}")
+        if decision is None or snapshot is None:
+            parts.append("cannot read memory state")
+        else:
+            parts.append(
+                f"{decision.phase}{' dry-run' if self.dry_run else ''}; "
+                f"available {format_size(snapshot.memory.available)}, "
+                f"reserve {format_size(decision.reserve)}; "
+                f"loaders {len(decision.loaders)}; last action: {self.actuator.last}"
+            )
+        return " | ".join(parts)
+
+    def reload(self) -> None:
+        """SIGHUP: take a valid config, refuse a broken one and keep the last good one."""
+        self.notifier.notify("RELOADING=1")
+        try:
+            new = config_mod.load(self.config_path)
+        except ConfigError as e:
+            self.log.error(
+                "config-reload-refused",
+                file=str(self.config_path),
+                error=str(e),
+                msg=f"config reload refused, keeping the running config: {e}",
+            )
+        else:
+            self.config = new
+            self.config_error = None
+            self.sensor.reconfigure(new)
+            self.actuator.repeat_after = new.repeat_after
+            self.dry_run = self.dry_run or new.dry_run
+            self.actuator.dry_run = self.dry_run
+            self.log.info(
+                "config-reloaded",
+                file=str(self.config_path),
+                msg=f"config reloaded from {self.config_path}",
+            )
+        self.notifier.notify("READY=1")
+
+    def close(self) -> None:
+        if self.psi is not None:
+            self.psi.close()
+        self.sensor.close()
+        signal.set_wakeup_fd(-1)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def run(config_path: Path, *, dry_run: bool, log: Any) -> int:
+    config_error: ConfigError | None = None
+    try:
+        config = config_mod.load(config_path)
+    except ConfigError as e:
+        # A broken config must not leave the machine unprotected: run on defaults, loudly.
+        config, config_error = Config(), e
+        log.error(
+            "config-invalid",
+            file=str(config_path),
+            error=str(e),
+            msg=f"invalid config, protecting with built-in defaults: {e}",
+        )
+    try:
+        how = mlockall()
+        log.debug("memlock", flags=how)
+    except OSError as e:
+        log.warning(
+            "memlock-failed", error=str(e), msg=f"mlockall failed, pages may be evicted: {e}"
+        )
+    guard = Guard(config, config_path, log, dry_run=dry_run, config_error=config_error)
+    return guard.run()

@@ -1,0 +1,28 @@
+"""Every kind of event the guard logs, with its journal MESSAGE_ID.
+
+`journalctl MESSAGE_ID=<id>` finds every event of one kind; the IDs never
+change once released (the message catalog of the package keys on them).
+"""
+
+from __future__ import annotations
+
+MESSAGE_IDS: dict[str, str] = {
+    "guard-started": "8499ee7b395245ab811cf26e83911ead",
+    "guard-stopping": "a7c0e1ea184a4cc0889c96bef6fc0c8f",
+    "config-invalid": "87366aeaf55f458d943fef92003a4a27",
+    "config-reloaded": "7d4a83b4823b4e968a980fd1f014ef5f",
+    "config-reload-refused": "e20ac1ea7c5840379b8d230be52f7ba4",
+    "gpu-accounting-off": "343fe5ebb11843f6a0753f7357559624",
+    "gpu-accounting-on": "be04c5795d1e46efba08aea465d37337",
+    "manager-connected": "542be34c8de6421cb66e1a009b6949e3",
+    "manager-lost": "be412eceffd849ddaa1bd575d38bd4b3",
+    "loader-seen": "4a07fefefba742fca5fdea72ee9904c8",
+    "phase-changed": "9fdd30b2101e4b4a800f03b3587ed425",
+    "decision": "386c475fe9d64cdfb4d03ede643cd1d2",
+    "unit-stop-requested": "068574cbf2c74b65a6744f41ff55b762",
+    "unit-stop-failed": "83856f75370143689e0f5965a4cac00b",
+    "dry-run": "447c739011624aacb47ca3408ec3d060",
+    "psi-trigger-off": "8844c0d55c5b4cc5aa406731145534b5",
+    "memlock-failed": "3a49c4fbc7094cfe942a2efc3bada846",
+    "sense-failed": "6776d5f685704f268d151cecab7fe43f",
+}

@@ -1,0 +1,131 @@
+"""structlog pipeline: small processors, then one sink (journal or terminal).
+
+Under systemd the events go to journald as native fields (SG_UNIT=...,
+PRIORITY from the level, MESSAGE_ID per event kind, CODE_FILE/CODE_LINE of
+the real caller) so admins can filter on them. On a terminal they are one
+readable key=value line each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.processors import CallsiteParameter, CallsiteParameterAdder
+
+from .events import MESSAGE_IDS
+
+EventDict = MutableMapping[str, Any]
+
+PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+SYSLOG_IDENTIFIER = "spark-guard"
+
+
+def add_message_id(_logger: Any, _name: str, event: EventDict) -> EventDict:
+    message_id = MESSAGE_IDS.get(str(event.get("event")))
+    if message_id:
+        event["message_id"] = message_id
+    return event
+
+
+def _field_value(value: Any) -> str:
+    if isinstance(value, list | tuple | set | frozenset):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class JournalSink:
+    """Final processor: sends the event to journald and drops it from stdout."""
+
+    _META = ("event", "level", "msg", "message_id", "pathname", "lineno", "func_name")
+
+    def __init__(self) -> None:
+        from systemd import journal
+
+        self._send = journal.send
+
+    def __call__(self, _logger: Any, _name: str, event: EventDict) -> str:
+        kind = str(event.get("event", ""))
+        fields = {
+            f"SG_{key.upper()}": _field_value(value)
+            for key, value in event.items()
+            if key not in self._META and value is not None
+        }
+        self._send(
+            str(event.get("msg") or kind),
+            MESSAGE_ID=event.get("message_id"),
+            CODE_FILE=event.get("pathname"),
+            CODE_LINE=event.get("lineno"),
+            CODE_FUNC=event.get("func_name"),
+            PRIORITY=str(PRIORITY.get(str(event.get("level")), 6)),
+            SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER,
+            SG_EVENT=kind,
+            **fields,
+        )
+        raise structlog.DropEvent
+
+
+def render_line(_logger: Any, _name: str, event: EventDict) -> str:
+    """'warning decision: <msg> unit=x reason=footprint' for terminals and plain logs."""
+    level = event.pop("level", "info")
+    kind = event.pop("event", "")
+    msg = event.pop("msg", None)
+    for key in ("message_id", "pathname", "lineno", "func_name"):
+        event.pop(key, None)
+    head = f"{level} {kind}" + (f": {msg}" if msg else "")
+    rest = " ".join(f"{k}={_quote(_field_value(v))}" for k, v in event.items() if v is not None)
+    return f"{head} {rest}".rstrip()
+
+
+def _quote(s: str) -> str:
+    return repr(s) if (" " in s or not s) else s
+
+
+def journal_connected(stream: TextIO) -> bool:
+    """True when systemd connected this stream to journald (JOURNAL_STREAM=dev:ino)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(stream.fileno())
+        dev, ino = (int(x) for x in value.split(":"))
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def configure(mode: str = "auto", stream: TextIO | None = None, level: str = "info") -> str:
+    """Set up the pipeline; returns the sink chosen ('journal' or 'console')."""
+    out = stream or sys.stderr
+    sink: Any = render_line
+    chosen = "console"
+    if mode == "journal" or (mode == "auto" and journal_connected(out)):
+        try:
+            sink = JournalSink()
+            chosen = "journal"
+        except ImportError:
+            if mode == "journal":
+                raise
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            CallsiteParameterAdder(
+                [CallsiteParameter.PATHNAME, CallsiteParameter.LINENO, CallsiteParameter.FUNC_NAME]
+            ),
+            add_message_id,
+            sink,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    return chosen
+
+
+def _level_number(level: str) -> int:
+    return {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}[level]
+
+
+def get_logger() -> Any:
+    return structlog.get_logger()

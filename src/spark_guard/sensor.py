@@ -1,0 +1,316 @@
+"""Sense: gather one Snapshot from /proc, NVML and the systemd managers.
+
+Holds what must outlive one reading (connections, the MemAvailable history,
+per-unit caches) so that decide() can stay a pure function of the Snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .classify import is_protected
+from .config import Config
+from .gpu import GpuUnavailable, Nvml
+from .managers import Manager, ManagerError, UnitDetails, discover, unit_of_cgroup
+from .procfs import ProcFS
+from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
+
+GPU_RETRY = 60.0  # seconds between attempts to find a driver that was missing
+MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
+MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
+HISTORY_MAX = 600
+
+
+@dataclass
+class _UnitCache:
+    details: UnitDetails | None = None
+    pids: frozenset[int] = frozenset()
+    used: int = 0
+    at: float = 0.0
+
+
+@dataclass
+class _ProcCache:
+    cmdline: tuple[str, ...] | None = None
+    models: tuple[str, ...] = ()
+    maps_at: float = -MAPS_RECHECK
+
+
+class Sensor:
+    def __init__(
+        self, config: Config, log: Any, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.clock = clock
+        self.proc = ProcFS(config.proc)
+        self.managers: dict[str, Manager] = {}
+        self.gpu = Nvml()
+        self._gpu_next_try = 0.0
+        self._gpu_warned = False
+        self.started = clock()
+        self.guard_unit: UnitRef | None = None
+        self.history: deque[tuple[float, int]] = deque(maxlen=HISTORY_MAX)
+        self._units: dict[UnitRef, _UnitCache] = {}
+        self._procs: dict[int, _ProcCache] = {}
+        self._rescue_since: dict[str, float] = {}
+        self.rescue_groups: list[tuple[str, ...]] = []
+        self._graphical_checked = False
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take a reloaded config; paths (proc, sockets) keep their start-up values."""
+        self.config = config
+        self.rescue_groups = [tuple(g.split("|")) for g in config.rescue_units]
+        self._graphical_checked = False
+        self._add_graphical()
+
+    # --- managers -------------------------------------------------------
+
+    def refresh_managers(self) -> None:
+        """Connect managers that appeared (boot, linger, login); forget those gone."""
+        found = discover(self.config.system_manager, self.config.user_runtime)
+        for key in [k for k in self.managers if k not in found]:
+            self._drop(key, "socket gone")
+        for key, sock in found.items():
+            if key in self.managers:
+                continue
+            m = Manager(key, sock)
+            try:
+                m.connect()
+            except ManagerError as e:
+                self.log.debug("manager-lost", manager=key, error=str(e), msg=str(e))
+                continue
+            self.managers[key] = m
+            self.log.info(
+                "manager-connected",
+                manager=key,
+                socket=sock,
+                cgroup=m.root_cgroup,
+                msg=f"watching {key} manager",
+            )
+        self._find_self()
+        self._add_graphical()
+
+    def _drop(self, key: str, why: str) -> None:
+        m = self.managers.pop(key, None)
+        if m is not None:
+            m.close()
+            self.log.info("manager-lost", manager=key, error=why, msg=f"{key} manager: {why}")
+        for ref in [r for r in self._units if r.manager == key]:
+            del self._units[ref]
+
+    def _find_self(self) -> None:
+        """The guard's own unit, so it is never acted on and its manager holds the rescue units."""
+        own = self.proc.cgroup_of_self()
+        best = self._attribute(own) if own else None
+        self.guard_unit = UnitRef(*best) if best else None
+
+    def _rescue_manager(self) -> Manager | None:
+        key = self.guard_unit.manager if self.guard_unit else SYSTEM
+        return self.managers.get(key) or self.managers.get(SYSTEM)
+
+    def _add_graphical(self) -> None:
+        mode = self.config.rescue_graphical
+        m = self._rescue_manager()
+        if self._graphical_checked or mode == "no" or m is None:
+            return
+        self._graphical_checked = True
+        try:
+            graphical = mode == "yes" or m.default_target() == "graphical.target"
+        except ManagerError:
+            self._graphical_checked = False
+            return
+        if graphical and ("graphical.target",) not in self.rescue_groups:
+            self.rescue_groups.append(("graphical.target",))
+
+    def _attribute(self, cgroup: str) -> tuple[str, str] | None:
+        """(manager key, unit) for a cgroup path: the deepest manager root wins."""
+        best: tuple[int, str, str] | None = None
+        for key, m in self.managers.items():
+            unit = unit_of_cgroup(cgroup, m.root_cgroup)
+            depth = 0 if m.root_cgroup == "/" else m.root_cgroup.count("/")
+            if unit and (best is None or depth > best[0]):
+                best = (depth, key, unit)
+        return (best[1], best[2]) if best else None
+
+    # --- GPU ------------------------------------------------------------
+
+    def _gpu_processes(self, now: float) -> dict[int, int | None]:
+        if not self.config.gpu:
+            return {}
+        if not self.gpu.ready and now >= self._gpu_next_try:
+            self._gpu_next_try = now + GPU_RETRY
+            try:
+                count = self.gpu.start()
+                self.log.info(
+                    "gpu-accounting-on", devices=count, msg=f"GPU accounting on: {count} device(s)"
+                )
+                self._gpu_warned = False
+            except GpuUnavailable as e:
+                if not self._gpu_warned:
+                    self._gpu_warned = True
+                    self.log.warning(
+                        "gpu-accounting-off", error=str(e), msg=f"GPU accounting off: {e}"
+                    )
+        if not self.gpu.ready:
+            return {}
+        try:
+            return {p.pid: p.used for p in self.gpu.processes()}
+        except GpuUnavailable as e:
+            self._gpu_warned = True
+            self.log.warning("gpu-accounting-off", error=str(e), msg=f"GPU accounting off: {e}")
+            return {}
+
+    # --- the snapshot -----------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        now = self.clock()
+        memory = self.proc.memory()
+        self.history.append((now, memory.available))
+        while self.history and now - self.history[0][0] > max(self.config.trend_window, 1.0) * 2:
+            self.history.popleft()
+        gpu = self._gpu_processes(now)
+
+        groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
+        for pid in self.proc.pids():
+            info = self.proc.process(pid)
+            if info is None:
+                continue  # exited while we looked: normal
+            owner = self._attribute(info.cgroup)
+            if owner is None:
+                continue
+            groups.setdefault(UnitRef(*owner), []).append((pid, info.rss, gpu.get(pid, 0)))
+
+        states = self._states(groups)
+        units = []
+        for ref, procs in sorted(groups.items()):
+            state = states.get(ref)
+            if state is None:
+                continue
+            units.append(self._usage(ref, procs, state, gpu, now))
+        for ref in [r for r in self._units if r not in groups]:
+            del self._units[ref]
+        live = {pid for procs in groups.values() for pid, _, _ in procs}
+        for pid in [p for p in self._procs if p not in live]:
+            del self._procs[pid]
+
+        return Snapshot(
+            now=now,
+            memory=memory,
+            history=tuple(self.history),
+            pressure=self.proc.pressure(),
+            units=tuple(units),
+            rescue=self._rescue(),
+            guard_started=self.started,
+            guard_unit=self.guard_unit,
+            gpu_accounting=self.gpu.ready,
+        )
+
+    def _states(self, groups: dict[UnitRef, Any]) -> dict[UnitRef, str]:
+        """ActiveState of every unit with processes: one call per manager."""
+        out: dict[UnitRef, str] = {}
+        for key, m in list(self.managers.items()):
+            names = [r.name for r in groups if r.manager == key]
+            try:
+                states = m.unit_states(names)
+            except ManagerError as e:
+                self._drop(key, str(e))
+                continue
+            for name, st in states.items():
+                out[UnitRef(key, name)] = st.active_state
+        return out
+
+    def _usage(
+        self,
+        ref: UnitRef,
+        procs: list[tuple[int, int, int | None]],
+        state: str,
+        gpu: dict[int, int | None],
+        now: float,
+    ) -> UnitUsage:
+        pids = tuple(p for p, _, _ in procs)
+        rss = sum(r for _, r, _ in procs)
+        gpu_bytes = sum(g or 0 for _, _, g in procs)
+        gpu_pids = tuple(p for p in pids if p in gpu)
+        cache = self._units.get(ref)
+        if cache is None or not (cache.pids & set(pids)):
+            cache = self._units[ref] = _UnitCache()  # new or restarted: read it afresh
+        growth = 0.0
+        if cache.at and now > cache.at:
+            growth = (rss + gpu_bytes - cache.used) / (now - cache.at)
+        cache.pids, cache.used, cache.at = frozenset(pids), rss + gpu_bytes, now
+
+        interesting = ref.name.endswith(".service") and not is_protected(
+            ref, self.config, self.guard_unit
+        )
+        if not interesting:
+            return UnitUsage(ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth)
+        if cache.details is None:
+            try:
+                cache.details = self.managers[ref.manager].unit_details(ref.name)
+            except (ManagerError, KeyError):
+                cache.details = UnitDetails((), None, "")
+        cmdlines: list[tuple[str, ...]] = []
+        models: list[str] = []
+        for pid, p_rss, p_gpu in procs:
+            pc = self._procs.setdefault(pid, _ProcCache())
+            if pc.cmdline is None:
+                pc.cmdline = self.proc.cmdline(pid) or ()
+            cmdlines.append(pc.cmdline)
+            if (p_rss >= MAPS_MIN_RSS or p_gpu) and now - pc.maps_at >= MAPS_RECHECK:
+                pc.maps_at = now
+                pc.models = self.proc.mapped_models(pid) or ()
+            models.extend(pc.models)
+        return UnitUsage(
+            ref,
+            state,
+            pids,
+            rss,
+            gpu_bytes,
+            gpu_pids,
+            exec_start=cache.details.exec_start,
+            cmdlines=tuple(cmdlines),
+            mapped_models=tuple(dict.fromkeys(models)),
+            active_since=cache.details.active_since,
+            growth=growth,
+        )
+
+    def _rescue(self) -> tuple[RescueGroup, ...]:
+        m = self._rescue_manager()
+        if m is None:
+            return tuple(RescueGroup(g, False, None) for g in self.rescue_groups)
+        names = [n for g in self.rescue_groups for n in g]
+        try:
+            states = m.unit_states(names)
+        except ManagerError as e:
+            self._drop(m.key, str(e))
+            return tuple(RescueGroup(g, False, None) for g in self.rescue_groups)
+        out = []
+        for group in self.rescue_groups:
+            present = any(states[n].load_state != "not-found" for n in group if n in states)
+            since = None
+            for name in group:
+                st = states.get(name)
+                if st is None or st.active_state != "active":
+                    self._rescue_since.pop(name, None)
+                    continue
+                if name not in self._rescue_since:
+                    try:
+                        t = m.unit_details(name).active_since
+                    except ManagerError:
+                        t = None
+                    self._rescue_since[name] = t if t is not None else self.clock()
+                t = self._rescue_since[name]
+                since = t if since is None else min(since, t)
+            out.append(RescueGroup(group, present, since))
+        return tuple(out)
+
+    def close(self) -> None:
+        for key in list(self.managers):
+            self.managers.pop(key).close()
+        self.gpu.stop()
