@@ -182,7 +182,6 @@ class Config:
     proc: str = "/proc"
     system_manager: str = "/run/systemd/private"
     user_runtime: str = "/run/user"
-    state: str = "/run/spark-guard"
 
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
@@ -269,7 +268,6 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("paths", "proc"): ("proc", _path),
     ("paths", "system_manager"): ("system_manager", _path),
     ("paths", "user_runtime"): ("user_runtime", _path),
-    ("paths", "state"): ("state", _path),
 }
 # [loaders.footprint] is a table of unit-name glob -> size.
 FOOTPRINT_TABLE = ("loaders", "footprint")

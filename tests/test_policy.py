@@ -1,0 +1,154 @@
+"""decide(): plain snapshots in, plain actions out."""
+
+from spark_guard.config import Config, parse
+from spark_guard.policy import STEADY, STRICT, decide, phase, slope
+from spark_guard.snapshot import Memory, RescueGroup, Snapshot, UnitRef, UnitUsage
+
+GiB = 1024**3
+SPARK = 121 * GiB
+SSH = (RescueGroup(("ssh.service", "ssh.socket"), present=True, active_since=None),)
+SSH_UP = (RescueGroup(("ssh.service", "ssh.socket"), present=True, active_since=10.0),)
+
+
+def loader(name, *, manager="system", rss=0, gpu=0, since=1.0, model=None, growth=0.0,
+           state="active"):
+    argv = ("llama-server", "-m", model) if model else ("llama-server",)
+    return UnitUsage(UnitRef(manager, name), state, pids=(100,), rss=rss, gpu=gpu,
+                     exec_start=(argv,), active_since=since, growth=growth)
+
+
+def snap(available, *units, now=20.0, rescue=SSH, history=(), total=SPARK, started=0.0):
+    return Snapshot(now=now, memory=Memory(total, available), units=units, rescue=rescue,
+                    history=history or ((now, available),), guard_started=started)
+
+
+def footprints(**sizes):
+    lines = "".join(f'"{k}.service" = "{v}GiB"\n' for k, v in sizes.items())
+    return parse("[loaders.footprint]\n" + lines)
+
+
+# --- phase ---------------------------------------------------------------
+
+
+def test_strict_until_rescue_active_plus_grace():
+    c = Config()  # grace 60 s
+    assert phase(snap(100 * GiB, rescue=SSH), c) == STRICT
+    assert phase(snap(100 * GiB, rescue=SSH_UP, now=69.0), c) == STRICT
+    assert phase(snap(100 * GiB, rescue=SSH_UP, now=70.0), c) == STEADY
+
+
+def test_every_present_group_must_be_up_and_absent_groups_are_skipped():
+    gui_down = RescueGroup(("graphical.target",), present=True, active_since=None)
+    absent = RescueGroup(("sshd.service",), present=False, active_since=None)
+    assert phase(snap(1, rescue=SSH_UP + (gui_down,), now=500), Config()) == STRICT
+    assert phase(snap(1, rescue=SSH_UP + (absent,), now=500), Config()) == STEADY
+
+
+def test_without_any_rescue_unit_boot_is_guarded_for_one_grace_from_start():
+    none = (RescueGroup(("ssh.service",), present=False, active_since=None),)
+    assert phase(snap(1, rescue=none, now=30, started=0), Config()) == STRICT
+    assert phase(snap(1, rescue=none, now=61, started=0), Config()) == STEADY
+
+
+# --- strict phase ------------------------------------------------------------
+
+
+def test_strict_stops_a_loader_whose_footprint_would_breach_the_reserve():
+    # The incident: 115 GiB model, 110 GiB available at boot.
+    c = footprints(**{"llama-ds4-0731": 115})
+    d = decide(snap(110 * GiB, loader("llama-ds4-0731.service")), c)
+    assert d.phase == STRICT
+    assert [(a.kind, a.unit.name, a.reason) for a in d.actions] == [
+        ("stop", "llama-ds4-0731.service", "footprint")]
+    assert d.actions[0].figures["expected"] == 115 * GiB
+    assert d.actions[0].figures["reserve"] == d.reserve == int(SPARK * 0.07)
+
+
+def test_strict_admits_a_loader_that_fits_and_counts_what_it_already_holds():
+    c = footprints(small=40)
+    assert decide(snap(60 * GiB, loader("small.service")), c).actions == ()
+    # 30 GiB of its 40 are loaded, so 10 more must fit in 20 available: fine.
+    assert decide(snap(20 * GiB, loader("small.service", gpu=30 * GiB)), c).actions == ()
+    # Counted as fresh, the same 40 GiB would not fit in 20 GiB.
+    assert decide(snap(20 * GiB, loader("small.service")), c).actions != ()
+
+
+def test_strict_admits_oldest_first_and_stops_the_one_that_does_not_fit():
+    c = footprints(a=50, b=50)
+    d = decide(snap(100 * GiB, loader("b.service", since=2.0), loader("a.service", since=1.0)), c)
+    assert [a.unit.name for a in d.actions] == ["b.service"]
+
+
+def test_strict_trend_stops_growing_loaders():
+    # Falling 3 GiB/s from 30 GiB: 0 GiB in 10 s, far below the 8.47 GiB reserve.
+    hist = tuple((20.0 - i, (30 + 3 * i) * GiB) for i in range(5, -1, -1))  # 3 GiB/s
+    grower = loader("ollama.service", growth=3 * GiB)
+    idle = UnitUsage(UnitRef("user:1000", "lmstudio-server.service"), pids=(7,), gpu=27 * GiB)
+    d = decide(snap(30 * GiB, grower, idle, history=hist), Config())
+    assert [(a.unit.name, a.reason) for a in d.actions] == [("ollama.service", "trend")]
+    assert d.slope < -2.9 * GiB
+    # A slow fall that stays above the reserve within the horizon: nothing.
+    slow = tuple((20.0 - i, (30 * GiB + i * 100 * 1024**2)) for i in range(5, -1, -1))
+    assert decide(snap(30 * GiB, grower, history=slow), Config()).actions == ()
+
+
+def test_duplicate_model_is_refused_and_the_first_kept():
+    first = loader("llama-ds4-0731.service", model="/srv/ds4.gguf", since=5.0)
+    second = loader("llama-ds4-0731.service", manager="user:1000", model="/srv/ds4.gguf", since=6.0)
+    d = decide(snap(100 * GiB, second, first), Config())
+    assert [(str(a.unit), a.reason) for a in d.actions] == [
+        ("user:1000:llama-ds4-0731.service", "duplicate")]
+    assert "already loaded by llama-ds4-0731.service" in d.actions[0].detail
+
+
+def test_inactive_units_are_not_acted_on():
+    c = footprints(x=500)
+    d = decide(snap(10 * GiB, loader("x.service", state="deactivating")), c)
+    assert d.actions == () and d.loaders == ()
+
+
+def test_protected_unit_is_never_acted_on_even_below_reserve():
+    ssh = UnitUsage(UnitRef("system", "ssh.service"), pids=(9,), rss=50 * GiB,
+                    exec_start=(("/usr/sbin/sshd", "-D", "/x.gguf"),))
+    assert decide(snap(1 * GiB, ssh), Config()).actions == ()
+
+
+# --- steady phase ------------------------------------------------------------------
+
+
+def steady_snap(available, *units):
+    return snap(available, *units, rescue=SSH_UP, now=1000.0)
+
+
+def test_steady_ignores_footprint_above_reserve():
+    c = footprints(big=500)
+    assert decide(steady_snap(20 * GiB, loader("big.service")), c).actions == ()
+
+
+def test_steady_guard_stops_below_reserve_growing_then_biggest_until_deficit_covered():
+    a = loader("a.service", gpu=2 * GiB)
+    b = loader("b.service", gpu=50 * GiB)
+    grow = loader("c.service", gpu=1 * GiB, growth=GiB)
+    d = decide(steady_snap(5 * GiB, a, b, grow), Config())
+    # deficit ~3.5 GiB: c (growing, 1 GiB) then b (50 GiB) covers it; a is spared.
+    assert [(a.unit.name, a.kind, a.reason) for a in d.actions] == [
+        ("c.service", "stop", "reserve"), ("b.service", "stop", "reserve")]
+
+
+def test_steady_warn_and_off():
+    units = (loader("a.service", gpu=20 * GiB),)
+    warn = decide(steady_snap(GiB, *units), parse('[budget]\nsteady = "warn"\n'))
+    assert [a.kind for a in warn.actions] == ["warn"]
+    off = decide(steady_snap(GiB, *units), parse('[budget]\nsteady = "off"\n'))
+    assert off.actions == () and off.phase == STEADY
+
+
+def test_strict_ignores_steady_mode():
+    c = parse('[budget]\nsteady = "off"\n[loaders.footprint]\n"a.service" = "200GiB"\n')
+    assert [a.kind for a in decide(snap(50 * GiB, loader("a.service")), c).actions] == ["stop"]
+
+
+def test_slope():
+    assert slope([(0.0, 100), (1.0, 90), (2.0, 80)], 5, 2.0) == -10.0
+    assert slope([(0.0, 100)], 5, 0.0) == 0.0
+    assert slope([(0.0, 0), (10.0, 1000), (11.0, 1000)], 5, 11.0) == 0.0  # old point outside
