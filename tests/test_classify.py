@@ -12,9 +12,16 @@ def usage(name: str, manager: str = "system", **kw) -> UnitUsage:
 
 
 def test_name_patterns_of_the_default_family():
-    for name in ("llama-ds4-0731.service", "lms-load.service", "lmstudio-server.service",
-                 "ollama.service", "vllm-qwen.service", "koboldcpp.service",
-                 "text-generation-inference.service", "DeepSeek.service"):
+    for name in (
+        "llama-ds4-0731.service",
+        "lms-load.service",
+        "lmstudio-server.service",
+        "ollama.service",
+        "vllm-qwen.service",
+        "koboldcpp.service",
+        "text-generation-inference.service",
+        "DeepSeek.service",
+    ):
         loader = classify(usage(name), C)
         assert loader is not None, name
         assert loader.evidence[0].startswith("name:")
@@ -26,10 +33,18 @@ def test_plain_units_are_not_loaders():
 
 
 def test_exec_start_binary_and_model_argument():
-    u = usage("inference.service", exec_start=(
-        ("/opt/llama.cpp/build/bin/llama-server", "-m", "/srv/models/x-00001-of-00003.gguf",
-         "-ngl", "999"),
-    ))
+    u = usage(
+        "inference.service",
+        exec_start=(
+            (
+                "/opt/llama.cpp/build/bin/llama-server",
+                "-m",
+                "/srv/models/x-00001-of-00003.gguf",
+                "-ngl",
+                "999",
+            ),
+        ),
+    )
     loader = classify(u, C)
     assert loader is not None
     assert "exec:llama-server" in loader.evidence
@@ -54,8 +69,14 @@ def test_runtime_evidence_gpu_and_mapped_gguf():
 
 
 def test_protected_units_are_never_loaders_whatever_matches():
-    for name in ("ssh.service", "getty@tty1.service", "systemd-journald.service",
-                 "gdm.service", "spark-guard.service", "user@1000.service"):
+    for name in (
+        "ssh.service",
+        "getty@tty1.service",
+        "systemd-journald.service",
+        "gdm.service",
+        "spark-guard.service",
+        "user@1000.service",
+    ):
         assert classify(usage(name, gpu_pids=(1,), mapped_models=("/m.gguf",)), C) is None
     c = parse('[protected]\nextra = ["llama-keep.service"]\n')
     assert classify(usage("llama-keep.service"), c) is None

@@ -13,8 +13,15 @@ SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("8GiB", 8 * 1024**3), ("512 MiB", 512 * 1024**2), ("1.5G", int(1.5 * 1024**3)),
-     ("8GB", 8 * 10**9), ("100", 100), (4096, 4096), ("2tib", 2 * 1024**4)],
+    [
+        ("8GiB", 8 * 1024**3),
+        ("512 MiB", 512 * 1024**2),
+        ("1.5G", int(1.5 * 1024**3)),
+        ("8GB", 8 * 10**9),
+        ("100", 100),
+        (4096, 4096),
+        ("2tib", 2 * 1024**4),
+    ],
 )
 def test_sizes(text, expected):
     assert parse_size(text) == expected

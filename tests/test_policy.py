@@ -10,16 +10,31 @@ SSH = (RescueGroup(("ssh.service", "ssh.socket"), present=True, active_since=Non
 SSH_UP = (RescueGroup(("ssh.service", "ssh.socket"), present=True, active_since=10.0),)
 
 
-def loader(name, *, manager="system", rss=0, gpu=0, since=1.0, model=None, growth=0.0,
-           state="active"):
+def loader(
+    name, *, manager="system", rss=0, gpu=0, since=1.0, model=None, growth=0.0, state="active"
+):
     argv = ("llama-server", "-m", model) if model else ("llama-server",)
-    return UnitUsage(UnitRef(manager, name), state, pids=(100,), rss=rss, gpu=gpu,
-                     exec_start=(argv,), active_since=since, growth=growth)
+    return UnitUsage(
+        UnitRef(manager, name),
+        state,
+        pids=(100,),
+        rss=rss,
+        gpu=gpu,
+        exec_start=(argv,),
+        active_since=since,
+        growth=growth,
+    )
 
 
 def snap(available, *units, now=20.0, rescue=SSH, history=(), total=SPARK, started=0.0):
-    return Snapshot(now=now, memory=Memory(total, available), units=units, rescue=rescue,
-                    history=history or ((now, available),), guard_started=started)
+    return Snapshot(
+        now=now,
+        memory=Memory(total, available),
+        units=units,
+        rescue=rescue,
+        history=history or ((now, available),),
+        guard_started=started,
+    )
 
 
 def footprints(**sizes):
@@ -59,7 +74,8 @@ def test_strict_stops_a_loader_whose_footprint_would_breach_the_reserve():
     d = decide(snap(110 * GiB, loader("llama-ds4-0731.service")), c)
     assert d.phase == STRICT
     assert [(a.kind, a.unit.name, a.reason) for a in d.actions] == [
-        ("stop", "llama-ds4-0731.service", "footprint")]
+        ("stop", "llama-ds4-0731.service", "footprint")
+    ]
     assert d.actions[0].figures["expected"] == 115 * GiB
     assert d.actions[0].figures["reserve"] == d.reserve == int(SPARK * 0.07)
 
@@ -97,7 +113,8 @@ def test_duplicate_model_is_refused_and_the_first_kept():
     second = loader("llama-ds4-0731.service", manager="user:1000", model="/srv/ds4.gguf", since=6.0)
     d = decide(snap(100 * GiB, second, first), Config())
     assert [(str(a.unit), a.reason) for a in d.actions] == [
-        ("user:1000:llama-ds4-0731.service", "duplicate")]
+        ("user:1000:llama-ds4-0731.service", "duplicate")
+    ]
     assert "already loaded by llama-ds4-0731.service" in d.actions[0].detail
 
 
@@ -108,8 +125,12 @@ def test_inactive_units_are_not_acted_on():
 
 
 def test_protected_unit_is_never_acted_on_even_below_reserve():
-    ssh = UnitUsage(UnitRef("system", "ssh.service"), pids=(9,), rss=50 * GiB,
-                    exec_start=(("/usr/sbin/sshd", "-D", "/x.gguf"),))
+    ssh = UnitUsage(
+        UnitRef("system", "ssh.service"),
+        pids=(9,),
+        rss=50 * GiB,
+        exec_start=(("/usr/sbin/sshd", "-D", "/x.gguf"),),
+    )
     assert decide(snap(1 * GiB, ssh), Config()).actions == ()
 
 
@@ -132,7 +153,9 @@ def test_steady_guard_stops_below_reserve_growing_then_biggest_until_deficit_cov
     d = decide(steady_snap(5 * GiB, a, b, grow), Config())
     # deficit ~3.5 GiB: c (growing, 1 GiB) then b (50 GiB) covers it; a is spared.
     assert [(a.unit.name, a.kind, a.reason) for a in d.actions] == [
-        ("c.service", "stop", "reserve"), ("b.service", "stop", "reserve")]
+        ("c.service", "stop", "reserve"),
+        ("b.service", "stop", "reserve"),
+    ]
 
 
 def test_steady_warn_and_off():

@@ -83,7 +83,7 @@ def parse_duration(value: object) -> float:
 
 def format_size(n: float) -> str:
     """Bytes in the unit an admin reads at a glance (binary units, like free -h)."""
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= scale:
             return f"{n / scale:.1f}{unit}"
     return f"{int(n)}B"

@@ -82,7 +82,7 @@ class Nvml:
         if self._v3:
             try:
                 return list(nv.nvmlDeviceGetComputeRunningProcesses_v3(handle))
-            except (nv.NVMLError_FunctionNotFound, nv.NVMLError_LibraryMismatch):
+            except nv.NVMLError_FunctionNotFound:
                 self._v3 = False  # an older driver: its v2 call has the same layout
         return list(nv.nvmlDeviceGetComputeRunningProcesses_v2(handle))
 

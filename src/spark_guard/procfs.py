@@ -116,16 +116,6 @@ class ProcFS:
             return None
         return tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
 
-    def start_time(self, pid: int) -> int | None:
-        """Clock ticks since boot when the process started: with the PID, a unique key."""
-        try:
-            with open(self._path(str(pid), "stat"), "rb") as f:
-                stat = f.read()
-            # comm may hold spaces and parentheses: split after the last ')'.
-            return int(stat[stat.rindex(b")") + 2 :].split()[19])
-        except (OSError, ValueError, IndexError):
-            return None
-
     def mapped_models(self, pid: int) -> tuple[str, ...] | None:
         """Model files (*.gguf, *.safetensors) the process has mapped."""
         found: dict[str, None] = {}

@@ -1,0 +1,31 @@
+"""A model loader stand-in: maps a .gguf file, then allocates anonymous memory for real.
+
+Anonymous, touched memory (not page cache) is what a GPU load on unified
+memory costs. Usage: fake_loader.py [-m FILE.gguf] --alloc MiB [--rate MiB/s]
+"""
+
+import argparse
+import mmap
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("-m", "--model")
+ap.add_argument("--alloc", type=int, default=100)
+ap.add_argument("--rate", type=int, default=0, help="MiB/s; 0 = all at once")
+args = ap.parse_args()
+
+keep = []
+if args.model:
+    with open(args.model, "rb") as f:
+        keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+step = args.rate if args.rate else args.alloc
+done = 0
+while done < args.alloc:
+    chunk = min(step, args.alloc - done)
+    keep.append(bytearray(b"\x01") * (chunk * 1024 * 1024))  # written: every page touched
+    done += chunk
+    if args.rate:
+        time.sleep(1)
+print(f"fake loader holding {done} MiB", flush=True)
+while True:
+    time.sleep(3600)

@@ -1,0 +1,216 @@
+"""The guard as a Type=notify unit on a real systemd manager, watching real loaders.
+
+A `systemd --user` instance started by the harness runs both the guard and
+loader units that allocate memory for real (capped with LimitAS=). The
+guard finds that manager the way it finds every user manager: by its
+private socket under the user runtime directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import UserManager
+
+pytestmark = pytest.mark.systemd
+
+PY = sys.executable
+TESTS = Path(__file__).parent
+GUARD = "spark-guard-test.service"
+MiB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def um():
+    with UserManager() as manager:
+        manager.models = manager.base / "models"
+        manager.models.mkdir()
+        (manager.models / "ds4.gguf").write_bytes(b"GGUF" + b"\0" * 8192)
+        manager.write_unit(
+            GUARD,
+            f"""[Unit]
+Description=spark-guard under test
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={PY} -m spark_guard run --config {manager.base}/guard.toml --log console
+ExecReload=/bin/kill -HUP $MAINPID
+WatchdogSec=10s
+Environment=PYTHONUNBUFFERED=1
+""",
+        )
+        manager.write_unit("rescue-ssh.service", "[Service]\nExecStart=/bin/sleep infinity\n")
+        yield manager
+
+
+def write_config(um: UserManager, extra: str = "", *, grace: str = "1h") -> None:
+    (um.base / "guard.toml").write_text(f"""
+[boot]
+rescue_units = ["rescue-ssh.service"]
+rescue_graphical = "no"
+grace = "{grace}"
+[poll]
+strict = "200ms"
+max = "500ms"
+[paths]
+system_manager = "/nonexistent/systemd/private"
+user_runtime = "{um.user_runtime}"
+{extra}
+""")
+
+
+def loader_unit(
+    um: UserManager, name: str, alloc_mib: int, model: str = "", rate: int = 0, **service: str
+) -> None:
+    model_arg = f"-m {model} " if model else ""
+    extra = "".join(f"{k}={v}\n" for k, v in service.items())
+    um.write_unit(
+        name,
+        f"""[Service]
+ExecStart={PY} {TESTS}/fake_loader.py {model_arg}--alloc {alloc_mib} --rate {rate}
+LimitAS=2G
+Restart=on-failure
+{extra}""",
+    )
+
+
+def log_text(um: UserManager) -> str:
+    return um.log.read_text(errors="replace")
+
+
+def wait_log(um: UserManager, pattern: str, timeout: float = 20.0, after: int = 0) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, log_text(um)[after:], re.MULTILINE)
+        if m:
+            return m
+        time.sleep(0.1)
+    raise AssertionError(f"no {pattern!r} in the log:\n{log_text(um)[after:][-4000:]}")
+
+
+def restart_guard(um: UserManager) -> int:
+    """Restart the guard; returns the log offset from which its new lines start."""
+    offset = len(log_text(um))
+    um.systemctl("restart", GUARD)
+    um.wait_for(GUARD, "ActiveState", "active")
+    return offset
+
+
+def test_guard_is_ready_with_status_and_gpu_off_once(um):
+    write_config(um)
+    offset = restart_guard(um)
+    # Type=notify: 'active' is only reached once the guard sent READY=1.
+    props = um.show(GUARD, "ActiveState", "SubState", "StatusText", "NRestarts")
+    assert props["SubState"] == "running"
+    assert re.match(
+        r"strict; available [\d.]+GiB, reserve [\d.]+GiB; loaders \d+; "
+        r"last action: none$",
+        props["StatusText"],
+    ), props["StatusText"]
+    wait_log(um, r"^info guard-started: spark-guard watching .*managers=user:0", after=offset)
+    time.sleep(1.0)
+    # No driver here: GPU accounting is off, said once, and the guard keeps working.
+    assert log_text(um)[offset:].count("gpu-accounting-off") == 1
+    assert um.show(GUARD, "ActiveState")["ActiveState"] == "active"
+
+
+def test_loader_is_seen_attributed_and_classified(um):
+    write_config(um)
+    offset = restart_guard(um)
+    # A neutral name: only its command line and its mapped .gguf betray it.
+    loader_unit(um, "worker-a.service", 300, model=str(um.models / "ds4.gguf"))
+    um.systemctl("start", "worker-a.service")
+    m = wait_log(um, r"^info loader-seen: model loader user:0:worker-a.service: .*$", after=offset)
+    line = m.group(0)
+    assert "model-arg:" in line and "ds4.gguf" in line
+    assert "manager=user:0" in line
+    # Mapped-file evidence arrives once the process holds enough memory.
+    wait_log(um, r"^fake loader holding 300 MiB", after=offset)
+    out = subprocess.run(
+        [PY, "-m", "spark_guard", "dump", "--json", "--config", str(um.base / "guard.toml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    dump = json.loads(out.stdout)
+    assert "user:0" in dump["managers"]
+    loaders = {ld["usage"]["ref"]: ld for ld in dump["decision"]["loaders"]}
+    worker = loaders["user:0:worker-a.service"]
+    assert worker["usage"]["rss"] >= 300 * MiB
+    main_pid = int(um.show("worker-a.service", "MainPID")["MainPID"])
+    assert main_pid in worker["usage"]["pids"]
+    assert any(e.startswith("mapped:") and e.endswith("ds4.gguf") for e in worker["evidence"])
+    # The guard's own unit and the rescue unit are not loaders.
+    assert not any("spark-guard" in k or "rescue" in k for k in loaders)
+    um.systemctl("stop", "worker-a.service")
+
+
+def test_strict_phase_stops_a_loader_that_would_not_fit(um):
+    write_config(um, '[loaders.footprint]\n"llama-big.service" = "100TiB"\n')
+    offset = restart_guard(um)
+    loader_unit(um, "llama-big.service", 50)
+    um.systemctl("start", "llama-big.service")
+    m = wait_log(
+        um, r"^warning decision: stop user:0:llama-big.service: expects 100.0TiB.*$", after=offset
+    )
+    assert "reason=footprint" in m.group(0) and "phase=strict" in m.group(0)
+    wait_log(um, r"^warning unit-stop-requested: stopping user:0:llama-big.service", after=offset)
+    um.wait_for("llama-big.service", "ActiveState", "inactive")
+    status = um.show(GUARD, "StatusText")["StatusText"]
+    assert "last action: stop user:0:llama-big.service (footprint)" in status
+
+
+def test_dry_run_in_steady_phase_logs_the_decision_and_leaves_the_unit(um):
+    um.systemctl("start", "rescue-ssh.service")
+    # A reserve larger than any machine's memory: MemAvailable is always below it.
+    write_config(um, '[budget]\nreserve = "100TiB"\n[guard]\ndry_run = true\n', grace="0s")
+    offset = restart_guard(um)
+    loader_unit(um, "ollama-idle.service", 100)
+    um.systemctl("start", "ollama-idle.service")
+    wait_log(um, r"^info phase-changed: boot phase over: steady", after=offset)
+    m = wait_log(um, r"^warning decision: stop user:0:ollama-idle.service: .*$", after=offset)
+    assert "reason=reserve" in m.group(0) and "phase=steady" in m.group(0)
+    wait_log(um, r"^warning dry-run: dry run: would stop user:0:ollama-idle.service", after=offset)
+    time.sleep(1.0)
+    assert um.show("ollama-idle.service", "ActiveState")["ActiveState"] == "active"
+    # Not repeated every pass: once per unit and reason within repeat_after.
+    assert log_text(um)[offset:].count("decision: stop user:0:ollama-idle.service") == 1
+    um.systemctl("stop", "ollama-idle.service", "rescue-ssh.service")
+
+
+def test_bad_config_on_reload_is_refused_and_at_start_falls_back_loudly(um):
+    write_config(um)
+    offset = restart_guard(um)
+    (um.base / "guard.toml").write_text('[budget]\nreserve = "8GiB"\nsteady = "maybe"\n')
+    um.systemctl("reload", GUARD)
+    m = wait_log(um, r"^error config-reload-refused: .*$", after=offset)
+    assert f"{um.base}/guard.toml:3: budget.steady: must be one of guard, warn, off" in m.group(0)
+    assert um.show(GUARD, "ActiveState")["ActiveState"] == "active"
+    assert "CONFIG ERROR" not in um.show(GUARD, "StatusText")["StatusText"]
+    # Restarted on the broken file: still protecting, on defaults, and saying so.
+    offset = restart_guard(um)
+    wait_log(
+        um,
+        r"^error config-invalid: invalid config, protecting with built-in defaults",
+        after=offset,
+    )
+    status = um.show(GUARD, "StatusText")["StatusText"]
+    assert status.startswith("CONFIG ERROR, built-in defaults in use: ")
+    assert "guard.toml:3: budget.steady" in status
+
+
+def test_sigterm_stops_cleanly(um):
+    write_config(um)
+    offset = restart_guard(um)
+    um.systemctl("stop", GUARD)
+    um.wait_for(GUARD, "ActiveState", "inactive")
+    wait_log(um, r"^info guard-stopping: spark-guard stopping", after=offset)
+    assert um.show(GUARD, "Result")["Result"] == "success"
