@@ -1,9 +1,10 @@
 """NVML per-process memory through the real pynvml binding over a fake C library."""
 
 import pytest
-from fake_nvml import FakeNvmlLib, install
 
 from spark_guard.gpu import GpuUnavailable, Nvml
+
+from fake_nvml import FakeNvmlLib, install
 
 GiB = 1024**3
 
@@ -57,5 +58,5 @@ def test_gpu_lost_mid_run_turns_accounting_off(monkeypatch):
 
 def test_real_machine_without_driver():
     # This machine has no NVIDIA driver: the real library load fails cleanly.
-    with pytest.raises(GpuUnavailable, match="libnvidia-ml.so.1 not found"):
+    with pytest.raises(GpuUnavailable, match=r"libnvidia-ml\.so\.1 not found"):
         Nvml().start()

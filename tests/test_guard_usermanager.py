@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from harness import UserManager
 
 pytestmark = pytest.mark.systemd

@@ -55,8 +55,8 @@ def test_strict_until_rescue_active_plus_grace():
 def test_every_present_group_must_be_up_and_absent_groups_are_skipped():
     gui_down = RescueGroup(("graphical.target",), present=True, active_since=None)
     absent = RescueGroup(("sshd.service",), present=False, active_since=None)
-    assert phase(snap(1, rescue=SSH_UP + (gui_down,), now=500), Config()) == STRICT
-    assert phase(snap(1, rescue=SSH_UP + (absent,), now=500), Config()) == STEADY
+    assert phase(snap(1, rescue=(*SSH_UP, gui_down), now=500), Config()) == STRICT
+    assert phase(snap(1, rescue=(*SSH_UP, absent), now=500), Config()) == STEADY
 
 
 def test_without_any_rescue_unit_boot_is_guarded_for_one_grace_from_start():
