@@ -1,0 +1,116 @@
+"""Events reach a real systemd-journald as fields an admin can filter on.
+
+journald runs inside a private mount namespace with tmpfs over its runtime
+and storage directories, so the host's logs are never touched. The guard
+runs with its stderr on a journal stream and JOURNAL_STREAM set the way
+systemd sets it, so its automatic choice of the journal is tested too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_guard.events import MESSAGE_IDS
+
+pytestmark = pytest.mark.journald
+
+SRC = Path(__file__).parent.parent / "src" / "spark_guard"
+
+DECISION = """
+from spark_guard import log
+from spark_guard.act import Actuator
+from spark_guard.snapshot import Action, Decision, UnitRef
+log.configure("journal")
+a = Action("stop", UnitRef("user:1000", "llama-ds4-0731.service"), "footprint",
+           "expects 115.0GiB", {"mem_available": 110 * 2**30, "reserve": 9094593249})
+Actuator({}, log.get_logger(), dry_run=True, repeat_after=30).apply(
+    Decision("strict", 9094593249, (), (a,)))
+"""
+
+SCRIPT = """
+set -e
+mount -t tmpfs tmpfs /run/systemd
+mount -t tmpfs tmpfs /run/log
+mkdir -p /var/log/journal && mount -t tmpfs tmpfs /var/log/journal
+/lib/systemd/systemd-journald >/dev/null 2>&1 &
+JPID=$!
+for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+printf '[boot]\\ngrace = "1h"\\n' > "$WORK/guard.toml"
+# As systemd starts a service: stderr on a journal stream, JOURNAL_STREAM=dev:ino of it.
+systemd-cat -t spark-guard-stream sh -c \
+  'export JOURNAL_STREAM=$(stat -L -c %d:%i /proc/$$/fd/2);
+   exec timeout -s TERM 3 "$PY" -m spark_guard run --dry-run --config "$WORK/guard.toml"' || true
+"$PY" -c "$DECISION"
+journalctl --sync 2>/dev/null || sleep 0.5
+journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard > "$WORK/entries.json"
+journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard-stream > "$WORK/stream.json"
+kill $JPID
+"""
+
+
+@pytest.fixture(scope="module")
+def entries(tmp_path_factory):
+    work = tmp_path_factory.mktemp("journal")
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PY": sys.executable,
+        "WORK": str(work),
+        "DECISION": DECISION,
+    }
+    subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", SCRIPT],
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    rows = [json.loads(line) for line in (work / "entries.json").read_text().splitlines()]
+    stream = (work / "stream.json").read_text()
+    return rows, stream
+
+
+def by_event(rows, event):
+    found = [r for r in rows if r.get("SG_EVENT") == event]
+    assert found, f"no {event} entry in {[r.get('SG_EVENT') for r in rows]}"
+    return found[0]
+
+
+def test_guard_chooses_the_journal_under_systemd_and_prints_nothing_to_the_stream(entries):
+    rows, stream = entries
+    started = by_event(rows, "guard-started")
+    assert started["MESSAGE"] == "spark-guard watching (dry run: deciding, not acting)"
+    assert started["PRIORITY"] == "6"
+    assert started["MESSAGE_ID"] == MESSAGE_IDS["guard-started"]
+    assert started["SG_DRY_RUN"] == "True"
+    assert stream.strip() == ""  # no duplicate key=value copy on stderr
+    by_event(rows, "guard-stopping")
+
+
+def test_code_location_is_the_real_caller(entries):
+    rows, _ = entries
+    started = by_event(rows, "guard-started")
+    assert started["CODE_FILE"].endswith("spark_guard/daemon.py")
+    line = (SRC / "daemon.py").read_text().splitlines()[int(started["CODE_LINE"]) - 1]
+    assert "log.info(" in line and started["CODE_FUNC"] == "run"
+    gpu = by_event(rows, "gpu-accounting-off")
+    assert gpu["CODE_FILE"].endswith("spark_guard/sensor.py")
+    assert gpu["PRIORITY"] == "4"  # warning
+
+
+def test_decision_fields_are_filterable(entries):
+    rows, _ = entries
+    decision = by_event(rows, "decision")
+    assert decision["MESSAGE"] == "stop user:1000:llama-ds4-0731.service: expects 115.0GiB"
+    assert decision["MESSAGE_ID"] == MESSAGE_IDS["decision"]
+    assert decision["PRIORITY"] == "4"
+    assert decision["SG_UNIT"] == "user:1000:llama-ds4-0731.service"
+    assert decision["SG_MANAGER"] == "user:1000"
+    assert decision["SG_REASON"] == "footprint"
+    assert decision["SG_MEM_AVAILABLE"] == str(110 * 2**30)
+    assert decision["CODE_FILE"].endswith("spark_guard/act.py")
+    dry = by_event(rows, "dry-run")
+    assert dry["SG_UNIT"] == "user:1000:llama-ds4-0731.service"
