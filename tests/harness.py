@@ -29,10 +29,11 @@ CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 class UserManager:
     """Start with `with UserManager() as um:`; um.systemctl(...) runs inside its namespace."""
 
-    def __init__(self, uid_dir: str = "0") -> None:
+    def __init__(self, uid_dir: str = "0", user_runtime: Path | None = None) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="sg-um."))
         self.home = self.base / "home"
-        self.user_runtime = self.base / "run-user"
+        # Managers sharing one runtime root look like several users' managers.
+        self.user_runtime = user_runtime or self.base / "run-user"
         self.runtime = self.user_runtime / uid_dir
         self.unit_dir = self.home / ".config" / "systemd" / "user"
         self.data_unit_dir = self.home / ".local" / "share" / "systemd" / "user"
@@ -126,6 +127,7 @@ class UserManager:
                 self.proc.wait()
         for root in CGROUP_ROOTS:
             _kill_and_remove(Path(root) / self.cgroup)
+        shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.base, ignore_errors=True)
 
 

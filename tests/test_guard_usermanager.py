@@ -215,3 +215,61 @@ def test_sigterm_stops_cleanly(um):
     um.wait_for(GUARD, "ActiveState", "inactive")
     wait_log(um, r"^info guard-stopping: spark-guard stopping", after=offset)
     assert um.show(GUARD, "Result")["Result"] == "success"
+
+
+def test_user_managers_that_come_and_go_are_followed(um):
+    write_config(um)
+    offset = restart_guard(um)
+    # A second user's manager appears (a login, or linger at boot), then goes.
+    with UserManager(uid_dir="1000", user_runtime=um.user_runtime) as other:
+        wait_log(um, r"^info manager-connected: watching user:1000 manager", after=offset)
+        loader_unit(other, "lmstudio-server.service", 120)
+        other.systemctl("start", "lmstudio-server.service")
+        m = wait_log(
+            um,
+            r"^info loader-seen: model loader user:1000:lmstudio-server.service.*$",
+            after=offset,
+        )
+        assert "manager=user:1000" in m.group(0)
+    wait_log(um, r"^info manager-lost: user:1000 manager", after=offset)
+    assert um.show(GUARD, "ActiveState")["ActiveState"] == "active"
+
+
+NO_FORK = """
+import sys
+forbidden = ("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
+             "subprocess.Popen", "pty.spawn")
+seen = []
+def hook(event, args):
+    if event.startswith(forbidden):
+        seen.append(event)
+        raise RuntimeError("forbidden on the action path: " + event)
+from spark_guard import config, log
+from spark_guard.act import Actuator
+from spark_guard.policy import decide
+from spark_guard.sensor import Sensor
+log.configure("console")
+c = config.load(sys.argv[1])
+sensor = Sensor(c, log.get_logger())
+act = Actuator(sensor.managers, log.get_logger(), dry_run=False, repeat_after=30)
+sys.addaudithook(hook)
+# From here on: sense -> decide -> act, with the stop really sent.
+sensor.refresh_managers()
+decision = decide(sensor.snapshot(), c)
+taken = act.apply(decision)
+print("TAKEN", [str(a.unit) for a in taken], "FORBIDDEN", seen)
+"""
+
+
+def test_sense_decide_act_path_never_forks_or_execs(um):
+    write_config(um, '[loaders.footprint]\n"llama-nofork.service" = "100TiB"\n')
+    um.systemctl("stop", GUARD)
+    loader_unit(um, "llama-nofork.service", 40)
+    um.systemctl("start", "llama-nofork.service")
+    um.wait_for("llama-nofork.service", "ActiveState", "active")
+    out = subprocess.run(
+        [PY, "-c", NO_FORK, str(um.base / "guard.toml")], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "TAKEN ['user:0:llama-nofork.service'] FORBIDDEN []" in out.stdout, out.stdout
+    um.wait_for("llama-nofork.service", "ActiveState", "inactive")

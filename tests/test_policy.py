@@ -175,3 +175,27 @@ def test_slope():
     assert slope([(0.0, 100), (1.0, 90), (2.0, 80)], 5, 2.0) == -10.0
     assert slope([(0.0, 100)], 5, 0.0) == 0.0
     assert slope([(0.0, 0), (10.0, 1000), (11.0, 1000)], 5, 11.0) == 0.0  # old point outside
+
+
+def test_poll_interval_adapts_to_headroom():
+    from spark_guard.policy import poll_interval
+
+    c = Config()  # min 0.1 s, strict 0.5 s, max 2 s
+    calm = decide(snap(100 * GiB, rescue=SSH_UP, now=1000.0), c)
+    assert calm.phase == STEADY and poll_interval(calm, snap(100 * GiB), c) == 2.0
+    boot = decide(snap(100 * GiB), c)
+    assert poll_interval(boot, snap(100 * GiB), c) == 0.5
+    # Falling 1 GiB/s with ~11.5 GiB of headroom: look every ~2.9 s -> capped at 0.5 s in boot.
+    hist = tuple((20.0 - i, (20 + i) * GiB) for i in range(5, -1, -1))
+    falling = snap(20 * GiB, history=hist)
+    d = decide(falling, c)
+    assert poll_interval(d, falling, c) == 0.5
+    # Falling 20 GiB/s with the same headroom: a quarter of ~0.58 s.
+    hist = tuple((20.0 - i, (20 + 20 * i) * GiB) for i in range(5, -1, -1))
+    fast = snap(20 * GiB, history=hist)
+    d = decide(fast, c)
+    assert abs(poll_interval(d, fast, c) - (20 * GiB - d.reserve) / (20 * GiB) / 4) < 1e-6
+    # At or below the reserve: as fast as allowed.
+    low = snap(2 * GiB, history=((19.0, 3 * GiB), (20.0, 2 * GiB)))
+    assert poll_interval(decide(low, c), low, c) == 0.1
+    assert poll_interval(None, None, c) == 2.0

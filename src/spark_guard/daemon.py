@@ -24,7 +24,7 @@ from . import config as config_mod
 from .act import Actuator
 from .config import Config, ConfigError, format_size
 from .memlock import mlockall
-from .policy import STEADY, decide
+from .policy import STEADY, decide, poll_interval
 from .procfs import ProcError
 from .sensor import Sensor
 from .snapshot import Decision, Snapshot, UnitRef
@@ -132,7 +132,7 @@ class Guard:
                 )
                 self.notifier.notify("READY=1")
             self.notifier.notify("WATCHDOG=1")
-            self._wait(self.interval(decision, snapshot))
+            self._wait(poll_interval(decision, snapshot, self.config))
         self.notifier.notify("STOPPING=1")
         self.log.info("guard-stopping", msg="spark-guard stopping")
         self.close()
@@ -172,18 +172,6 @@ class Guard:
         self.actuator.apply(decision)
         self._status(decision, snapshot)
         return decision, snapshot
-
-    def interval(self, decision: Decision | None, snapshot: Snapshot | None) -> float:
-        """Poll faster the sooner MemAvailable would reach the reserve at its current rate."""
-        c = self.config
-        if decision is None or snapshot is None:
-            return c.poll_max
-        longest = c.poll_max if decision.phase == STEADY else min(c.poll_strict, c.poll_max)
-        if decision.slope >= 0:
-            return longest
-        headroom = snapshot.memory.available - decision.reserve
-        time_to_reserve = max(headroom, 0) / -decision.slope
-        return min(max(time_to_reserve / 4, c.poll_min), longest)
 
     def _wait(self, timeout: float) -> None:
         poller = select.poll()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 MCL_CURRENT = 1
@@ -13,7 +12,8 @@ MCL_ONFAULT = 4  # lock pages as they are touched, not whole thread stacks up fr
 
 def mlockall() -> str:
     """Lock current and future pages; returns the flags used or raises OSError."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # By soname: ctypes.util.find_library would run ldconfig in a subprocess.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
     for flags, name in (
         (MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT, "current|future|onfault"),
         (MCL_CURRENT | MCL_FUTURE, "current|future"),

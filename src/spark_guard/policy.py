@@ -156,3 +156,17 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             deficit -= loader.usage.used
 
     return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)
+
+
+def poll_interval(decision: Decision | None, snapshot: Snapshot | None, config: Config) -> float:
+    """Seconds to the next look: a quarter of the time MemAvailable needs to reach
+    the reserve at its current fall rate, within [poll.min, poll.strict or poll.max]."""
+    if decision is None or snapshot is None:
+        return config.poll_max
+    longest = (
+        config.poll_max if decision.phase == STEADY else min(config.poll_strict, config.poll_max)
+    )
+    if decision.slope >= 0:
+        return longest
+    headroom = max(snapshot.memory.available - decision.reserve, 0)
+    return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
