@@ -1,0 +1,75 @@
+"""The command line as an admin uses it: exit codes and one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
+
+
+def sg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spark_guard", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_config_ok_and_broken(tmp_path):
+    ok = sg("check-config", str(SHIPPED))
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[budget]\nreserve = "8GiB"\n[gpu]\nenabled = 1\n')
+    out = sg("check-config", str(bad))
+    assert out.returncode == 1
+    assert out.stderr == f"spark-guard: {bad}:4: gpu.enabled: expected true or false, got 1\n"
+
+
+def test_check_config_missing_file(tmp_path):
+    out = sg("check-config", str(tmp_path / "nope.toml"))
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"spark-guard: {tmp_path}/nope.toml: no such file"
+
+
+def test_dump_shows_memory_and_phase(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n')
+    out = sg("dump", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("phase strict; MemAvailable ")
+    assert "GPU accounting off" in out.stdout
+
+
+def test_dump_with_broken_proc_root_is_one_clear_line(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[paths]\nproc = "{tmp_path}/proc"\nuser_runtime = "/nonexistent"\n'
+        'system_manager = "/nonexistent"\n'
+    )
+    out = sg("dump", "--config", str(cfg))
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"spark-guard: {tmp_path}/proc/meminfo: cannot read")
+    assert out.stderr.count("\n") == 1
+
+
+def test_console_log_lines_are_readable_key_value():
+    from spark_guard.log import render_line
+
+    line = render_line(
+        None,
+        "warning",
+        {
+            "event": "decision",
+            "level": "warning",
+            "msg": "stop llama.service: too big",
+            "unit": "llama.service",
+            "reason": "footprint",
+            "models": ("/a.gguf", "/b.gguf"),
+            "pathname": "/x.py",
+            "lineno": 3,
+            "message_id": "abc",
+            "detail": "two words",
+        },
+    )
+    assert line == (
+        "warning decision: stop llama.service: too big unit=llama.service "
+        "reason=footprint models=/a.gguf,/b.gguf detail='two words'"
+    )

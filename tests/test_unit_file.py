@@ -1,0 +1,43 @@
+"""The shipped unit: valid for systemd, and ordered to be up before any model loader."""
+
+import subprocess
+from pathlib import Path
+
+UNIT = Path(__file__).parent.parent / "units" / "spark-guard.service"
+
+
+def unit_settings() -> dict[str, list[str]]:
+    # Unit files repeat keys (After= twice), which configparser refuses: read by hand.
+    values: dict[str, list[str]] = {}
+    section = ""
+    for line in UNIT.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            values.setdefault(f"{section}.{key}", []).extend(value.split())
+    return values
+
+
+def test_systemd_analyze_verify_is_clean(tmp_path):
+    # The binary is not installed here; point ExecStart at one that exists.
+    text = UNIT.read_text().replace("ExecStart=/usr/bin/spark-guard", "ExecStart=/bin/true")
+    copy = tmp_path / "spark-guard.service"
+    copy.write_text(text.replace("Documentation=man:spark-guard(8)\n", ""))
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_ordered_before_every_default_dependency_service_and_not_after_dbus():
+    s = unit_settings()
+    assert s["Unit.DefaultDependencies"] == ["no"]
+    assert "basic.target" in s["Unit.Before"]
+    assert "sysinit.target" in s["Unit.After"]
+    related = s["Unit.After"] + s.get("Unit.Requires", []) + s.get("Unit.Wants", [])
+    assert not any(u.startswith("dbus") for u in related)
+    assert s["Service.Type"] == ["notify"]
+    assert s["Service.WatchdogSec"] and s["Service.ExecReload"]
+    assert int(s["Service.OOMScoreAdjust"][0]) < 0
