@@ -31,7 +31,7 @@ class Actuator:
         self.dry_run = dry_run
         self.repeat_after = repeat_after
         self.clock = clock
-        self._done: dict[tuple[str, str, str], float] = {}
+        self._done: dict[tuple[str, str, str, float | None], float] = {}
         self.last: str = "none"
 
     def apply(self, decision: Decision) -> list[Action]:
@@ -39,7 +39,8 @@ class Actuator:
         now = self.clock()
         taken = []
         for action in decision.actions:
-            key = (str(action.unit), action.kind, action.reason)
+            # Per run of the unit: when Restart= brings it back, that is new.
+            key = (str(action.unit), action.kind, action.reason, action.since)
             if now - self._done.get(key, -self.repeat_after - 1) <= self.repeat_after:
                 continue
             self._done[key] = now

@@ -75,6 +75,8 @@ def render_line(_logger: Any, _name: str, event: EventDict) -> str:
     msg = event.pop("msg", None)
     for key in ("message_id", "pathname", "lineno", "func_name"):
         event.pop(key, None)
+    if msg and "error" in event and str(event["error"]) in msg:
+        event.pop("error")  # already said in the message
     head = f"{level} {kind}" + (f": {msg}" if msg else "")
     rest = " ".join(f"{k}={_quote(_field_value(v))}" for k, v in event.items() if v is not None)
     return f"{head} {rest}".rstrip()

@@ -89,7 +89,12 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             if current_phase == STEADY and config.steady == "warn":
                 kind = "warn"
             actions[key] = Action(
-                kind, loader.ref, reason, detail, _figures(snapshot, reserve, loader, **extra)
+                kind,
+                loader.ref,
+                reason,
+                detail,
+                _figures(snapshot, reserve, loader, **extra),
+                since=loader.usage.active_since,
             )
 
     if current_phase == STEADY and config.steady == "off":

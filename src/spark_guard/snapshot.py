@@ -112,6 +112,8 @@ class Action:
     reason: str
     detail: str
     figures: dict[str, int | float] = field(default_factory=dict, compare=False)
+    # When this run of the unit became active: a restart is a new run to act on.
+    since: float | None = None
 
 
 @dataclass(frozen=True)
