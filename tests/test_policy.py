@@ -199,3 +199,11 @@ def test_poll_interval_adapts_to_headroom():
     low = snap(2 * GiB, history=((19.0, 3 * GiB), (20.0, 2 * GiB)))
     assert poll_interval(decide(low, c), low, c) == 0.1
     assert poll_interval(None, None, c) == 2.0
+
+
+def test_once_boot_is_over_it_stays_over():
+    from dataclasses import replace
+
+    down = snap(50 * GiB, rescue=SSH, now=1000.0)
+    assert phase(down, Config()) == STRICT
+    assert phase(replace(down, boot_over=True), Config()) == STEADY

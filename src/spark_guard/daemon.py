@@ -9,7 +9,6 @@ wedged loop is restarted by the manager.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import select
 import signal
@@ -74,7 +73,6 @@ class Guard:
         self.actuator = Actuator(
             self.sensor.managers, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
-        self.steady_since: float | None = None
         self.seen_loaders: set[UnitRef] = set()
         self._stop = False
         self._reload = False
@@ -146,12 +144,10 @@ class Guard:
             self.log.error("sense-failed", error=str(e), msg=str(e))
             self._status(None, None)
             return None, None
-        if self.steady_since is not None:
-            # Once the way in has been up for the grace period, boot is over for good.
-            snapshot = dataclasses.replace(snapshot, rescue=(), guard_started=-1e18)
         decision = decide(snapshot, self.config)
-        if decision.phase == STEADY and self.steady_since is None:
-            self.steady_since = snapshot.now
+        if decision.phase == STEADY and not self.sensor.boot_over:
+            # Once the way in has been up for the grace period, boot is over for good.
+            self.sensor.boot_over = True
             self.log.info("phase-changed", phase=STEADY, msg="boot phase over: steady")
         for loader in decision.loaders:
             if loader.ref not in self.seen_loaders:

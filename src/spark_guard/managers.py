@@ -45,7 +45,6 @@ class UnitState:
 class UnitDetails:
     exec_start: tuple[tuple[str, ...], ...]
     active_since: float | None  # monotonic seconds
-    fragment_path: str
 
 
 class Manager:
@@ -78,10 +77,6 @@ class Manager:
                 self._bus.close()
             finally:
                 self._bus = None
-
-    @property
-    def connected(self) -> bool:
-        return self._bus is not None
 
     def _get(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
         if self._bus is None:
@@ -125,8 +120,7 @@ class Manager:
         since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
         if since_us == 0:  # still activating: it left 'inactive' when the start began
             since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
-        fragment = _s(self._get(path, _UNIT, b"FragmentPath", b"s"))
-        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, fragment)
+        return UnitDetails(exec_start, since_us / 1e6 if since_us else None)
 
     def default_target(self) -> str:
         return _s(self._call(b"GetDefaultTarget", b""))

@@ -24,6 +24,8 @@ _SLOPE_NOISE = 16 * 1024**2
 
 def phase(snapshot: Snapshot, config: Config) -> str:
     """'strict' until every present rescue group is active for `grace`, then 'steady'."""
+    if snapshot.boot_over:
+        return STEADY
     present = [g for g in snapshot.rescue if g.present]
     if not present:
         # Nothing to wait for: protect the boot for one grace period from our start.

@@ -53,6 +53,8 @@ class Sensor:
         self._gpu_next_try = 0.0
         self._gpu_warned = False
         self.started = clock()
+        # Set by the caller once the strict phase is over; rescue units are then not read.
+        self.boot_over = False
         self.guard_unit: UnitRef | None = None
         self.history: deque[tuple[float, int]] = deque(maxlen=HISTORY_MAX)
         self._units: dict[UnitRef, _UnitCache] = {}
@@ -205,8 +207,9 @@ class Sensor:
             history=tuple(self.history),
             pressure=self.proc.pressure(),
             units=tuple(units),
-            rescue=self._rescue(),
+            rescue=() if self.boot_over else self._rescue(),
             guard_started=self.started,
+            boot_over=self.boot_over,
             guard_unit=self.guard_unit,
             gpu_accounting=self.gpu.ready,
         )
@@ -254,7 +257,7 @@ class Sensor:
             try:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except (ManagerError, KeyError):
-                cache.details = UnitDetails((), None, "")
+                cache.details = UnitDetails((), None)
         cmdlines: list[tuple[str, ...]] = []
         models: list[str] = []
         for pid, p_rss, p_gpu in procs:

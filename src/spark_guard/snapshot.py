@@ -19,10 +19,6 @@ class UnitRef:
     manager: str
     name: str
 
-    @property
-    def uid(self) -> int | None:
-        return int(self.manager.split(":", 1)[1]) if self.manager.startswith("user:") else None
-
     def __str__(self) -> str:
         return self.name if self.manager == SYSTEM else f"{self.manager}:{self.name}"
 
@@ -85,6 +81,8 @@ class Snapshot:
     units: tuple[UnitUsage, ...] = ()
     rescue: tuple[RescueGroup, ...] = ()
     guard_started: float = 0.0
+    # Set once the strict phase has ended: boot does not come back.
+    boot_over: bool = False
     guard_unit: UnitRef | None = None
     gpu_accounting: bool = False
 
