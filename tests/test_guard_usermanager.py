@@ -117,6 +117,11 @@ def test_guard_is_ready_with_status_and_gpu_off_once(um):
     ), props["StatusText"]
     wait_log(um, r"^info guard-started: spark-guard watching .*managers=user:0", after=offset)
     time.sleep(1.0)
+    # mlockall: its pages stay in RAM when memory runs out.
+    pid = um.show(GUARD, "MainPID")["MainPID"]
+    status = Path(f"/proc/{pid}/status").read_text()
+    locked_kib = int(re.search(r"^VmLck:\s+(\d+) kB", status, re.MULTILINE).group(1))
+    assert locked_kib > 10 * 1024, status
     # No driver here: GPU accounting is off, said once, and the guard keeps working.
     assert log_text(um)[offset:].count("gpu-accounting-off") == 1
     assert um.show(GUARD, "ActiveState")["ActiveState"] == "active"
