@@ -81,20 +81,18 @@ def test_any_table_parses_or_names_the_key(entries):
         assert str(e).startswith("f.toml")
 
 
+# Protected units, and a scope (only services are loaders).
+NEVER_ACTED_ON = [
+    "ssh.service",
+    "sshd.service",
+    "getty@tty1.service",
+    "dbus.service",
+    "spark-guard.service",
+    "user@1000.service",
+    "x.scope",
+]
 names = st.sampled_from(
-    [
-        "ssh.service",
-        "sshd.service",
-        "getty@tty1.service",
-        "dbus.service",
-        "spark-guard.service",
-        "user@1000.service",
-        "llama-a.service",
-        "ollama.service",
-        "worker.service",
-        "vllm.service",
-        "x.scope",
-    ]
+    [*NEVER_ACTED_ON, "llama-a.service", "ollama.service", "worker.service", "vllm.service"]
 )
 units = st.builds(
     UnitUsage,
@@ -133,15 +131,7 @@ def test_decide_never_touches_protected_units_and_acts_only_on_live_loaders(
     d = decide(snap, config)
     live = {u.ref for u in units if u.active_state != "deactivating"}
     for action in d.actions:
-        assert action.unit.name not in {
-            "ssh.service",
-            "sshd.service",
-            "getty@tty1.service",
-            "dbus.service",
-            "spark-guard.service",
-            "user@1000.service",
-            "x.scope",
-        }
+        assert action.unit.name not in NEVER_ACTED_ON
         assert action.unit in live
         assert action.kind in ("stop", "warn")
     if d.phase == "steady" and steady == "off":

@@ -78,6 +78,9 @@ class Guard:
         self._reload = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.psi: PsiTrigger | None = None
+        # Built once: the loop only waits on it.
+        self._poller = select.poll()
+        self._poller.register(self._wake_r, select.POLLIN)
 
     # --- signals --------------------------------------------------------------
 
@@ -100,6 +103,8 @@ class Guard:
         self.install_signals()
         try:
             self.psi = PsiTrigger(self.config.proc, self.config.psi_stall)
+            if self.psi.fd is not None:
+                self._poller.register(self.psi.fd, select.POLLPRI)
         except OSError as e:
             self.log.info(
                 "psi-trigger-off",
@@ -170,10 +175,7 @@ class Guard:
         return decision, snapshot
 
     def _wait(self, timeout: float) -> None:
-        poller = select.poll()
-        poller.register(self._wake_r, select.POLLIN)
-        if self.psi is not None and self.psi.fd is not None:
-            poller.register(self.psi.fd, select.POLLPRI)
+        poller = self._poller
         start = time.monotonic()
         events = poller.poll(timeout * 1000)
         for fd, _ in events:

@@ -76,6 +76,7 @@ class Sensor:
     def refresh_managers(self) -> None:
         """Connect managers that appeared (boot, linger, login); forget those gone."""
         found = discover(self.config.system_manager, self.config.user_runtime)
+        before = set(self.managers)
         for key in [k for k in self.managers if k not in found]:
             self._drop(key, "socket gone")
         for key, sock in found.items():
@@ -95,7 +96,8 @@ class Sensor:
                 cgroup=m.root_cgroup,
                 msg=f"watching {key} manager",
             )
-        self._find_self()
+        if set(self.managers) != before or self.guard_unit is None:
+            self._find_self()  # our own unit can only change with the set of managers
         self._add_graphical()
 
     def _drop(self, key: str, why: str) -> None:
