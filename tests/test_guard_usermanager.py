@@ -63,6 +63,9 @@ max = "500ms"
 [paths]
 system_manager = "/nonexistent/systemd/private"
 user_runtime = "{um.user_runtime}"
+state = "{um.base}/state"
+motd = "{um.base}/motd.d/spark-guard"
+issue = "{um.base}/issue"
 {extra}
 """)
 
@@ -111,7 +114,7 @@ def test_guard_is_ready_with_status_and_gpu_off_once(um):
     props = um.show(GUARD, "ActiveState", "SubState", "StatusText", "NRestarts")
     assert props["SubState"] == "running"
     assert re.match(
-        r"strict; available [\d.]+GiB, reserve [\d.]+GiB; loaders \d+; "
+        r"strict; available [\d.]+GiB, reserve [\d.]+GiB; loaders \d+; blocked 0; "
         r"last action: none$",
         props["StatusText"],
     ), props["StatusText"]
@@ -184,7 +187,7 @@ def test_dry_run_in_steady_phase_logs_the_decision_and_leaves_the_unit(um):
     wait_log(um, r"^info phase-changed: boot phase over: steady", after=offset)
     m = wait_log(um, r"^warning decision: stop user:0:ollama-idle.service: .*$", after=offset)
     assert "reason=reserve" in m.group(0) and "phase=steady" in m.group(0)
-    wait_log(um, r"^warning dry-run: dry run: would stop user:0:ollama-idle.service", after=offset)
+    wait_log(um, r"^warning dry-run: dry run: would stop, mask and disable user:0:ollama-idle.service", after=offset)
     time.sleep(1.0)
     assert um.show("ollama-idle.service", "ActiveState")["ActiveState"] == "active"
     # Not repeated every pass: once per unit and reason within repeat_after.
@@ -251,18 +254,21 @@ def hook(event, args):
         raise RuntimeError("forbidden on the action path: " + event)
 from spark_guard import config, log
 from spark_guard.act import Actuator
+from spark_guard.enforce import Enforcer
 from spark_guard.policy import decide
 from spark_guard.sensor import Sensor
 log.configure("console")
 c = config.load(sys.argv[1])
 sensor = Sensor(c, log.get_logger())
-act = Actuator(sensor.managers, log.get_logger(), dry_run=False, repeat_after=30)
+enforcer = Enforcer(sensor.managers, c, log.get_logger())
+act = Actuator(enforcer, log.get_logger(), dry_run=False, repeat_after=30)
 sys.addaudithook(hook)
-# From here on: sense -> decide -> act, with the stop really sent.
+# From here on: sense -> decide -> act: stop, mask, disable, verify, all for real.
 sensor.refresh_managers()
 decision = decide(sensor.snapshot(), c)
 taken = act.apply(decision)
 print("TAKEN", [str(a.unit) for a in taken], "FORBIDDEN", seen)
+print("STEPS", [r.step for r in enforcer.records.values()])
 """
 
 
@@ -277,4 +283,6 @@ def test_sense_decide_act_path_never_forks_or_execs(um):
     )
     assert out.returncode == 0, out.stderr
     assert "TAKEN ['user:0:llama-nofork.service'] FORBIDDEN []" in out.stdout, out.stdout
+    assert "STEPS ['blocked']" in out.stdout, out.stdout + out.stderr
     um.wait_for("llama-nofork.service", "ActiveState", "inactive")
+    assert um.show("llama-nofork.service", "LoadState")["LoadState"] == "masked"

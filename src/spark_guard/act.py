@@ -1,32 +1,31 @@
-"""Act: carry out a Decision's actions through each unit's own manager.
+"""Act: log each new action of a Decision, and hand the stops to the Enforcer.
 
-Stays in-process: a D-Bus call on the manager's private socket, never a
-fork or exec, since the memory to fork may already be gone. One action is
-not repeated for the same unit and reason within `repeat_after` seconds.
+An action is not repeated for the same run of a unit and the same reason
+within `repeat_after` seconds; a unit that Restart= brought back is a new
+run and is acted on at once. In a dry run the guard says what it would do.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from .config import format_size
-from .managers import Manager, ManagerError
+from .enforce import Enforcer
 from .snapshot import Action, Decision
 
 
 class Actuator:
     def __init__(
         self,
-        managers: Mapping[str, Manager],
+        enforcer: Enforcer,
         log: Any,
         *,
         dry_run: bool,
         repeat_after: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.managers = managers
+        self.enforcer = enforcer
         self.log = log
         self.dry_run = dry_run
         self.repeat_after = repeat_after
@@ -45,10 +44,20 @@ class Actuator:
                 continue
             self._done[key] = now
             self._log_decision(decision, action)
-            if action.kind == "stop":
-                self._stop(action)
             self.last = f"{action.kind} {action.unit} ({action.reason})"
             taken.append(action)
+        stops = [a for a in taken if a.kind == "stop"]
+        if stops and self.dry_run:
+            for action in stops:
+                self.log.warning(
+                    "dry-run",
+                    unit=str(action.unit),
+                    manager=action.unit.manager,
+                    action="stop",
+                    msg=f"dry run: would stop, mask and disable {action.unit}",
+                )
+        elif stops:
+            self.enforcer.block(stops, decision)
         return taken
 
     def _log_decision(self, decision: Decision, action: Action) -> None:
@@ -62,40 +71,4 @@ class Actuator:
             phase=decision.phase,
             msg=f"{action.kind} {action.unit}: {action.detail}",
             **action.figures,
-        )
-
-    def _stop(self, action: Action) -> None:
-        unit = action.unit
-        if self.dry_run:
-            self.log.warning(
-                "dry-run",
-                unit=str(unit),
-                manager=unit.manager,
-                action="stop",
-                msg=f"dry run: would stop {unit}",
-            )
-            return
-        manager = self.managers.get(unit.manager)
-        try:
-            if manager is None:
-                raise ManagerError(f"{unit.manager} manager is not connected")
-            job = manager.stop_unit(unit.name)
-        except ManagerError as e:
-            self.log.error(
-                "unit-stop-failed",
-                unit=str(unit),
-                manager=unit.manager,
-                error=str(e),
-                msg=f"cannot stop {unit}: {e}",
-            )
-            return
-        self.log.warning(
-            "unit-stop-requested",
-            unit=str(unit),
-            manager=unit.manager,
-            job=job,
-            reason=action.reason,
-            mem_available=action.figures.get("mem_available"),
-            msg=f"stopping {unit} ({action.reason}; MemAvailable "
-            f"{format_size(action.figures.get('mem_available', 0))})",
         )

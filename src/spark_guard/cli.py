@@ -43,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     dump = sub.add_parser("dump", help="sense and decide once, print what the guard sees")
     dump.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
     dump.add_argument("--json", action="store_true")
+
+    release = sub.add_parser(
+        "release", help="undo what the guard did to a unit: unmask, re-enable with the same links"
+    )
+    release.add_argument(
+        "units", nargs="*", metavar="UNIT", help="llama.service, user:UID:x.service"
+    )
+    release.add_argument("--all", action="store_true", help="release every blocked unit")
+    release.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
     return p
 
 
@@ -57,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return _check_config(args.file)
     if args.command == "dump":
         return _dump(args.config, args.json)
+    if args.command == "release":
+        return _release(args.config, args.units, args.all)
     return 2
 
 
@@ -133,3 +144,63 @@ def _dump(path: Path, as_json: bool) -> int:
     for action in decision.actions:
         print(f"would {action.kind} {action.unit}: {action.reason}: {action.detail}")
     return 0
+
+
+def _release(path: Path, names: list[str], everything: bool) -> int:
+    from . import banner
+    from .records import RecordStore
+    from .release import ReleaseError, log_release, release, select
+
+    try:
+        config = config_mod.load(path)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    store = RecordStore(config.state)
+    records, errors = store.all()
+    for error in errors:
+        print(f"spark-guard: {error}", file=sys.stderr)
+    if everything == bool(names):
+        blocked = ", ".join(str(r.ref) for r in records) or "nothing"
+        print(
+            f"spark-guard: name the units to release, or --all (blocked: {blocked})",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        chosen = records if everything else select(records, names, store)
+    except ReleaseError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    _configure_audit_log()
+    log = log_mod.get_logger()
+    status = 0
+    for record in chosen:
+        try:
+            done = release(record, store, config.system_manager, config.user_runtime)
+        except ReleaseError as e:
+            print(f"spark-guard: {e}", file=sys.stderr)
+            status = 1
+            continue
+        log_release(log, done)
+        print(
+            f"released {record.ref}: "
+            + ("mask removed" if done.mask_removed else "no mask of ours left")
+            + f", {len(done.restored)} link(s) restored"
+            + (f"; reload failed ({done.reload_error})" if done.reload_error else "")
+        )
+    remaining, _ = store.all()
+    try:
+        banner.publish(remaining, config.motd, config.issue)
+    except OSError as e:
+        print(f"spark-guard: cannot update the login note: {e}", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _configure_audit_log() -> None:
+    """What an admin does by hand goes to the journal too, next to what the guard did."""
+    try:
+        log_mod.configure("journal")
+    except (ImportError, OSError):
+        log_mod.configure("console", level="error")

@@ -178,10 +178,16 @@ class Config:
     # [guard]
     dry_run: bool = False
     repeat_after: float = 30.0
+    stop_timeout: float = 10.0
+    kill_timeout: float = 3.0
     # [paths]
     proc: str = "/proc"
     system_manager: str = "/run/systemd/private"
     user_runtime: str = "/run/user"
+    cgroup: str = "/sys/fs/cgroup"
+    state: str = "/var/lib/spark-guard"
+    motd: str = "/run/motd.d/spark-guard"
+    issue: str = "/run/spark-guard/issue"
 
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
@@ -265,9 +271,15 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("gpu", "enabled"): ("gpu", _bool),
     ("guard", "dry_run"): ("dry_run", _bool),
     ("guard", "repeat_after"): ("repeat_after", parse_duration),
+    ("guard", "stop_timeout"): ("stop_timeout", _positive_duration),
+    ("guard", "kill_timeout"): ("kill_timeout", _positive_duration),
     ("paths", "proc"): ("proc", _path),
     ("paths", "system_manager"): ("system_manager", _path),
     ("paths", "user_runtime"): ("user_runtime", _path),
+    ("paths", "cgroup"): ("cgroup", _path),
+    ("paths", "state"): ("state", _path),
+    ("paths", "motd"): ("motd", _path),
+    ("paths", "issue"): ("issue", _path),
 }
 # [loaders.footprint] is a table of unit-name glob -> size.
 FOOTPRINT_TABLE = ("loaders", "footprint")

@@ -22,6 +22,7 @@ import sdnotify
 from . import config as config_mod
 from .act import Actuator
 from .config import Config, ConfigError, format_size
+from .enforce import Enforcer
 from .memlock import mlockall
 from .policy import STEADY, decide, poll_interval
 from .procfs import ProcError
@@ -70,8 +71,11 @@ class Guard:
         self.config_error = config_error
         self.notifier = sdnotify.SystemdNotifier()
         self.sensor = Sensor(config, log)
+        self.enforcer = Enforcer(
+            self.sensor.managers, config, log, tick=lambda: self.notifier.notify("WATCHDOG=1")
+        )
         self.actuator = Actuator(
-            self.sensor.managers, log, dry_run=self.dry_run, repeat_after=config.repeat_after
+            self.enforcer, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
         self.seen_loaders: set[UnitRef] = set()
         self._stop = False
@@ -171,6 +175,8 @@ class Guard:
                 )
         self.seen_loaders &= {ld.ref for ld in decision.loaders}
         self.actuator.apply(decision)
+        if not self.dry_run:
+            self.enforcer.advance()
         self._status(decision, snapshot)
         return decision, snapshot
 
@@ -202,7 +208,8 @@ class Guard:
                 f"{decision.phase}{' dry-run' if self.dry_run else ''}; "
                 f"available {format_size(snapshot.memory.available)}, "
                 f"reserve {format_size(decision.reserve)}; "
-                f"loaders {len(decision.loaders)}; last action: {self.actuator.last}"
+                f"loaders {len(decision.loaders)}; blocked {len(self.enforcer.records)}; "
+                f"last action: {self.actuator.last}"
             )
         return " | ".join(parts)
 
@@ -223,6 +230,7 @@ class Guard:
             self.config_error = None
             self.sensor.reconfigure(new)
             self.actuator.repeat_after = new.repeat_after
+            self.enforcer.config = new  # timeouts; its paths keep their start-up values
             self.dry_run = self.dry_run or new.dry_run
             self.actuator.dry_run = self.dry_run
             self.log.info(

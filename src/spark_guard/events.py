@@ -25,4 +25,13 @@ MESSAGE_IDS: dict[str, str] = {
     "psi-trigger-off": "8844c0d55c5b4cc5aa406731145534b5",
     "memlock-failed": "3a49c4fbc7094cfe942a2efc3bada846",
     "sense-failed": "6776d5f685704f268d151cecab7fe43f",
+    "unit-stopped": "ac1d944d0c8d44ed93bdcfe43c2997d2",
+    "unit-killed": "9b512aa4392b4cc0bba33a359d89d6f1",
+    "unit-blocked": "946bcf8b7d054547a32d497077fd9379",
+    "block-failed": "330a79dbc034448fb7ac4365419fa51a",
+    "block-renewed": "7bd47e0684834296bc60c60039672a7c",
+    "state-busy": "5a7570cfeac84610a641f9fd4ec39f7f",
+    "record-unreadable": "83cd7014831d45e299290fff91c64030",
+    "banner-failed": "207ebaccb9e84fdda1a859a2242a75b1",
+    "unit-released": "9fcd4780bf5842c78919f0d3599374b2",
 }

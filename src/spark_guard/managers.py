@@ -29,6 +29,11 @@ class ManagerError(RuntimeError):
     """A manager could not be reached or refused a call; str() says which and why."""
 
 
+# A manager busy past this answers nothing useful in time: the guard moves on
+# (cgroup kill, retry later) instead of sd-bus's default 25 s wait.
+os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", "5s")
+
+
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -55,6 +60,8 @@ class Manager:
         self.socket_path = socket_path
         self._bus: Any = None
         self.root_cgroup = "/"
+        # The manager's unit search path, highest priority first.
+        self.unit_path_dirs: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"Manager({self.key}, {self.socket_path})"
@@ -70,6 +77,28 @@ class Manager:
         self._bus = bus
         root = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s"))
         self.root_cgroup = root.rstrip("/") or "/"
+        self.unit_path_dirs = tuple(_s(d) for d in self._get(_PATH, _MANAGER, b"UnitPath", b"as"))
+
+    @property
+    def uid(self) -> int:
+        return 0 if self.key == SYSTEM else int(self.key.split(":", 1)[1])
+
+    @property
+    def runtime_control_dir(self) -> str | None:
+        """Where a runtime mask beats every unit file: /run/systemd/system.control, or
+        $XDG_RUNTIME_DIR/systemd/user.control. It sits next to the 'transient' dir.
+
+        A mask in the plain runtime dir (what `systemctl mask --runtime` writes)
+        loses against /etc/systemd/system and ~/.config/systemd/user.
+        """
+        dirs = self.unit_path_dirs
+        transient = next((d for d in dirs if os.path.basename(d) == "transient"), None)
+        if transient is None:
+            return None
+        parent = os.path.dirname(transient)
+        return next(
+            (d for d in dirs if d.endswith(".control") and os.path.dirname(d) == parent), None
+        )
 
     def close(self) -> None:
         if self._bus is not None:
@@ -129,6 +158,29 @@ class Manager:
         """Queue a stop job; returns the job's object path."""
         return _s(self._call(b"StopUnit", b"ss", name.encode(), mode.encode()))
 
+    def kill_unit(self, name: str, signal: int, whom: str = "all") -> None:
+        self._call(b"KillUnit", b"ssi", name.encode(), whom.encode(), signal)
+
+    def reload(self) -> None:
+        """daemon-reload: the reply comes once the manager has re-read its units."""
+        self._call(b"Reload", b"")
+
+    def unit_file_links(self, name: str) -> list[str]:
+        """The symlinks `systemctl disable NAME` would remove, persistent and runtime."""
+        links: list[str] = []
+        for runtime in (False, True):
+            try:
+                found = self._call(b"GetUnitFileLinks", b"sb", name.encode(), runtime)
+            except ManagerError as e:
+                if "No such file" in str(e) or "not found" in str(e):
+                    continue  # a generated or transient unit: nothing to disable
+                raise
+            links += [_s(p) for p in found]
+        return list(dict.fromkeys(links))
+
+    def unit_control_group(self, name: str) -> str:
+        return _s(self._get(self.unit_path(name), _UNIT, b"ControlGroup", b"s"))
+
 
 def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
     """Manager key -> private socket path, for every manager running now."""
@@ -142,6 +194,12 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
         if uid.isdigit():
             found[f"user:{uid}"] = sock
     return found
+
+
+def unit_cgroup(cgroup: str, unit: str) -> str:
+    """The unit's own cgroup in a process's path: '/a.slice/u.service/x' -> '/a.slice/u.service'."""
+    parts = cgroup.split("/")
+    return "/".join(parts[: parts.index(unit) + 1]) if unit in parts else cgroup
 
 
 def unit_of_cgroup(cgroup: str, root: str) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 from .classify import is_protected
 from .config import Config
 from .gpu import GpuUnavailable, Nvml
-from .managers import Manager, ManagerError, UnitDetails, discover, unit_of_cgroup
+from .managers import Manager, ManagerError, UnitDetails, discover, unit_cgroup, unit_of_cgroup
 from .procfs import ProcFS
 from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
 
@@ -181,6 +181,7 @@ class Sensor:
         gpu = self._gpu_processes(now)
 
         groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
+        cgroups: dict[UnitRef, str] = {}
         for pid in self.proc.pids():
             info = self.proc.process(pid)
             if info is None:
@@ -188,7 +189,9 @@ class Sensor:
             owner = self._attribute(info.cgroup)
             if owner is None:
                 continue
-            groups.setdefault(UnitRef(*owner), []).append((pid, info.rss, gpu.get(pid, 0)))
+            ref = UnitRef(*owner)
+            groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
+            cgroups.setdefault(ref, unit_cgroup(info.cgroup, ref.name))
 
         states = self._states(groups)
         units = []
@@ -196,7 +199,7 @@ class Sensor:
             state = states.get(ref)
             if state is None:
                 continue
-            units.append(self._usage(ref, procs, state, gpu, now))
+            units.append(self._usage(ref, procs, state, gpu, now, cgroups[ref]))
         for ref in [r for r in self._units if r not in groups]:
             del self._units[ref]
         live = {pid for procs in groups.values() for pid, _, _ in procs}
@@ -237,6 +240,7 @@ class Sensor:
         state: str,
         gpu: dict[int, int | None],
         now: float,
+        cgroup: str,
     ) -> UnitUsage:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
@@ -254,7 +258,9 @@ class Sensor:
             ref, self.config, self.guard_unit
         )
         if not interesting:
-            return UnitUsage(ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth)
+            return UnitUsage(
+                ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth, cgroup=cgroup
+            )
         if cache.details is None:
             try:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
@@ -283,6 +289,7 @@ class Sensor:
             mapped_models=tuple(dict.fromkeys(models)),
             active_since=cache.details.active_since,
             growth=growth,
+            cgroup=cgroup,
         )
 
     def _rescue(self) -> tuple[RescueGroup, ...]:

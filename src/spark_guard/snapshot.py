@@ -55,6 +55,8 @@ class UnitUsage:
     active_since: float | None = None
     # Bytes per second the unit's usage grew since the previous snapshot.
     growth: float = 0.0
+    # The unit's own cgroup, as /proc shows it: what a kill of last resort targets.
+    cgroup: str = ""
 
     @property
     def used(self) -> int:

@@ -1,0 +1,56 @@
+"""The note at login while something is blocked: what, why, and how to undo it.
+
+Written to /run/motd.d/ (pam_motd shows it on ssh and console logins) and to
+the console's issue file (before the login prompt; the package links
+/etc/issue.d/spark-guard.issue to it). Removed once nothing is blocked, so
+the rescue instructions are on the machine exactly while they are needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+
+from .records import Record
+
+
+def render(records: Iterable[Record]) -> str:
+    rows = sorted(records, key=lambda r: (r.manager, r.unit))
+    if not rows:
+        return ""
+    lines = ["spark-guard blocked model loaders to keep this machine reachable:"]
+    for r in rows:
+        state = "blocked" if r.step == "blocked" else f"blocking ({r.step})"
+        lines.append(f"  {r.ref}  {state} since {r.at}: {r.reason}: {r.detail}")
+        if r.problem:
+            lines.append(f"      problem: {r.problem}")
+    lines += [
+        "They are stopped, masked until reboot and disabled.",
+        "  details:  spark-guard status; journalctl -t spark-guard",
+        "  undo:     spark-guard release UNIT   (or: spark-guard release --all)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(path: str, text: str) -> None:
+    """Replace the note atomically, or remove it when there is nothing to say."""
+    if not text:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def publish(records: Iterable[Record], motd: str, issue: str) -> str:
+    text = render(records)
+    write(motd, text)
+    # agetty reads backslash escapes in issue files (unit names can hold \x2d).
+    write(issue, text.replace("\\", "\\\\"))
+    return text

@@ -1,0 +1,69 @@
+"""The last resort when a manager does not answer: kill one unit's cgroup from the kernel side.
+
+Only the unit's own cgroup is touched, so no process of another unit is ever
+signalled. cgroup.kill (Linux 5.14) kills the whole subtree atomically; on
+older kernels every PID listed in the subtree gets SIGKILL through a pidfd,
+which cannot hit a recycled PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+
+def v2_root(base: str) -> str:
+    """The cgroup2 mount: `base` itself, or `base`/unified on a hybrid host."""
+    if os.path.exists(os.path.join(base, "cgroup.controllers")):
+        return base
+    unified = os.path.join(base, "unified")
+    if os.path.exists(os.path.join(unified, "cgroup.controllers")):
+        return unified
+    return base
+
+
+def _dir(root: str, cgroup: str) -> str:
+    return os.path.join(root, cgroup.lstrip("/"))
+
+
+def populated(root: str, cgroup: str) -> bool | None:
+    """Whether any process is left in the subtree; None if the cgroup is unknown."""
+    try:
+        with open(os.path.join(_dir(root, cgroup), "cgroup.events"), "rb") as f:
+            for line in f:
+                if line.startswith(b"populated "):
+                    return line.split()[1] == b"1"
+    except OSError:
+        return None
+    return None
+
+
+def kill(root: str, cgroup: str) -> str:
+    """SIGKILL everything in the unit's cgroup; returns how it was done."""
+    if not cgroup or cgroup == "/":
+        raise OSError(f"refusing to kill cgroup {cgroup!r}")
+    path = _dir(root, cgroup)
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "wb", buffering=0) as f:
+            f.write(b"1")
+        return f"{path}/cgroup.kill"
+    except FileNotFoundError:
+        pass
+    count = 0
+    for dirpath, _dirs, files in os.walk(path):
+        if "cgroup.procs" not in files:
+            continue
+        with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
+            pids = [int(p) for p in f.read().split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                fd = os.pidfd_open(pid)
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    count += 1
+                finally:
+                    os.close(fd)
+    if count == 0 and not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such cgroup")
+    return f"SIGKILL to {count} process(es) listed in {path}"

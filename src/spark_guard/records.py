@@ -1,0 +1,212 @@
+"""What the guard did to each unit, kept on disk so it can be finished, shown and undone.
+
+One JSON file per blocked unit under <state>/blocked/, replaced atomically
+(write a temporary file, fsync, rename, fsync the directory) at every step,
+so a crash leaves either the old or the new record, never half of one. A
+record names its next step: the next start of the guard goes on from there.
+`spark-guard release` moves a record to <state>/released/, which keeps the
+history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .snapshot import SYSTEM, UnitRef
+from .unitfiles import Link
+
+# The order a block goes through; a record always names the next one.
+STEPS = ("stop", "plan", "mask", "settle", "disable", "verify", "blocked")
+FORMAT = 1
+
+
+class RecordError(RuntimeError):
+    """A record file that cannot be read or parsed; str() names the file."""
+
+
+@dataclass
+class LinkRecord:
+    path: str
+    target: str
+    uid: int
+    gid: int
+    removed: bool = False
+
+    @property
+    def link(self) -> Link:
+        return Link(self.path, self.target, self.uid, self.gid)
+
+
+@dataclass
+class Record:
+    unit: str
+    manager: str
+    reason: str
+    detail: str
+    phase: str
+    figures: dict[str, float] = field(default_factory=dict)
+    at: str = ""  # wall-clock time of the decision, UTC
+    boot_id: str = ""
+    step: str = "stop"
+    cgroup: str = ""
+    mask_path: str = ""
+    mask_made: bool = False
+    links: list[LinkRecord] = field(default_factory=list)
+    # (UTC time, what happened), in order: the record's own log.
+    history: list[tuple[str, str]] = field(default_factory=list)
+    problem: str = ""
+
+    @property
+    def ref(self) -> UnitRef:
+        return UnitRef(self.manager, self.unit)
+
+    @property
+    def uid(self) -> int:
+        return 0 if self.manager == SYSTEM else int(self.manager.split(":", 1)[1])
+
+    def note(self, what: str) -> None:
+        self.history.append((utc_now(), what))
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["format"] = FORMAT
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Record:
+        try:
+            data: dict[str, Any] = json.loads(text)
+            if data.pop("format", None) != FORMAT:
+                raise ValueError(f"not a format {FORMAT} record")
+            data["links"] = [LinkRecord(**link) for link in data.get("links", [])]
+            data["history"] = [tuple(h) for h in data.get("history", [])]
+            record = cls(**data)
+        except (ValueError, TypeError) as e:
+            raise RecordError(f"{where}: unreadable record: {e}") from None
+        if record.step not in STEPS or not record.unit or not record.manager:
+            raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
+        return record
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def boot_id(proc: str = "/proc") -> str:
+    try:
+        with open(os.path.join(proc, "sys/kernel/random/boot_id")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class RecordStore:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.blocked = os.path.join(root, "blocked")
+        self.released = os.path.join(root, "released")
+
+    def path_of(self, ref: UnitRef) -> str:
+        return os.path.join(self.blocked, f"{ref}.json")
+
+    def generation(self) -> int:
+        """Changes whenever a record is added, replaced or released."""
+        try:
+            return os.stat(self.blocked).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    def load(self, ref: UnitRef) -> Record | None:
+        path = self.path_of(ref)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return Record.from_json(f.read(), path)
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            raise RecordError(f"{path}: cannot read: {e}") from None
+
+    def all(self) -> tuple[list[Record], list[RecordError]]:
+        """Every record, and an error for each file that is not one (left in place)."""
+        records: list[Record] = []
+        errors: list[RecordError] = []
+        try:
+            names = sorted(os.listdir(self.blocked))
+        except FileNotFoundError:
+            return records, errors
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(self.blocked, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    records.append(Record.from_json(f.read(), path))
+            except RecordError as e:
+                errors.append(e)
+            except (OSError, UnicodeDecodeError) as e:
+                errors.append(RecordError(f"{path}: cannot read: {e}"))
+        return records, errors
+
+    def save(self, record: Record) -> None:
+        os.makedirs(self.blocked, mode=0o755, exist_ok=True)
+        _write_atomic(self.path_of(record.ref), record.to_json())
+
+    def retire(self, record: Record) -> str:
+        """Move a released record into released/; returns its new path."""
+        os.makedirs(self.released, mode=0o755, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = os.path.join(self.released, f"{stamp}-{record.ref}.json")
+        _write_atomic(dest, record.to_json())
+        os.unlink(self.path_of(record.ref))
+        _fsync_dir(self.blocked)
+        return dest
+
+    @contextlib.contextmanager
+    def lock(self, wait: float | None = None) -> Iterator[bool]:
+        """Hold the store's lock; with `wait`, give up after that many seconds (yields False)."""
+        os.makedirs(self.root, mode=0o755, exist_ok=True)
+        fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            got = False
+            deadline = None if wait is None else time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                    got = True
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
+            yield got
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))

@@ -1,0 +1,98 @@
+"""`spark-guard release`: undo exactly what the guard did to a unit, and nothing else.
+
+The mask is removed if it is still ours, each enablement link is put back
+with its old target and owner, the record moves to released/, and the
+unit's manager re-reads its units. If something else now sits where a link
+was, nothing is changed for that unit and the conflict is named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .managers import Manager, ManagerError, discover
+from .records import Record, RecordStore
+from .unitfiles import UnitFileError, remove_mask, restore_conflict, restore_link
+
+
+class ReleaseError(RuntimeError):
+    """A unit cannot be released; str() says which and why."""
+
+
+@dataclass
+class Released:
+    record: Record
+    archived: str
+    mask_removed: bool
+    restored: list[str] = field(default_factory=list)
+    reload_error: str = ""
+
+
+def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) -> list[Record]:
+    """The records named: 'llama.service', 'llama', or 'user:1000:llama.service'."""
+    records = list(records)
+    chosen: dict[str, Record] = {}
+    for name in names:
+        unit = name if "." in name.rsplit(":", 1)[-1] else f"{name}.service"
+        exact = [r for r in records if str(r.ref) in (name, unit)]
+        by_unit = exact or [r for r in records if r.unit == unit.rsplit(":", 1)[-1]]
+        if not by_unit:
+            raise ReleaseError(f"{name}: not blocked by spark-guard (no record in {store.blocked})")
+        if len(by_unit) > 1:
+            refs = ", ".join(str(r.ref) for r in by_unit)
+            raise ReleaseError(f"{name}: blocked on more than one manager ({refs}); name one")
+        chosen[str(by_unit[0].ref)] = by_unit[0]
+    return list(chosen.values())
+
+
+def release(record: Record, store: RecordStore, system_socket: str, user_runtime: str) -> Released:
+    with store.lock():
+        current = store.load(record.ref)
+        if current is None:
+            raise ReleaseError(f"{record.ref}: already released")
+        uid = current.uid
+        removed = [lr for lr in current.links if lr.removed]
+        conflicts = [c for lr in removed if (c := restore_conflict(lr.link, uid))]
+        if conflicts:
+            raise ReleaseError(f"{current.ref}: not released, " + "; ".join(conflicts))
+        try:
+            mask_removed = bool(current.mask_made and current.mask_path) and remove_mask(
+                current.mask_path, uid
+            )
+            restored = [lr.path for lr in removed if restore_link(lr.link, uid)]
+        except (UnitFileError, OSError) as e:
+            raise ReleaseError(f"{current.ref}: {e}") from None
+        current.note(
+            f"released: mask {'removed' if mask_removed else 'not ours or gone'}; "
+            f"links restored {restored}"
+        )
+        archived = store.retire(current)
+    done = Released(current, archived, mask_removed, restored)
+    socket = discover(system_socket, user_runtime).get(current.manager)
+    if socket is not None:
+        manager = Manager(current.manager, socket)
+        try:
+            manager.connect()
+            manager.reload()  # LoadState flips back from masked
+        except ManagerError as e:
+            done.reload_error = str(e)
+        finally:
+            manager.close()
+    return done
+
+
+def log_release(log: Any, done: Released) -> None:
+    r = done.record
+    log.warning(
+        "unit-released",
+        unit=str(r.ref),
+        manager=r.manager,
+        mask=r.mask_path if done.mask_removed else None,
+        links_restored=done.restored,
+        record=done.archived,
+        error=done.reload_error or None,
+        msg=f"{r.ref} released: unmasked, {len(done.restored)} link(s) restored"
+        + (f"; reload failed: {done.reload_error}" if done.reload_error else ""),
+    )
