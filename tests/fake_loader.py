@@ -1,18 +1,22 @@
 """A model loader stand-in: maps a .gguf file, then allocates anonymous memory for real.
 
 Anonymous, touched memory (not page cache) is what a GPU load on unified
-memory costs. Usage: fake_loader.py [-m FILE.gguf] --alloc MiB [--rate MiB/s]
+memory costs. Usage: fake_loader.py [-m FILE.gguf] --alloc MiB [--rate MiB/s] [--ignore-term]
 """
 
 import argparse
 import mmap
+import signal
 import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("-m", "--model")
 ap.add_argument("--alloc", type=int, default=100)
 ap.add_argument("--rate", type=int, default=0, help="MiB/s; 0 = all at once")
+ap.add_argument("--ignore-term", action="store_true", help="a loader that will not stop")
 args = ap.parse_args()
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 keep = []
 if args.model:

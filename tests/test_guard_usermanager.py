@@ -11,100 +11,31 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from guardunit import (
+    GUARD,
+    PY,
+    MiB,
+    guard_manager,
+    loader_unit,
+    log_text,
+    restart_guard,
+    wait_log,
+    write_config,
+)
 from harness import UserManager
 
 pytestmark = pytest.mark.systemd
 
-PY = sys.executable
-TESTS = Path(__file__).parent
-GUARD = "spark-guard-test.service"
-MiB = 1024**2
-
 
 @pytest.fixture(scope="module")
 def um():
-    with UserManager() as manager:
-        manager.models = manager.base / "models"
-        manager.models.mkdir()
-        (manager.models / "ds4.gguf").write_bytes(b"GGUF" + b"\0" * 8192)
-        manager.write_unit(
-            GUARD,
-            f"""[Unit]
-Description=spark-guard under test
-
-[Service]
-Type=notify
-NotifyAccess=main
-ExecStart={PY} -m spark_guard run --config {manager.base}/guard.toml --log console
-ExecReload=/bin/kill -HUP $MAINPID
-WatchdogSec=10s
-Environment=PYTHONUNBUFFERED=1
-""",
-        )
-        manager.write_unit("rescue-ssh.service", "[Service]\nExecStart=/bin/sleep infinity\n")
+    with guard_manager() as manager:
         yield manager
-
-
-def write_config(um: UserManager, extra: str = "", *, grace: str = "1h") -> None:
-    (um.base / "guard.toml").write_text(f"""
-[boot]
-rescue_units = ["rescue-ssh.service"]
-rescue_graphical = "no"
-grace = "{grace}"
-[poll]
-strict = "200ms"
-max = "500ms"
-[paths]
-system_manager = "/nonexistent/systemd/private"
-user_runtime = "{um.user_runtime}"
-state = "{um.base}/state"
-motd = "{um.base}/motd.d/spark-guard"
-issue = "{um.base}/issue"
-{extra}
-""")
-
-
-def loader_unit(
-    um: UserManager, name: str, alloc_mib: int, model: str = "", rate: int = 0, **service: str
-) -> None:
-    model_arg = f"-m {model} " if model else ""
-    extra = "".join(f"{k}={v}\n" for k, v in service.items())
-    um.write_unit(
-        name,
-        f"""[Service]
-ExecStart={PY} {TESTS}/fake_loader.py {model_arg}--alloc {alloc_mib} --rate {rate}
-LimitAS=2G
-Restart=on-failure
-{extra}""",
-    )
-
-
-def log_text(um: UserManager) -> str:
-    return um.log.read_text(errors="replace")
-
-
-def wait_log(um: UserManager, pattern: str, timeout: float = 20.0, after: int = 0) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(pattern, log_text(um)[after:], re.MULTILINE)
-        if m:
-            return m
-        time.sleep(0.1)
-    raise AssertionError(f"no {pattern!r} in the log:\n{log_text(um)[after:][-4000:]}")
-
-
-def restart_guard(um: UserManager) -> int:
-    """Restart the guard; returns the log offset from which its new lines start."""
-    offset = len(log_text(um))
-    um.systemctl("restart", GUARD)
-    um.wait_for(GUARD, "ActiveState", "active")
-    return offset
 
 
 def test_guard_is_ready_with_status_and_gpu_off_once(um):
@@ -187,7 +118,11 @@ def test_dry_run_in_steady_phase_logs_the_decision_and_leaves_the_unit(um):
     wait_log(um, r"^info phase-changed: boot phase over: steady", after=offset)
     m = wait_log(um, r"^warning decision: stop user:0:ollama-idle.service: .*$", after=offset)
     assert "reason=reserve" in m.group(0) and "phase=steady" in m.group(0)
-    wait_log(um, r"^warning dry-run: dry run: would stop, mask and disable user:0:ollama-idle.service", after=offset)
+    wait_log(
+        um,
+        r"^warning dry-run: dry run: would stop, mask and disable user:0:ollama-idle.service",
+        after=offset,
+    )
     time.sleep(1.0)
     assert um.show("ollama-idle.service", "ActiveState")["ActiveState"] == "active"
     # Not repeated every pass: once per unit and reason within repeat_after.

@@ -1,0 +1,237 @@
+"""Blocks that hold, on a real user manager: stop, mask, disable, verify, record, release.
+
+The guard runs as a Type=notify unit of a harness `systemd --user` and acts on
+enabled loader units with Restart=always, wherever their unit files live. The
+checks are the ones an admin makes: `systemctl status` says masked, a start
+is refused, nothing comes back, and `spark-guard release` leaves every unit
+file and link byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_guard import cgroupfs
+from spark_guard.procfs import ProcFS
+
+from guardunit import (
+    GUARD,
+    PY,
+    guard_manager,
+    loader_unit,
+    log_text,
+    restart_guard,
+    wait_log,
+    write_config,
+)
+from harness import UserManager
+
+pytestmark = pytest.mark.systemd
+
+FOOTPRINT = '[loaders.footprint]\n"llama*" = "100TiB"\n'
+
+
+@pytest.fixture(scope="module")
+def um():
+    with guard_manager() as manager:
+        yield manager
+
+
+def tree(*roots: Path) -> dict[str, tuple[object, ...]]:
+    """Every file, link and directory under roots: type, content or target, owner, mode."""
+    out: dict[str, tuple[object, ...]] = {}
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                p = Path(dirpath) / name
+                st = p.lstat()
+                if p.is_symlink():
+                    what: object = ("link", os.readlink(p))
+                elif p.is_dir():
+                    what = ("dir",)
+                else:
+                    what = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
+                out[str(p)] = (what, st.st_uid, st.st_gid, st.st_mode)
+    return out
+
+
+def guard_cli(um: UserManager, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "spark_guard", *args, "--config", str(um.base / "guard.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def record_of(um: UserManager, unit: str) -> dict:
+    return json.loads((um.base / "state" / "blocked" / f"user:0:{unit}.json").read_text())
+
+
+def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(um):
+    write_config(um, FOOTPRINT)
+    um.systemctl("stop", GUARD)
+    # One loader per place a user unit lives, and a template instance; all enabled,
+    # all Restart=always: the layout that wedges a machine at boot.
+    loader_unit(um, "llama-conf.service", 30, wanted_by="default.target", Restart="always")
+    loader_unit(
+        um, "llama-data.service", 30, data_dir=True, wanted_by="default.target", Restart="always"
+    )
+    loader_unit(um, "llama@.service", 30, wanted_by="default.target", Restart="always")
+    units = ["llama-conf.service", "llama-data.service", "llama@qwen.service"]
+    um.systemctl("enable", *units)
+    um.systemctl("start", *units)
+    for unit in units:
+        um.wait_for(unit, "ActiveState", "active")
+    watched = (um.home / ".config" / "systemd", um.home / ".local" / "share" / "systemd")
+    before = tree(*watched)
+    assert any(k.endswith("default.target.wants/llama-data.service") for k in before)
+
+    offset = restart_guard(um)
+    for unit in units:
+        wait_log(um, rf"^warning unit-blocked: user:0:{unit} is stopped, masked", after=offset)
+    for unit in units:
+        props = um.show(unit, "ActiveState", "LoadState", "UnitFileState", "NRestarts")
+        assert props["ActiveState"] == "inactive", (unit, props)
+        assert props["LoadState"] == "masked", (unit, props)
+        assert props["UnitFileState"] == "masked-runtime", (unit, props)
+        status = um.systemctl("status", unit, check=False).stdout
+        assert "Loaded: masked" in status, status
+        refused = um.systemctl("start", unit, check=False)
+        assert refused.returncode != 0 and "is masked" in refused.stderr, refused
+    restarts = {u: um.show(u, "NRestarts")["NRestarts"] for u in units}
+    time.sleep(2.0)  # Restart=always had its chance
+    for unit in units:
+        assert um.show(unit, "ActiveState", "NRestarts") == {
+            "ActiveState": "inactive",
+            "NRestarts": restarts[unit],
+        }
+    # Disabled: the enablement links are gone, the unit files untouched.
+    wants = um.home / ".config/systemd/user/default.target.wants"
+    assert not any((wants / u).is_symlink() for u in units)
+    assert (um.unit_dir / "llama-conf.service").is_file()
+    assert (um.data_unit_dir / "llama-data.service").is_file()
+
+    # The record says what was done, why, and exactly which links went.
+    record = record_of(um, "llama-data.service")
+    assert record["step"] == "blocked" and record["reason"] == "footprint"
+    assert record["figures"]["expected"] == 100 * 1024**4
+    assert record["mask_path"] == str(um.runtime / "systemd/user.control/llama-data.service")
+    assert record["mask_made"] is True
+    assert [(ln["path"], ln["target"], ln["removed"]) for ln in record["links"]] == [
+        (str(wants / "llama-data.service"), str(um.data_unit_dir / "llama-data.service"), True)
+    ]
+    done = [what for _, what in record["history"]]
+    assert done[0].startswith("stop requested") and done[-1] == "verified: LoadState=masked"
+    # The rescue instructions are at the login prompt.
+    motd = (um.base / "motd.d" / "spark-guard").read_text()
+    for unit in units:
+        assert f"user:0:{unit}  blocked since" in motd
+    assert "spark-guard release UNIT" in motd
+    assert (um.base / "issue").read_text() == motd
+
+    # Release one by its bare name, then the rest.
+    out = guard_cli(um, "release", "llama-conf")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "released user:0:llama-conf.service: mask removed, 1 link(s) restored\n"
+    assert "llama-conf.service" not in (um.base / "motd.d" / "spark-guard").read_text()
+    out = guard_cli(um, "release", "--all")
+    assert out.returncode == 0, out.stderr
+    assert tree(*watched) == before  # byte for byte, owners and modes too
+    assert not list((um.runtime / "systemd" / "user.control").iterdir())
+    assert not (um.base / "motd.d" / "spark-guard").exists()
+    assert not (um.base / "issue").exists()
+    assert len(list((um.base / "state" / "released").iterdir())) == 3
+    for unit in units:
+        props = um.show(unit, "LoadState", "UnitFileState")
+        assert props == {"LoadState": "loaded", "UnitFileState": "enabled"}, (unit, props)
+    # Released means released: the guard leaves it alone when it no longer threatens.
+    write_config(um)
+    um.systemctl("reload", GUARD)
+    um.systemctl("start", "llama-conf.service")
+    um.wait_for("llama-conf.service", "ActiveState", "active")
+    um.systemctl("stop", "llama-conf.service")
+
+
+def test_release_of_a_unit_never_blocked_is_a_clear_error(um):
+    write_config(um)
+    out = guard_cli(um, "release", "nope.service")
+    assert out.returncode == 1
+    assert out.stderr == (
+        f"spark-guard: nope.service: not blocked by spark-guard "
+        f"(no record in {um.base}/state/blocked)\n"
+    )
+    out = guard_cli(um, "release")
+    assert out.returncode == 2 and "name the units to release, or --all" in out.stderr
+
+
+def test_a_unit_that_ignores_sigterm_is_killed_and_a_crashed_guard_resumes(um):
+    write_config(um, FOOTPRINT + '[guard]\nstop_timeout = "3s"\nkill_timeout = "1s"\n')
+    um.systemctl("stop", GUARD)
+    loader_unit(um, "llama-stubborn.service", 20, ignore_term=True, wanted_by="default.target")
+    um.systemctl("enable", "--now", "llama-stubborn.service")
+    um.wait_for("llama-stubborn.service", "ActiveState", "active")
+    offset = restart_guard(um, wait=False)
+    wait_log(um, r"^warning unit-stop-requested: stopping user:0:llama-stubborn", after=offset)
+    time.sleep(0.5)  # in the wait for the stop, past the record's 'settle' step
+    # The guard dies while it waits for the stop: the record on disk names the next step.
+    um.systemctl("kill", "--signal=KILL", GUARD)
+    um.wait_for(GUARD, "ActiveState", "failed")
+    assert record_of(um, "llama-stubborn.service")["step"] == "settle"
+    assert um.show("llama-stubborn.service", "ActiveState")["ActiveState"] == "deactivating"
+
+    offset = restart_guard(um)
+    m = wait_log(um, r"^warning unit-killed: .*llama-stubborn.*$", after=offset)
+    assert "how='KillUnit SIGKILL'" in m.group(0)
+    wait_log(um, r"^warning unit-blocked: user:0:llama-stubborn.service", after=offset)
+    props = um.show("llama-stubborn.service", "ActiveState", "LoadState")
+    assert props == {"ActiveState": "failed", "LoadState": "masked"} or props == {
+        "ActiveState": "inactive",
+        "LoadState": "masked",
+    }
+    record = record_of(um, "llama-stubborn.service")
+    done = [what for _, what in record["history"]]
+    assert sum(w.startswith("stop requested") for w in done) == 2  # before and after the crash
+    assert "killed: KillUnit SIGKILL" in done
+    assert record["step"] == "blocked" and record["links"][0]["removed"] is True
+    assert guard_cli(um, "release", "llama-stubborn").returncode == 0
+
+
+def test_a_mask_that_disappears_is_laid_again(um):
+    write_config(um, FOOTPRINT)
+    loader_unit(um, "llama-again.service", 20)
+    um.systemctl("start", "llama-again.service")
+    offset = restart_guard(um)
+    wait_log(um, r"^warning unit-blocked: user:0:llama-again.service", after=offset)
+    # What a reboot or a restart of the user's manager does to /run: the mask is gone.
+    mask = um.runtime / "systemd" / "user.control" / "llama-again.service"
+    mask.unlink()
+    um.systemctl("daemon-reload")
+    wait_log(um, r"^warning block-renewed: laying the mask on user:0:llama-again", after=offset)
+    assert mask.is_symlink() and os.readlink(mask) == "/dev/null"
+    um.wait_for("llama-again.service", "LoadState", "masked")
+    assert guard_cli(um, "release", "llama-again").returncode == 0
+    assert "block-failed" not in log_text(um)[offset:]
+
+
+def test_cgroup_kill_reaches_the_units_processes_and_no_others(um):
+    for name in ("victim.service", "bystander.service"):
+        um.write_unit(name, "[Service]\nExecStart=/bin/sh -c 'sleep infinity & sleep infinity'\n")
+        um.systemctl("start", name)
+        um.wait_for(name, "ActiveState", "active")
+    pid = int(um.show("victim.service", "MainPID")["MainPID"])
+    cgroup = ProcFS().cgroup(pid)
+    assert cgroup is not None and cgroup.endswith("/victim.service")
+    how = cgroupfs.kill(cgroupfs.v2_root("/sys/fs/cgroup"), cgroup)
+    assert how.endswith("cgroup.kill") or how.startswith("SIGKILL to 2 ")
+    um.wait_for("victim.service", "ActiveState", "failed")
+    assert um.show("bystander.service", "ActiveState")["ActiveState"] == "active"
+    um.systemctl("stop", "bystander.service")
+    um.systemctl("reset-failed", "victim.service")
