@@ -2,8 +2,9 @@
 
 Only the unit's own cgroup is touched, so no process of another unit is ever
 signalled. cgroup.kill (Linux 5.14) kills the whole subtree atomically; on
-older kernels every PID listed in the subtree gets SIGKILL through a pidfd,
-which cannot hit a recycled PID.
+older kernels, or where the cgroup tree is read-only to the guard, every PID
+listed in the subtree gets SIGKILL through a pidfd, which cannot hit a
+recycled PID.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def kill(root: str, cgroup: str) -> str:
         with open(os.path.join(path, "cgroup.kill"), "wb", buffering=0) as f:
             f.write(b"1")
         return f"{path}/cgroup.kill"
-    except FileNotFoundError:
+    except OSError:
+        # No cgroup.kill (before 5.14), or a read-only /sys/fs/cgroup
+        # (ProtectControlGroups=): signal the listed processes instead.
         pass
     count = 0
     for dirpath, _dirs, files in os.walk(path):

@@ -3,13 +3,16 @@
 The order follows what matters while memory goes:
 
   stop     StopUnit through the unit's own manager, before anything is written
-  plan     record which links a disable removes, and where the mask goes
+  plan     record the links a disable removes (with their targets and owners),
+           and where the mask goes
+  disable  DisableUnitFiles through the same manager: it removes what `plan`
+           recorded, as the manager's own user (it refuses once masked, so
+           this comes first)
   mask     a /dev/null link in the manager's runtime *control* directory, the
            one runtime directory that outranks /etc/systemd/system and
            ~/.config/systemd/user (a plain runtime mask loses against both)
   settle   wait for the unit to be inactive; then KillUnit SIGKILL; then the
            cgroup's kill
-  disable  remove the enablement links recorded in `plan`
   verify   read LoadState back (a daemon-reload if the unit is still loaded)
   blocked  done; the mask is laid again if a reboot or manager restart took it
 
@@ -32,7 +35,7 @@ from .config import Config
 from .managers import Manager, ManagerError
 from .records import LinkRecord, Record, RecordStore, boot_id, utc_now
 from .snapshot import Action, Decision, UnitRef
-from .unitfiles import UnitFileError, lay_mask, read_link, remove_link, shadowing_file
+from .unitfiles import UnitFileError, lay_mask, read_link, shadowing_file
 
 SETTLED = ("inactive", "failed")
 RETRY_AFTER = 5.0  # seconds between attempts to finish a block that did not complete
@@ -93,7 +96,7 @@ class Enforcer:
             else:
                 # Blocked before, and running again (it started before its mask was back).
                 record.note(f"running again: {action.reason}: {action.detail}")
-                if record.step in ("blocked", "verify", "disable"):
+                if record.step in ("blocked", "verify"):
                     record.step = "settle"
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
@@ -138,12 +141,11 @@ class Enforcer:
                     self._request_stop(record)
                 if record.step == "plan":
                     self._guarded(record, self._plan)
+                if record.step == "disable":
+                    self._guarded(record, self._disable)
                 if record.step == "mask":
                     self._guarded(record, self._mask)
             self._settle([r for r in batch if r.step == "settle"])
-            for record in batch:
-                if record.step == "disable":
-                    self._guarded(record, self._disable)
             self._verify([r for r in batch if r.step == "verify"])
             for record in batch:
                 self._save(record)
@@ -208,7 +210,7 @@ class Enforcer:
         # A mask someone else laid stays theirs: release leaves it.
         record.mask_made = not os.path.lexists(record.mask_path)
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
-        record.step = "mask"
+        record.step = "disable"
 
     def _mask(self, record: Record, manager: Manager) -> None:
         directory = os.path.dirname(record.mask_path)
@@ -243,7 +245,7 @@ class Enforcer:
                         record = pending.pop(str(UnitRef(key, name)))
                         waited = self.clock() - self._stop_sent.get(str(record.ref), start)
                         record.note(f"stopped after {waited:.2f}s")
-                        record.step = "disable"
+                        record.step = "verify"
                         self.log.info(
                             "unit-stopped",
                             unit=str(record.ref),
@@ -307,17 +309,16 @@ class Enforcer:
         )
 
     def _disable(self, record: Record, manager: Manager) -> None:
+        if any(not lr.removed for lr in record.links):
+            manager.disable_unit_files(record.unit)
         for lr in record.links:
-            if lr.removed:
-                continue
-            result = remove_link(lr.link, record.uid)
-            if result == "changed":
-                record.note(f"left {lr.path} alone: it no longer points to {lr.target}")
-                continue
-            lr.removed = True
-            record.note(f"disabled: removed {lr.path} -> {lr.target}")
-            self._save(record)  # each removal is on disk before the next
-        record.step = "verify"
+            if not lr.removed and not os.path.lexists(lr.path):
+                lr.removed = True
+                record.note(f"disabled: removed {lr.path} -> {lr.target}")
+        left = [lr.path for lr in record.links if not lr.removed]
+        if left:
+            raise ManagerError(f"{record.manager} left {', '.join(left)} in place")
+        record.step = "mask"
 
     def _verify(self, batch: list[Record]) -> None:
         """LoadState must read 'masked'; a unit still loaded needs one daemon-reload."""

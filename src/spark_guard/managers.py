@@ -178,6 +178,14 @@ class Manager:
             links += [_s(p) for p in found]
         return list(dict.fromkeys(links))
 
+    def disable_unit_files(self, name: str) -> list[str]:
+        """`systemctl disable NAME` (persistent and runtime links); returns the paths removed."""
+        removed: list[str] = []
+        for runtime in (False, True):
+            changes = self._call(b"DisableUnitFiles", b"asb", [name.encode()], runtime)
+            removed += [_s(path) for kind, path, _dest in changes if _s(kind) == "unlink"]
+        return removed
+
     def unit_control_group(self, name: str) -> str:
         return _s(self._get(self.unit_path(name), _UNIT, b"ControlGroup", b"s"))
 

@@ -23,7 +23,7 @@ from .snapshot import SYSTEM, UnitRef
 from .unitfiles import Link
 
 # The order a block goes through; a record always names the next one.
-STEPS = ("stop", "plan", "mask", "settle", "disable", "verify", "blocked")
+STEPS = ("stop", "plan", "disable", "mask", "settle", "verify", "blocked")
 FORMAT = 1
 
 

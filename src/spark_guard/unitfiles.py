@@ -1,12 +1,15 @@
-"""The only files the guard changes: mask links it lays, enablement links it removes.
+"""The files the guard itself touches: mask links it lays (and release removes),
+enablement links it reads before a disable (and release puts back).
 
-Everything is a plain syscall in this process (no systemctl, no fork). A
-directory is reached by walking its resolved path from / with O_NOFOLLOW and
-checking each step's owner, so a user who owns part of a path (their home,
-their runtime dir) cannot turn a root guard's unlink or symlink elsewhere. A
-link is removed only while it still points where the record says, and a mask
-only while it still points to /dev/null: a file someone else put there is
-never touched.
+The disable itself is the unit's manager's (DisableUnitFiles): the guard
+never writes into /etc/systemd or a home directory. Everything here is a
+plain syscall in this process (no systemctl, no fork). A directory is
+reached by walking its resolved path from / with O_NOFOLLOW and checking
+each step's owner, so a user who owns part of a path (their home, their
+runtime dir) cannot turn a root process's symlink or unlink elsewhere. A
+mask is removed only while it still points to /dev/null, and a link is put
+back only where nothing else stands: a file someone else put there is never
+touched.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def _directory(path: str, owner: int, create: tuple[int, int] | None = None) -> 
                     raise UnitFileError(f"{path}: no such directory") from None
                 os.mkdir(part, 0o755, dir_fd=fd)
                 nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.fchmod(nfd, 0o755)  # as systemd makes it, whatever our umask
                 if create != (0, 0):
                     os.fchown(nfd, *create)
             except OSError as e:
@@ -128,25 +132,6 @@ def remove_mask(path: str, owner: int) -> bool:
             return True
     except UnitFileError:
         return False
-
-
-def remove_link(link: Link, owner: int) -> str:
-    """Unlink an enablement link: 'removed', 'gone' (already) or 'changed' (left alone)."""
-    parent, name = os.path.split(link.path)
-    try:
-        with _directory(parent, owner) as fd:
-            target = _readlink(name, fd)
-            if target is None:
-                return "gone"
-            if target != link.target:
-                return "changed"
-            os.unlink(name, dir_fd=fd)
-            os.fsync(fd)  # /etc and homes are on disk: the removal must survive a crash
-            return "removed"
-    except UnitFileError as e:
-        if "no such directory" in str(e):
-            return "gone"
-        raise
 
 
 def restore_conflict(link: Link, owner: int) -> str | None:
