@@ -86,8 +86,13 @@ def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(
     )
     loader_unit(um, "llama@.service", 30, wanted_by="default.target", Restart="always")
     units = ["llama-conf.service", "llama-data.service", "llama@qwen.service"]
+    # And a timer that starts one of them again every second.
+    um.write_unit(
+        "llama-conf.timer",
+        "[Timer]\nOnActiveSec=1s\nOnUnitActiveSec=1s\nAccuracySec=10ms\nUnit=llama-conf.service\n",
+    )
     um.systemctl("enable", *units)
-    um.systemctl("start", *units)
+    um.systemctl("start", *units, "llama-conf.timer")
     for unit in units:
         um.wait_for(unit, "ActiveState", "active")
     watched = (um.home / ".config" / "systemd", um.home / ".local" / "share" / "systemd")
@@ -107,7 +112,7 @@ def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(
         refused = um.systemctl("start", unit, check=False)
         assert refused.returncode != 0 and "is masked" in refused.stderr, refused
     restarts = {u: um.show(u, "NRestarts")["NRestarts"] for u in units}
-    time.sleep(2.0)  # Restart=always had its chance
+    time.sleep(2.0)  # Restart=always and the timer had their chances
     for unit in units:
         assert um.show(unit, "ActiveState", "NRestarts") == {
             "ActiveState": "inactive",
@@ -137,7 +142,8 @@ def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(
     assert "spark-guard release UNIT" in motd
     assert (um.base / "issue").read_text() == motd
 
-    # Release one by its bare name, then the rest.
+    # Release one by its bare name, then the rest (the timer is done with).
+    um.systemctl("stop", "llama-conf.timer")
     out = guard_cli(um, "release", "llama-conf")
     assert out.returncode == 0, out.stderr
     assert out.stdout == "released user:0:llama-conf.service: mask removed, 1 link(s) restored\n"

@@ -258,3 +258,39 @@ def test_after_a_reboot_no_loader_starts_and_release_restores_everything(machine
     assert not list(c.path("/var/lib/spark-guard/blocked").glob("*.json"))
     released = c.run("journalctl", "-o", "json", "SG_EVENT=unit-released").stdout
     assert {json.loads(line)["SG_UNIT"] for line in released.splitlines()} == set(LOADERS)
+
+
+def test_units_in_run_and_in_etc_systemd_user_are_blocked_too(machine):
+    c = machine
+    c.wait_for("spark-guard.service", "ActiveState", "active")
+    # A runtime unit file (generators and `systemctl link --runtime` put them there),
+    # and a unit every user has, from /etc/systemd/user, started by alice.
+    loader = LOADER.format(what="runtime", wanted_by="multi-user.target")
+    c.run("sh", "-c", f"cat > /run/systemd/system/llama-run.service <<'EOF'\n{loader}EOF")
+    c.path("/etc/systemd/user/llama-global.service").write_text(
+        LOADER.format(what="global", wanted_by="default.target").replace("MemoryMax=256M\n", "")
+    )
+    c.run("systemctl", "daemon-reload")
+    c.run("systemctl", "--user", "daemon-reload", user=ALICE)
+    c.run("systemctl", "start", "llama-run.service")
+    c.run("systemctl", "--user", "start", "llama-global.service", user=ALICE)
+    refs = ("llama-run.service", f"user:{ALICE}:llama-global.service")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all((r := record(c, ref)) and r["step"] == "blocked" for ref in refs):
+            break
+        time.sleep(0.2)
+    for ref in refs:
+        uid, unit = ref_parts(ref)
+        scope = ("--user",) if uid else ()
+        assert c.show(unit, "ActiveState", "LoadState", user=uid) == {
+            "ActiveState": "inactive",
+            "LoadState": "masked",
+        }, ref
+        refused = c.run("systemctl", *scope, "start", unit, user=uid, check=False)
+        assert "is masked" in refused.stderr, refused
+    out = c.run("spark-guard", "release", *refs)
+    assert out.returncode == 0, out.stderr
+    for ref in refs:
+        uid, unit = ref_parts(ref)
+        assert c.show(unit, "LoadState", user=uid)["LoadState"] == "loaded"
