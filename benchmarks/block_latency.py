@@ -1,0 +1,144 @@
+"""How fast a decision becomes a block that holds, on a real systemd user manager.
+
+For each of N runs: an enabled loader unit (Restart=always) allocates memory,
+the guard's own sensor takes a snapshot, decide() says stop, and the
+Actuator/Enforcer acts for real. Three times are taken from the decision:
+
+  stop call   StopUnit has been answered by the manager
+  exited      the loader's main process is gone (a pidfd, watched from a thread)
+  inactive    the guard has read ActiveState=inactive (it polls every 20 ms)
+  verified    LoadState=masked was read back (after the daemon-reload it needs)
+
+(systemd's InactiveEnterTimestamp cannot serve: the reload that loads the
+mask drops a masked unit's timestamps.)
+
+The unit is then released and the next run starts. Run as root on a host
+where the test harness works (see tests/harness.py):
+
+    .venv/bin/python benchmarks/block_latency.py [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from spark_guard.act import Actuator  # noqa: E402
+from spark_guard.config import Config  # noqa: E402
+from spark_guard.enforce import Enforcer  # noqa: E402
+from spark_guard.policy import decide  # noqa: E402
+from spark_guard.records import RecordStore  # noqa: E402
+from spark_guard.release import release  # noqa: E402
+from spark_guard.sensor import Sensor  # noqa: E402
+
+from harness import UserManager  # noqa: E402
+
+UNIT = "llama-bench.service"
+
+
+def watch_exit(pid: int, out: list[float]) -> threading.Thread:
+    fd = os.pidfd_open(pid)
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        out.append(time.monotonic())
+        os.close(fd)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+class TimingLog:
+    """Stands in for the structlog logger: keeps when each event first happened."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.problems: list[str] = []
+
+    def _event(self, event: str, **fields: object) -> None:
+        self.times.setdefault(event, time.monotonic())
+        if event in ("block-failed", "unit-stop-failed"):
+            self.problems.append(str(fields.get("msg")))
+
+    debug = info = warning = error = _event
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--alloc", type=int, default=256, help="MiB the loader holds")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sg-bench."))
+    rows = []
+    with UserManager() as um:
+        config = Config(
+            system_manager="/nonexistent/systemd/private",
+            user_runtime=str(um.user_runtime),
+            state=str(work / "state"),
+            motd=str(work / "motd"),
+            issue=str(work / "issue"),
+            rescue_units=("rescue-none.service",),
+            rescue_graphical="no",
+            grace=3600.0,
+            gpu=False,
+            footprint={UNIT: 100 * 1024**4},
+        )
+        um.write_unit(
+            UNIT,
+            f"[Service]\nExecStart={sys.executable} {ROOT}/tests/fake_loader.py "
+            f"--alloc {args.alloc}\nRestart=always\nLimitAS=4G\n"
+            "[Install]\nWantedBy=default.target\n",
+        )
+        um.systemctl("enable", UNIT)
+        for _ in range(args.runs):
+            um.systemctl("start", UNIT)
+            um.wait_for(UNIT, "ActiveState", "active")
+            time.sleep(0.3 + args.alloc / 2000)  # let it allocate
+            log = TimingLog()
+            sensor = Sensor(config, log)
+            sensor.refresh_managers()
+            enforcer = Enforcer(sensor.managers, config, log)
+            actuator = Actuator(enforcer, log, dry_run=False, repeat_after=30)
+            decision = decide(sensor.snapshot(), config)
+            assert [str(a.unit) for a in decision.actions] == [f"user:0:{UNIT}"], decision
+            exited: list[float] = []
+            watcher = watch_exit(int(um.show(UNIT, "MainPID")["MainPID"]), exited)
+            t0 = time.monotonic()
+            actuator.apply(decision)
+            watcher.join(timeout=10)
+            assert not log.problems, log.problems
+            rows.append(
+                (
+                    log.times["unit-stop-requested"] - t0,
+                    exited[0] - t0,
+                    log.times["unit-stopped"] - t0,
+                    log.times["unit-blocked"] - t0,
+                )
+            )
+            sensor.close()
+            store = RecordStore(config.state)
+            (record,), _ = store.all()
+            release(record, store, config.system_manager, config.user_runtime)
+    print(f"{args.runs} runs, loader holding {args.alloc} MiB, times from the decision (ms):")
+    print("| step | median | worst |")
+    print("|---|---|---|")
+    steps = ("StopUnit answered", "loader exited", "seen inactive", "block verified")
+    for i, name in enumerate(steps):
+        values = [r[i] * 1000 for r in rows]
+        print(f"| {name} | {statistics.median(values):.1f} | {max(values):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
