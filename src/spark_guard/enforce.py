@@ -24,6 +24,7 @@ cgroup killed and the block is retried on a later pass.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -204,8 +205,10 @@ class Enforcer:
             if link is not None:
                 links.append(LinkRecord(link.path, link.target, link.uid, link.gid))
         record.links = links
-        if not record.cgroup:
-            record.cgroup = manager.unit_control_group(record.unit)
+        if not record.cgroup and record.unit.endswith(".service"):
+            # Only for the kill of last resort; the snapshot usually had it.
+            with contextlib.suppress(ManagerError):
+                record.cgroup = manager.unit_control_group(record.unit)
         record.mask_path = os.path.join(control, record.unit)
         # A mask someone else laid stays theirs: release leaves it.
         record.mask_made = not os.path.lexists(record.mask_path)

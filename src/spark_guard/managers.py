@@ -169,12 +169,8 @@ class Manager:
         """The symlinks `systemctl disable NAME` would remove, persistent and runtime."""
         links: list[str] = []
         for runtime in (False, True):
-            try:
-                found = self._call(b"GetUnitFileLinks", b"sb", name.encode(), runtime)
-            except ManagerError as e:
-                if "No such file" in str(e) or "not found" in str(e):
-                    continue  # a generated or transient unit: nothing to disable
-                raise
+            # A transient or generated unit has none: the list is empty.
+            found = self._call(b"GetUnitFileLinks", b"sb", name.encode(), runtime)
             links += [_s(p) for p in found]
         return list(dict.fromkeys(links))
 
@@ -187,7 +183,8 @@ class Manager:
         return removed
 
     def unit_control_group(self, name: str) -> str:
-        return _s(self._get(self.unit_path(name), _UNIT, b"ControlGroup", b"s"))
+        """A service's cgroup ('' when it has none); the property lives on Service, not Unit."""
+        return _s(self._get(self.unit_path(name), _SERVICE, b"ControlGroup", b"s"))
 
 
 def discover(system_socket: str, user_runtime: str) -> dict[str, str]:

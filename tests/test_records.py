@@ -1,0 +1,126 @@
+"""Records on disk, the login note, and choosing what to release: plain files, no systemd."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from spark_guard import banner, log
+from spark_guard.config import Config
+from spark_guard.enforce import Enforcer
+from spark_guard.records import LinkRecord, Record, RecordError, RecordStore
+from spark_guard.release import ReleaseError, select
+
+
+def record(manager: str = "system", unit: str = "llama.service", **kw: object) -> Record:
+    r = Record(
+        unit=unit,
+        manager=manager,
+        reason="footprint",
+        detail="expects 115GiB",
+        phase="strict",
+        figures={"expected": 115 * 2**30},
+        at="2026-11-30T08:00:00Z",
+    )
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_a_record_survives_the_round_trip_and_replacing_it_is_atomic(tmp_path):
+    store = RecordStore(str(tmp_path))
+    r = record(
+        step="blocked", links=[LinkRecord("/etc/x.wants/llama.service", "/etc/l", 0, 0, True)]
+    )
+    r.note("stop requested")
+    store.save(r)
+    store.save(r)  # replaced, not appended: no temporary file is left behind
+    assert sorted(os.listdir(store.blocked)) == ["llama.service.json"]
+    (back,), errors = store.all()
+    assert not errors and back == r
+    assert store.load(r.ref) == r
+
+
+def test_a_user_record_is_named_by_its_manager(tmp_path):
+    store = RecordStore(str(tmp_path))
+    r = record(manager="user:1000")
+    store.save(r)
+    assert os.listdir(store.blocked) == ["user:1000:llama.service.json"]
+    assert store.load(r.ref).uid == 1000
+
+
+def test_a_corrupt_record_is_named_kept_and_the_others_still_read(tmp_path):
+    store = RecordStore(str(tmp_path))
+    store.save(record(unit="good.service"))
+    bad = os.path.join(store.blocked, "bad.service.json")
+    with open(bad, "w") as f:
+        f.write('{"format": 1, "unit": "bad.service"')
+    records, errors = store.all()
+    assert [r.unit for r in records] == ["good.service"]
+    (error,) = errors
+    assert str(error).startswith(f"{bad}: unreadable record: ")
+    assert os.path.exists(bad)  # never deleted: an admin may need it
+
+
+def test_the_guard_reports_a_corrupt_record_once_and_goes_on(tmp_path):
+    config = Config(
+        state=str(tmp_path / "state"), motd=str(tmp_path / "motd"), issue=str(tmp_path / "issue")
+    )
+    store = RecordStore(config.state)
+    store.save(record())
+    with open(os.path.join(store.blocked, "bad.service.json"), "w") as f:
+        f.write("not json")
+    log.configure("console")
+    enforcer = Enforcer({}, config, log.get_logger())
+    with capture_logs() as events:
+        enforcer.advance()
+        enforcer.advance()
+    unreadable = [e for e in events if e["event"] == "record-unreadable"]
+    assert len(unreadable) == 1 and "bad.service.json: unreadable record" in unreadable[0]["msg"]
+    assert list(enforcer.records) == ["llama.service"]
+    assert "llama.service  blocking (stop)" in (tmp_path / "motd").read_text()
+
+
+def test_a_record_from_another_format_is_refused():
+    with pytest.raises(RecordError, match=r"x\.json: unreadable record: not a format 1 record"):
+        Record.from_json('{"format": 2}', "x.json")
+
+
+def test_release_picks_units_by_full_name_bare_name_or_ref(tmp_path):
+    store = RecordStore(str(tmp_path))
+    records = [record(), record(manager="user:1000"), record(unit="qwen.service")]
+    assert [str(r.ref) for r in select(records, ["qwen"], store)] == ["qwen.service"]
+    assert [str(r.ref) for r in select(records, ["user:1000:llama.service"], store)] == [
+        "user:1000:llama.service"
+    ]
+    assert [str(r.ref) for r in select(records, ["llama.service"], store)] == ["llama.service"]
+    with pytest.raises(ReleaseError, match=r"^nope: not blocked by spark-guard \(no record in "):
+        select(records, ["nope"], store)
+    only_user = [record(manager="user:1000"), record(manager="user:1001")]
+    with pytest.raises(
+        ReleaseError,
+        match=r"more than one manager \(user:1000:llama.service, "
+        r"user:1001:llama.service\); name one",
+    ):
+        select(only_user, ["llama"], store)
+
+
+def test_the_login_note_says_what_why_and_how_to_undo_and_goes_when_empty(tmp_path):
+    motd, issue = str(tmp_path / "motd.d" / "spark-guard"), str(tmp_path / "issue")
+    blocked = [
+        record(step="blocked", unit="llama\\x2dds4.service"),
+        record(manager="user:1000", step="settle", problem="still running"),
+    ]
+    banner.publish(blocked, motd, issue)
+    text = Path(motd).read_text()
+    assert "  llama\\x2dds4.service  blocked since 2026-11-30T08:00:00Z: footprint: " in text
+    assert "  user:1000:llama.service  blocking (settle) since" in text
+    assert "      problem: still running" in text
+    assert "spark-guard release UNIT" in text
+    # agetty reads backslash escapes: the issue copy has them doubled.
+    assert "llama\\\\x2dds4.service" in Path(issue).read_text()
+    banner.publish([], motd, issue)
+    assert not os.path.exists(motd) and not os.path.exists(issue)
