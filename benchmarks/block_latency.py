@@ -79,9 +79,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--alloc", type=int, default=256, help="MiB the loader holds")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="sg-bench."))
     rows = []
-    with UserManager() as um:
+    with tempfile.TemporaryDirectory(prefix="sg-bench.") as tmp, UserManager() as um:
+        work = Path(tmp)
         config = Config(
             system_manager="/nonexistent/systemd/private",
             user_runtime=str(um.user_runtime),
