@@ -104,8 +104,14 @@ def test_strict_phase_stops_a_loader_that_would_not_fit(um):
     assert "reason=footprint" in m.group(0) and "phase=strict" in m.group(0)
     wait_log(um, r"^warning unit-stop-requested: stopping user:0:llama-big.service", after=offset)
     um.wait_for("llama-big.service", "ActiveState", "inactive")
-    status = um.show(GUARD, "StatusText")["StatusText"]
+    # STATUS= is sent at the end of the pass, once the block is verified.
+    wait_log(um, r"^warning unit-blocked: user:0:llama-big.service", after=offset)
+    deadline = time.monotonic() + 5
+    while "last action: stop" not in (status := um.show(GUARD, "StatusText")["StatusText"]):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
     assert "last action: stop user:0:llama-big.service (footprint)" in status
+    assert "blocked 1" in status
 
 
 def test_dry_run_in_steady_phase_logs_the_decision_and_leaves_the_unit(um):

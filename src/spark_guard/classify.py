@@ -112,4 +112,10 @@ def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None
     if not evidence:
         return None
     models = tuple(dict.fromkeys(named + [canonical_model(m) for m in usage.mapped_models]))
-    return Loader(usage, tuple(evidence), models, expected_footprint(ref, config))
+    # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
+    expected = expected_footprint(ref, config)
+    if expected is not None:
+        return Loader(usage, tuple(evidence), models, expected, "config")
+    if usage.predicted is not None:
+        return Loader(usage, tuple(evidence), models, usage.predicted, "estimate")
+    return Loader(usage, tuple(evidence), models, None)

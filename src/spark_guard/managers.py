@@ -23,6 +23,7 @@ _PATH = b"/org/freedesktop/systemd1"
 _MANAGER = b"org.freedesktop.systemd1.Manager"
 _UNIT = b"org.freedesktop.systemd1.Unit"
 _SERVICE = b"org.freedesktop.systemd1.Service"
+_START_JOBS = ("start", "restart", "try-restart", "reload-or-start")
 
 
 class ManagerError(RuntimeError):
@@ -50,6 +51,7 @@ class UnitState:
 class UnitDetails:
     exec_start: tuple[tuple[str, ...], ...]
     active_since: float | None  # monotonic seconds
+    environment: tuple[str, ...] = ()  # Environment= assignments, 'K=V'
 
 
 class Manager:
@@ -143,13 +145,20 @@ class Manager:
     def unit_details(self, name: str) -> UnitDetails:
         path = self.unit_path(name)
         exec_start: tuple[tuple[str, ...], ...] = ()
+        environment: tuple[str, ...] = ()
         if name.endswith(".service"):
             raw = self._get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
             exec_start = tuple(tuple(_s(a) for a in row[1]) for row in raw)
+            environment = tuple(_s(e) for e in self._get(path, _SERVICE, b"Environment", b"as"))
         since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
         if since_us == 0:  # still activating: it left 'inactive' when the start began
             since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
-        return UnitDetails(exec_start, since_us / 1e6 if since_us else None)
+        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, environment)
+
+    def start_jobs(self) -> list[str]:
+        """Units with a start job queued or running: loaders about to start."""
+        jobs = self._call(b"ListJobs", b"")
+        return [_s(unit) for _id, unit, kind, *_ in jobs if _s(kind) in _START_JOBS]
 
     def default_target(self) -> str:
         return _s(self._call(b"GetDefaultTarget", b""))

@@ -78,7 +78,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         loader
         for usage in snapshot.units
         if (loader := classify(usage, config, snapshot.guard_unit)) is not None
-        and usage.active_state in ("active", "activating", "reloading")
+        and (usage.starting or usage.active_state in ("active", "activating", "reloading"))
     )
     rate = slope(snapshot.history, config.trend_window, snapshot.now)
     available = snapshot.memory.available

@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .classify import is_protected
 from .config import Config
+from .foresight import Prediction, Predictor, parse_environment
 from .gpu import GpuUnavailable, Nvml
 from .managers import Manager, ManagerError, UnitDetails, discover, unit_cgroup, unit_of_cgroup
 from .procfs import ProcFS
@@ -28,6 +29,8 @@ HISTORY_MAX = 600
 @dataclass
 class _UnitCache:
     details: UnitDetails | None = None
+    prediction: Prediction | None = None
+    predicted: bool = False
     pids: frozenset[int] = frozenset()
     used: int = 0
     at: float = 0.0
@@ -50,6 +53,7 @@ class Sensor:
         self.proc = ProcFS(config.proc)
         self.managers: dict[str, Manager] = {}
         self.gpu = Nvml()
+        self.predictor = Predictor()
         self._gpu_next_try = 0.0
         self._gpu_warned = False
         self.started = clock()
@@ -193,13 +197,19 @@ class Sensor:
             groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
             cgroups.setdefault(ref, unit_cgroup(info.cgroup, ref.name))
 
+        starting = self._start_jobs(groups)
+        for ref in starting:
+            groups.setdefault(ref, [])
         states = self._states(groups)
         units = []
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
             if state is None:
                 continue
-            units.append(self._usage(ref, procs, state, gpu, now, cgroups[ref]))
+            usage = self._usage(ref, procs, state, gpu, now, cgroups.get(ref, ""), memory.total)
+            if ref in starting:
+                usage = replace(usage, starting=True)
+            units.append(usage)
         for ref in [r for r in self._units if r not in groups]:
             del self._units[ref]
         live = {pid for procs in groups.values() for pid, _, _ in procs}
@@ -218,6 +228,25 @@ class Sensor:
             guard_unit=self.guard_unit,
             gpu_accounting=self.gpu.ready,
         )
+
+    def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
+        """Services with a start job and no process yet: loaders caught before they allocate."""
+        found = set()
+        for key, m in list(self.managers.items()):
+            try:
+                names = m.start_jobs()
+            except ManagerError as e:
+                self._drop(key, str(e))
+                continue
+            for name in names:
+                ref = UnitRef(key, name)
+                if (
+                    name.endswith(".service")
+                    and ref not in groups
+                    and not is_protected(ref, self.config, self.guard_unit)
+                ):
+                    found.add(ref)
+        return found
 
     def _states(self, groups: dict[UnitRef, Any]) -> dict[UnitRef, str]:
         """ActiveState of every unit with processes: one call per manager."""
@@ -241,13 +270,14 @@ class Sensor:
         gpu: dict[int, int | None],
         now: float,
         cgroup: str,
+        mem_total: int,
     ) -> UnitUsage:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
         gpu_bytes = sum(g or 0 for _, _, g in procs)
         gpu_pids = tuple(p for p in pids if p in gpu)
         cache = self._units.get(ref)
-        if cache is None or not (cache.pids & set(pids)):
+        if cache is None or (pids and cache.pids and not (cache.pids & set(pids))):
             cache = self._units[ref] = _UnitCache()  # new or restarted: read it afresh
         growth = 0.0
         if cache.at and now > cache.at:
@@ -266,6 +296,12 @@ class Sensor:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except (ManagerError, KeyError):
                 cache.details = UnitDetails((), None)
+        if not cache.predicted:
+            # Once per run: the command line and the model's header do not change under it.
+            cache.predicted = True
+            cache.prediction = self.predictor.predict(
+                cache.details.exec_start, parse_environment(cache.details.environment), mem_total
+            )
         cmdlines: list[tuple[str, ...]] = []
         models: list[str] = []
         for pid, p_rss, p_gpu in procs:
@@ -290,6 +326,8 @@ class Sensor:
             active_since=cache.details.active_since,
             growth=growth,
             cgroup=cgroup,
+            predicted=cache.prediction.bytes if cache.prediction else None,
+            prediction=cache.prediction.source if cache.prediction else "",
         )
 
     def _rescue(self) -> tuple[RescueGroup, ...]:

@@ -57,6 +57,12 @@ class UnitUsage:
     growth: float = 0.0
     # The unit's own cgroup, as /proc shows it: what a kill of last resort targets.
     cgroup: str = ""
+    # Foresight: bytes the load will hold, from its command line and model header;
+    # `prediction` says how it was found, or why it could not be.
+    predicted: int | None = None
+    prediction: str = ""
+    # A start job is queued: no process yet, nothing allocated, the best time to stop it.
+    starting: bool = False
 
     @property
     def used(self) -> int:
@@ -97,6 +103,8 @@ class Loader:
     evidence: tuple[str, ...]
     models: tuple[str, ...]
     expected: int | None
+    # Where `expected` comes from: "config", "estimate", or "" (footprint unknown).
+    expected_from: str = ""
 
     @property
     def ref(self) -> UnitRef:

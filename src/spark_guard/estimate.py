@@ -1,0 +1,308 @@
+"""What llama.cpp will hold for a model and its settings, in bytes: plain data in, plain data out.
+
+Four terms, each marked exact or approximate:
+
+- weights   exact: the tensor bytes of every shard (and of the --mmproj file).
+            Counted once: on a unified-memory machine the mmapped file sits
+            in page cache, which MemAvailable already counts as available, and
+            the copy the GPU holds is the one that costs.
+- kv        exact, by llama.cpp's own rules: per layer with KV heads,
+            cells x heads x (key_length x bytes_k + value_length x bytes_v);
+            per-layer head counts (0: no KV in that layer); explicit key and
+            value lengths; MLA caches K only (deepseek2: key_length_mla, one
+            head); sliding-window layers hold pad256(min(n_ctx, window x
+            slots + n_ubatch)) cells unless --swa-full; n_ctx padded to 256;
+            -c 0 is the trained context; slots split the context unless the
+            cache is unified.
+- compute   approximate: the graph's largest live tensors for one ubatch:
+            logits (n_vocab x n_ubatch x 4), the attention scores when flash
+            attention is off (heads x n_ctx x n_ubatch x 4, twice), and the
+            FFN activations.
+- host      approximate: the CUDA context and runtime, output buffers and
+            the tokenizer's tables.
+
+A margin covers the approximate terms: MARGIN_SHARE of them, at least
+MARGIN_MIN. docs/estimator.md compares all of it with llama.cpp's own figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .gguf import GGML_TYPES, Model, SkippedArray
+
+MiB = 1024**2
+PAD = 256  # llama.cpp pads n_ctx and the sliding-window cache to 256 cells
+RUNTIME = 320 * MiB  # CUDA context, cuBLAS workspace, driver allocations (per process)
+VOCAB_BYTES = 256  # host bytes per vocabulary entry (token text, scores, maps)
+MARGIN_SHARE = 0.25
+MARGIN_MIN = 128 * MiB
+
+# KV cache types llama.cpp accepts for -ctk/-ctv -> ggml type id.
+CACHE_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "bf16": 30,
+    "q8_0": 8,
+    "q4_0": 2,
+    "q4_1": 3,
+    "iq4_nl": 20,
+    "q5_0": 6,
+    "q5_1": 7,
+}
+
+# Sliding-window layouts llama.cpp gives an architecture when the file has no
+# per-layer pattern: (every n-th layer is full, dense layer first, default window).
+SWA_PATTERNS: dict[str, tuple[int, bool, int]] = {
+    "gemma2": (2, False, 4096),
+    "gemma3": (6, False, 0),
+    "gemma3n": (5, False, 0),
+    "cohere2": (4, False, 0),
+    "gpt-oss": (2, False, 0),
+    "exaone4": (4, False, 4096),
+    "olmo2": (4, False, 0),
+    "llama4": (4, False, 8192),
+}
+
+
+class EstimateError(ValueError):
+    """The model's metadata lacks what the estimate needs; str() names the key."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The load settings that decide the footprint (llama-server's flags)."""
+
+    n_ctx: int = 0  # 0: the trained context
+    n_parallel: int = 1
+    kv_unified: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # on, off, auto (on where the backend has it: CUDA does)
+    n_ubatch: int = 512
+    swa_full: bool = False
+    mmproj_bytes: int = 0
+    no_mmap: bool = False
+    n_gpu_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    exact: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    terms: tuple[Term, ...]
+    margin: int
+    n_ctx: int
+
+    @property
+    def total(self) -> int:
+        return sum(t.bytes for t in self.terms) + self.margin
+
+    def term(self, name: str) -> Term:
+        return next(t for t in self.terms if t.name == name)
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Per-layer attention shape, as llama.cpp's hparams hold it."""
+
+    n_layer: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    swa: tuple[bool, ...]
+    k_len: int
+    v_len: int
+    k_len_swa: int
+    v_len_swa: int
+    n_swa: int
+    mla: bool
+
+
+def _per_layer(value: Any, n_layer: int, key: str) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if len(value) < n_layer:
+            raise EstimateError(f"{key} has {len(value)} entries for {n_layer} layers")
+        return tuple(int(v) for v in value[:n_layer])
+    return (int(value),) * n_layer
+
+
+def _need(model: Model, key: str) -> Any:
+    value = model.get(key)
+    if value is None or isinstance(value, SkippedArray):
+        raise EstimateError(f"{model.path}: {key} missing")
+    return value
+
+
+def layers(model: Model) -> Layers:
+    a = model.arch
+    if not a:
+        raise EstimateError(f"{model.path}: general.architecture missing")
+    n_layer = int(_need(model, f"{a}.block_count"))
+    n_embd = int(_need(model, f"{a}.embedding_length"))
+    head = _need(model, f"{a}.attention.head_count")
+    n_head = _per_layer(head, n_layer, f"{a}.attention.head_count")
+    n_head_kv = _per_layer(
+        model.get(f"{a}.attention.head_count_kv", head), n_layer, f"{a}.attention.head_count_kv"
+    )
+    first_head = next((h for h in n_head if h), 1)
+    k_len = int(model.get(f"{a}.attention.key_length", n_embd // first_head))
+    v_len = int(model.get(f"{a}.attention.value_length", n_embd // first_head))
+    # MLA (deepseek2 files converted for it): key_length is the compressed row
+    # (kv_lora_rank + rope dims, one head) and V is a view of K: no V cache.
+    mla = bool(
+        model.get(f"{a}.attention.key_length_mla") and model.get(f"{a}.attention.value_length_mla")
+    )
+    swa = _swa_layers(model, a, n_layer)
+    pattern = SWA_PATTERNS.get(a)
+    n_swa = int(model.get(f"{a}.attention.sliding_window", pattern[2] if pattern else 0) or 0)
+    if n_swa == 0:
+        swa = (False,) * n_layer
+    return Layers(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        swa=swa,
+        k_len=k_len,
+        v_len=v_len,
+        k_len_swa=int(model.get(f"{a}.attention.key_length_swa", k_len)),
+        v_len_swa=int(model.get(f"{a}.attention.value_length_swa", v_len)),
+        n_swa=n_swa,
+        mla=mla,
+    )
+
+
+def _swa_layers(model: Model, arch: str, n_layer: int) -> tuple[bool, ...]:
+    raw = model.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(raw, list):
+        return tuple(bool(v) for v in raw[:n_layer]) + (False,) * max(0, n_layer - len(raw))
+    pattern = SWA_PATTERNS.get(arch)
+    if pattern is None and raw is None:
+        # An architecture this table does not know: count every layer in full (the larger figure).
+        return (False,) * n_layer
+    n, dense_first, _ = pattern or (0, False, 0)
+    if isinstance(raw, int):
+        n = raw
+    if dense_first:
+        return tuple(n == 0 or il % n != 0 for il in range(n_layer))
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+
+
+def _pad(n: int, to: int = PAD) -> int:
+    return -(-n // to) * to
+
+
+def _row_bytes(type_name: str, elements: int) -> int:
+    t = CACHE_TYPES.get(type_name)
+    if t is None:
+        raise EstimateError(
+            f"cache type {type_name!r} unknown (one of {', '.join(sorted(CACHE_TYPES))})"
+        )
+    _, block, size = GGML_TYPES[t]
+    return -(-elements // block) * size
+
+
+def context_cells(model: Model, s: Settings) -> tuple[int, int]:
+    """(n_ctx after llama.cpp's padding, sequences sharing it)."""
+    n_ctx = s.n_ctx or int(_need(model, f"{model.arch}.context_length"))
+    n_seq = max(1, s.n_parallel)
+    n_ctx = _pad(n_ctx)
+    if not s.kv_unified and n_seq > 1:
+        n_ctx = _pad(n_ctx // n_seq) * n_seq
+    return n_ctx, n_seq
+
+
+def kv_bytes(model: Model, s: Settings) -> tuple[int, str]:
+    shape = layers(model)
+    n_ctx, n_seq = context_cells(model, s)
+    if s.swa_full:
+        swa_cells = n_ctx
+    elif s.kv_unified or n_seq == 1:
+        swa_cells = min(n_ctx, _pad(min(n_ctx, shape.n_swa * n_seq + s.n_ubatch)))
+    else:
+        swa_cells = n_seq * _pad(min(n_ctx // n_seq, shape.n_swa + s.n_ubatch))
+    fa_off = s.flash_attn == "off"
+    v_max = max(
+        (h * (shape.v_len_swa if w else shape.v_len))
+        for h, w in zip(shape.n_head_kv, shape.swa, strict=True)
+    )
+    total = 0
+    full_layers = swa_layers = 0
+    for il in range(shape.n_layer):
+        heads = shape.n_head_kv[il]
+        if heads == 0:
+            continue
+        is_swa = shape.swa[il]
+        cells = swa_cells if is_swa else n_ctx
+        k = heads * (shape.k_len_swa if is_swa else shape.k_len)
+        total += cells * _row_bytes(s.cache_type_k, k)
+        if not shape.mla:
+            # Without flash attention V is stored transposed, every layer at the widest row.
+            v = v_max if fa_off else heads * (shape.v_len_swa if is_swa else shape.v_len)
+            total += cells * _row_bytes(s.cache_type_v, v)
+        swa_layers += is_swa
+        full_layers += not is_swa
+    detail = f"{full_layers} layers x {n_ctx} cells"
+    if swa_layers:
+        detail += f", {swa_layers} sliding-window layers x {swa_cells} cells"
+    detail += f", K {s.cache_type_k}" + ("" if shape.mla else f", V {s.cache_type_v}")
+    if shape.mla:
+        detail += " (MLA: K only)"
+    return total, detail
+
+
+def vocab_size(model: Model) -> int:
+    tokens = model.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, SkippedArray):
+        return tokens.length
+    if isinstance(tokens, list):
+        return len(tokens)
+    return int(model.get(f"{model.arch}.vocab_size", 32000))
+
+
+def compute_bytes(model: Model, s: Settings) -> tuple[int, str]:
+    a = model.arch
+    shape = layers(model)
+    n_ctx, _ = context_cells(model, s)
+    u = s.n_ubatch
+    n_embd = int(_need(model, f"{a}.embedding_length"))
+    n_ff_raw = model.get(f"{a}.feed_forward_length", 4 * n_embd)
+    n_ff = max(_per_layer(n_ff_raw, shape.n_layer, f"{a}.feed_forward_length"))
+    experts_used = int(model.get(f"{a}.expert_used_count", 0) or 0)
+    if experts_used:
+        n_ff = max(n_ff, experts_used * int(model.get(f"{a}.expert_feed_forward_length", n_ff)))
+    logits = vocab_size(model) * u * 4
+    ffn = 3 * n_ff * u * 4 + 4 * n_embd * u * 4
+    scores = 0 if s.flash_attn in ("on", "auto") else 2 * max(shape.n_head) * n_ctx * u * 4
+    total = logits + ffn + scores
+    detail = f"logits {vocab_size(model)} x {u}, FFN {n_ff}" + (
+        f", attention scores {max(shape.n_head)} heads x {n_ctx}" if scores else ", flash attention"
+    )
+    return total, detail
+
+
+def estimate(model: Model, s: Settings) -> Estimate:
+    weights = model.tensor_bytes + s.mmproj_bytes
+    kv, kv_detail = kv_bytes(model, s)
+    compute, compute_detail = compute_bytes(model, s)
+    n_vocab = vocab_size(model)
+    _, n_seq = context_cells(model, s)
+    host = RUNTIME + n_vocab * VOCAB_BYTES + n_vocab * n_seq * 4
+    wdetail = f"{len(model.tensors)} tensors in {model.shards} file(s)"
+    if s.mmproj_bytes:
+        wdetail += " + mmproj"
+    terms = (
+        Term("weights", weights, True, wdetail),
+        Term("kv", kv, True, kv_detail),
+        Term("compute", compute, False, compute_detail),
+        Term("host", host, False, "CUDA context and runtime, output buffer, vocabulary"),
+    )
+    approx = compute + host
+    margin = max(MARGIN_MIN, int(approx * MARGIN_SHARE))
+    return Estimate(terms, margin, context_cells(model, s)[0])

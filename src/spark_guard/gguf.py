@@ -1,0 +1,370 @@
+"""A streaming, bounded reader of GGUF headers: metadata and the tensor list, never tensor data.
+
+GGUF (llama.cpp's model format, versions 2 and 3): magic, version, tensor
+count, metadata count, the metadata key/values, the tensor infos, then
+aligned tensor data. Only the header is read, through a small buffer with
+pread (no mmap: the guard mlockall()s itself, and a mapping of a 100 GB
+file must never be part of what it locks).
+
+Hostile input gets a GgufError naming the file, the offset and the problem,
+never a crash, a hang or a large allocation: every count is checked
+against the bytes left in the file before anything is read for it, strings
+longer than the file are refused, arrays nest at most MAX_DEPTH deep, and
+big arrays (a vocabulary of 250,000 tokens) are skipped, keeping only their
+length. Split models (NAME-00001-of-00003.gguf) are read shard by shard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"GGUF"
+MAX_DEPTH = 4  # arrays of arrays of ... deeper than this are refused
+KEEP_ARRAY = 4096  # arrays up to this length are kept (per-layer values); longer: length only
+KEEP_STRING = 1 << 16  # string values up to 64 KiB are kept (a chat template); longer: skipped
+MAX_KEY = 1 << 16  # GGUF keys are at most 65535 bytes
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ELEMENTS = 1 << 48  # per tensor, and the largest offset: far past any real model
+CHUNK = 1 << 20
+
+# ggml type -> (elements per block, bytes per block); checked against gguf-py in the tests.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
+
+# GGUF value types: (struct code, size) for scalars; 8 = string, 9 = array.
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("B", 1),
+    1: ("b", 1),
+    2: ("H", 2),
+    3: ("h", 2),
+    4: ("I", 4),
+    5: ("i", 4),
+    6: ("f", 4),
+    7: ("?", 1),
+    10: ("Q", 8),
+    11: ("q", 8),
+    12: ("d", 8),
+}
+_STRING, _ARRAY = 8, 9
+_SHARD = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class GgufError(ValueError):
+    """Not a readable GGUF header; str() is 'FILE: problem'."""
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    """An array too long to keep: its element type and length."""
+
+    type: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dims: tuple[int, ...]
+    type: int
+    offset: int  # from the start of the data section
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of data, as ggml_nbytes counts them; None for a type this reader does not know."""
+        t = GGML_TYPES.get(self.type)
+        if t is None:
+            return None
+        _, block, size = t
+        return self.elements // block * size
+
+
+@dataclass(frozen=True)
+class Header:
+    path: str
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[Tensor, ...]
+    data_offset: int
+    file_size: int
+    big_endian: bool = False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Tensor data in this file; a tensor of unknown type counts up to the next offset."""
+        total = 0
+        ordered = sorted(self.tensors, key=lambda t: t.offset)
+        data = self.file_size - self.data_offset
+        for i, t in enumerate(ordered):
+            n = t.nbytes
+            if n is None:
+                end = ordered[i + 1].offset if i + 1 < len(ordered) else data
+                n = max(end - t.offset, 0)
+            total += n
+        return total
+
+
+@dataclass
+class _Reader:
+    path: str
+    fd: int
+    size: int
+    pos: int = 0
+    endian: str = "<"
+    _buf: bytes = b""
+    _buf_at: int = 0
+
+    def fail(self, problem: str) -> GgufError:
+        return GgufError(f"{self.path}: at byte {self.pos}: {problem}")
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or n > self.left():
+            raise self.fail(f"needs {n} bytes, only {self.left()} left in the file")
+        start = self.pos - self._buf_at
+        if start < 0 or start + n > len(self._buf):
+            if n > CHUNK:
+                data = os.pread(self.fd, n, self.pos)
+                if len(data) != n:
+                    raise self.fail("file shrank while being read")
+                self.pos += n
+                return data
+            self._buf = os.pread(self.fd, max(CHUNK, n), self.pos)
+            self._buf_at = self.pos
+            start = 0
+            if len(self._buf) < n:
+                raise self.fail("file shrank while being read")
+        self.pos += n
+        return self._buf[start : start + n]
+
+    def skip(self, n: int) -> None:
+        if n < 0 or n > self.left():
+            raise self.fail(f"needs {n} bytes, only {self.left()} left in the file")
+        self.pos += n
+
+    def _skip_strings(self, n: int) -> None:
+        """Skip n length-prefixed strings: the hot loop of a vocabulary, kept tight."""
+        unpack = struct.Struct(self.endian + "Q").unpack_from
+        pos, size, fd = self.pos, self.size, self.fd
+        buf, at = self._buf, self._buf_at
+        end = at + len(buf)
+        for _ in range(n):
+            if pos + 8 > end:
+                buf = os.pread(fd, CHUNK, pos)
+                at, end = pos, pos + len(buf)
+                if pos + 8 > end:
+                    self.pos = pos
+                    raise self.fail("string array runs past the end of the file")
+            pos += 8 + unpack(buf, pos - at)[0]
+            if pos > size:
+                self.pos = pos
+                raise self.fail("string in an array is longer than the file")
+        self.pos, self._buf, self._buf_at = pos, buf, at
+
+    def scalar(self, code: str, size: int) -> Any:
+        return struct.unpack(self.endian + code, self.take(size))[0]
+
+    def u32(self) -> int:
+        return int(self.scalar("I", 4))
+
+    def u64(self) -> int:
+        return int(self.scalar("Q", 8))
+
+    def count(self, what: str, min_each: int) -> int:
+        n = self.u64()
+        if n * min_each > self.left():
+            raise self.fail(f"{what} count {n} cannot fit in the {self.left()} bytes left")
+        return n
+
+    def string(self, limit: int | None = None) -> str | None:
+        """A string; None (skipped) when longer than `limit`."""
+        n = self.u64()
+        if n > self.left():
+            raise self.fail(f"string of {n} bytes is longer than the {self.left()} bytes left")
+        if limit is not None and n > limit:
+            self.skip(n)
+            return None
+        return self.take(n).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        scalar = _SCALARS.get(vtype)
+        if scalar is not None:
+            return self.scalar(*scalar)
+        if vtype == _STRING:
+            return self.string(KEEP_STRING)
+        if vtype == _ARRAY:
+            if depth >= MAX_DEPTH:
+                raise self.fail(f"arrays nested deeper than {MAX_DEPTH}")
+            etype = self.u32()
+            esize = _SCALARS[etype][1] if etype in _SCALARS else 8  # strings, arrays: >= 8
+            if etype not in _SCALARS and etype not in (_STRING, _ARRAY):
+                raise self.fail(f"unknown array element type {etype}")
+            n = self.count("array element", esize)
+            if n > KEEP_ARRAY or (etype == _STRING and n > 64):
+                self._skip_array(etype, n, depth)
+                return SkippedArray(etype, n)
+            if etype in _SCALARS:
+                code, size = _SCALARS[etype]
+                return list(struct.unpack(f"{self.endian}{n}{code}", self.take(n * size)))
+            return [self.value(etype, depth + 1) for _ in range(n)]
+        raise self.fail(f"unknown value type {vtype}")
+
+    def _skip_array(self, etype: int, n: int, depth: int) -> None:
+        if etype in _SCALARS:
+            self.skip(n * _SCALARS[etype][1])
+        elif etype == _STRING:
+            self._skip_strings(n)
+        else:
+            for _ in range(n):
+                self.value(_ARRAY, depth + 1)
+
+
+def read_header(path: str) -> Header:
+    """One GGUF file's header; GgufError for anything that is not a sound one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise GgufError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        size = os.fstat(fd).st_size
+        r = _Reader(path, fd, size)
+        return _parse(r)
+    except OSError as e:
+        raise GgufError(f"{path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _parse(r: _Reader) -> Header:
+    if r.size < 24 or r.take(4) != MAGIC:
+        raise GgufError(f"{r.path}: not a GGUF file (no GGUF magic)")
+    raw = r.take(4)
+    version = struct.unpack("<I", raw)[0]
+    if version not in (2, 3) and struct.unpack(">I", raw)[0] in (2, 3):
+        r.endian, version = ">", struct.unpack(">I", raw)[0]
+    if version == 1:
+        raise GgufError(f"{r.path}: GGUF version 1 is not supported (convert it again)")
+    if version not in (2, 3):
+        raise GgufError(f"{r.path}: unknown GGUF version {version}")
+    n_tensors = r.count("tensor", 8 + 4 + 8 + 4 + 8)
+    n_kv = r.count("metadata", 8 + 1 + 4 + 1)
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string(MAX_KEY)
+        if key is None:
+            raise r.fail(f"metadata key longer than {MAX_KEY} bytes")
+        metadata[key] = r.value(r.u32())
+    tensors = []
+    for _ in range(n_tensors):
+        name = r.string(MAX_KEY)
+        if name is None:
+            raise r.fail(f"tensor name longer than {MAX_KEY} bytes")
+        n_dims = r.u32()
+        if n_dims > MAX_DIMS:
+            raise r.fail(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+        dims = tuple(r.u64() for _ in range(n_dims))
+        ttype = r.u32()
+        offset = r.u64()
+        tensor = Tensor(name, dims, ttype, offset)
+        if tensor.elements > MAX_ELEMENTS or offset > MAX_ELEMENTS:
+            raise r.fail(f"tensor {name!r} claims {tensor.elements} elements at offset {offset}")
+        tensors.append(tensor)
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GgufError(f"{r.path}: general.alignment {alignment!r} is not a power of two")
+    data_offset = -(-r.pos // alignment) * alignment
+    return Header(r.path, version, metadata, tuple(tensors), data_offset, r.size, r.endian == ">")
+
+
+def shard_paths(path: str) -> list[str]:
+    """All shards of a split model, given any one; [path] for a single file."""
+    m = _SHARD.match(os.path.basename(path))
+    if not m:
+        return [path]
+    count = int(m.group("count"))
+    stem = os.path.join(os.path.dirname(path), m.group("stem"))
+    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model as the estimate needs it: the first shard's metadata, every shard's tensors."""
+
+    path: str
+    metadata: dict[str, Any]
+    tensors: tuple[Tensor, ...]
+    tensor_bytes: int
+    shards: int
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+
+def read_model(path: str) -> Model:
+    paths = shard_paths(path)
+    headers = [read_header(p) for p in paths]
+    first = headers[0]
+    declared = first.get("split.count")
+    if declared is not None and declared != len(paths):
+        raise GgufError(f"{paths[0]}: split.count says {declared} shards, the name {len(paths)}")
+    tensors = tuple(t for h in headers for t in h.tensors)
+    return Model(
+        path=paths[0],
+        metadata=first.metadata,
+        tensors=tensors,
+        tensor_bytes=sum(h.tensor_bytes for h in headers),
+        shards=len(paths),
+    )
