@@ -40,22 +40,81 @@ class Spec:
 
 SPECS = {
     # Qwen3-30B-A3B: the model of llama.cpp's tools/fit-params README figures.
-    "qwen3-30b-a3b": Spec("Qwen3-30B-A3B", "qwen3moe", 48, 2048, 32, 4, 128, 128, 40960, 151936,
-                          n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768,
-                          weight_type=Q.F16),
+    "qwen3-30b-a3b": Spec(
+        "Qwen3-30B-A3B",
+        "qwen3moe",
+        48,
+        2048,
+        32,
+        4,
+        128,
+        128,
+        40960,
+        151936,
+        n_ff=6144,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
+        weight_type=Q.F16,
+    ),
     "qwen3-32b": Spec("Qwen3-32B", "qwen3", 64, 5120, 64, 8, 128, 128, 40960, 151936, n_ff=25600),
-    "gemma-3-27b": Spec("Gemma-3-27B", "gemma3", 62, 5376, 32, 16, 128, 128, 131072, 262208,
-                        n_ff=21504, extra={"attention.sliding_window": 1024}),
-    "gpt-oss-120b": Spec("gpt-oss-120b", "gpt-oss", 36, 2880, 64, 8, 64, 64, 131072, 201088,
-                         n_ff=2880, n_expert=128, n_expert_used=4, n_ff_exp=2880,
-                         weight_type=Q.MXFP4, extra={"attention.sliding_window": 128}),
+    "gemma-3-27b": Spec(
+        "Gemma-3-27B",
+        "gemma3",
+        62,
+        5376,
+        32,
+        16,
+        128,
+        128,
+        131072,
+        262208,
+        n_ff=21504,
+        extra={"attention.sliding_window": 1024},
+    ),
+    "gpt-oss-120b": Spec(
+        "gpt-oss-120b",
+        "gpt-oss",
+        36,
+        2880,
+        64,
+        8,
+        64,
+        64,
+        131072,
+        201088,
+        n_ff=2880,
+        n_expert=128,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        weight_type=Q.MXFP4,
+        extra={"attention.sliding_window": 128},
+    ),
     # DeepSeek-V3 as llama.cpp converts it for MLA: one 576-wide K head, no V.
-    "deepseek-v3": Spec("DeepSeek-V3", "deepseek2", 61, 7168, 128, 1, 576, 512, 163840, 129280,
-                        n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
-                        weight_type=Q.Q2_K,
-                        extra={"attention.key_length_mla": 192, "attention.value_length_mla": 128,
-                               "attention.kv_lora_rank": 512, "rope.dimension_count": 64,
-                               "leading_dense_block_count": 3}),
+    "deepseek-v3": Spec(
+        "DeepSeek-V3",
+        "deepseek2",
+        61,
+        7168,
+        128,
+        1,
+        576,
+        512,
+        163840,
+        129280,
+        n_ff=18432,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=2048,
+        weight_type=Q.Q2_K,
+        extra={
+            "attention.key_length_mla": 192,
+            "attention.value_length_mla": 128,
+            "attention.kv_lora_rank": 512,
+            "rope.dimension_count": 64,
+            "leading_dense_block_count": 3,
+        },
+    ),
 }
 
 
@@ -124,12 +183,14 @@ def write(spec: Spec, directory: Path, *, shards: int = 1) -> Path:
         w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
     for key, value in spec.extra.items():
         w.add_uint32(f"{a}.{key}", value)
+    # The vocabulary's size, not its 150,000 strings: the real files in tests/testdata.py
+    # carry real vocabularies; these are about shapes and sizes.
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(spec.n_vocab)])
-    w.add_token_types([1] * spec.n_vocab)
+    w.add_vocab_size(spec.n_vocab)
     for name, dims, qtype in tensors:
-        w.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), _nbytes(dims, qtype),
-                          raw_dtype=qtype)
+        w.add_tensor_info(
+            name, tuple(reversed(dims)), np.dtype(np.float32), _nbytes(dims, qtype), raw_dtype=qtype
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -14,15 +14,14 @@ Four terms, each marked exact or approximate:
             slots + n_ubatch)) cells unless --swa-full; n_ctx padded to 256;
             -c 0 is the trained context; slots split the context unless the
             cache is unified.
-- compute   approximate: the graph's largest live tensors for one ubatch:
-            logits (n_vocab x n_ubatch x 4), the attention scores when flash
-            attention is off (heads x n_ctx x n_ubatch x 4, twice), and the
-            FFN activations.
-- host      approximate: the CUDA context and runtime, output buffers and
+- compute   approximate: the graph's peak for one ubatch, fitted to the
+            compute buffer llama.cpp reserves (see compute_bytes).
+- host      approximate: the CUDA context and runtime, the output buffer and
             the tokenizer's tables.
 
-A margin covers the approximate terms: MARGIN_SHARE of them, at least
-MARGIN_MIN. docs/estimator.md compares all of it with llama.cpp's own figures.
+The margin: MARGIN_EXACT of the exact terms plus MARGIN_SHARE of the
+approximate ones, at least MARGIN_MIN. docs/estimator.md compares all of it
+with llama.cpp's own figures.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ MiB = 1024**2
 PAD = 256  # llama.cpp pads n_ctx and the sliding-window cache to 256 cells
 RUNTIME = 320 * MiB  # CUDA context, cuBLAS workspace, driver allocations (per process)
 VOCAB_BYTES = 256  # host bytes per vocabulary entry (token text, scores, maps)
-MARGIN_SHARE = 0.25
+MARGIN_EXACT = 0.02  # alignment, per-backend padding, buffers the exact terms do not list
+MARGIN_SHARE = 0.25  # of the approximate terms (CUDA's compute buffer runs larger than CPU's)
 MARGIN_MIN = 128 * MiB
 
 # KV cache types llama.cpp accepts for -ctk/-ctv -> ggml type id.
@@ -267,23 +267,32 @@ def vocab_size(model: Model) -> int:
 
 
 def compute_bytes(model: Model, s: Settings) -> tuple[int, str]:
+    """The graph's peak for one ubatch, as fitted to llama.cpp's own reserve (docs/estimator.md).
+
+    Flash attention on: FFN and residual activations (3 n_ff + 4 n_embd floats per
+    token) plus the f16 attention mask (cells x tokens). Off: the f32 attention
+    scores and mask (cells x tokens x (4 heads + 4) bytes) dominate. Both plus the
+    logits of one output per sequence.
+    """
     a = model.arch
     shape = layers(model)
-    n_ctx, _ = context_cells(model, s)
+    n_ctx, n_seq = context_cells(model, s)
+    cells = n_ctx if (s.kv_unified or n_seq == 1) else n_ctx // n_seq
     u = s.n_ubatch
     n_embd = int(_need(model, f"{a}.embedding_length"))
-    n_ff_raw = model.get(f"{a}.feed_forward_length", 4 * n_embd)
+    n_ff_raw = model.get(f"{a}.feed_forward_length", 4 * n_embd) or 4 * n_embd
     n_ff = max(_per_layer(n_ff_raw, shape.n_layer, f"{a}.feed_forward_length"))
     experts_used = int(model.get(f"{a}.expert_used_count", 0) or 0)
     if experts_used:
         n_ff = max(n_ff, experts_used * int(model.get(f"{a}.expert_feed_forward_length", n_ff)))
-    logits = vocab_size(model) * u * 4
-    ffn = 3 * n_ff * u * 4 + 4 * n_embd * u * 4
-    scores = 0 if s.flash_attn in ("on", "auto") else 2 * max(shape.n_head) * n_ctx * u * 4
-    total = logits + ffn + scores
-    detail = f"logits {vocab_size(model)} x {u}, FFN {n_ff}" + (
-        f", attention scores {max(shape.n_head)} heads x {n_ctx}" if scores else ", flash attention"
-    )
+    logits = vocab_size(model) * n_seq * 4
+    if s.flash_attn == "off":
+        heads = max(shape.n_head)
+        total = cells * u * (4 * heads + 4) + u * 6 * n_embd * 4 + logits
+        detail = f"attention scores {heads} heads x {cells} cells x {u} tokens"
+    else:
+        total = u * (3 * n_ff + 4 * n_embd) * 4 + cells * u * 2 + logits
+        detail = f"flash attention; activations {n_ff} FFN x {u} tokens"
     return total, detail
 
 
@@ -303,6 +312,5 @@ def estimate(model: Model, s: Settings) -> Estimate:
         Term("compute", compute, False, compute_detail),
         Term("host", host, False, "CUDA context and runtime, output buffer, vocabulary"),
     )
-    approx = compute + host
-    margin = max(MARGIN_MIN, int(approx * MARGIN_SHARE))
+    margin = max(MARGIN_MIN, int((weights + kv) * MARGIN_EXACT + (compute + host) * MARGIN_SHARE))
     return Estimate(terms, margin, context_cells(model, s)[0])

@@ -12,6 +12,7 @@ the config. Pure: argv and environment in, a LoadSpec out.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,8 @@ from .estimate import Settings
 LLAMA_BINARIES = ("llama-server", "llama-cli", "llama-mtmd-cli", "llama-run", "server")
 WRAPPERS = ("env", "nice", "ionice", "taskset", "numactl", "stdbuf", "chrt", "systemd-inhibit")
 SHELLS = ("sh", "bash", "dash", "zsh")
+_NUMERIC = re.compile(r"^(0x)?[0-9a-fA-F,.:-]+$")
+_TAKES_NAME = ("-u", "--unset", "-C", "--chdir")  # env's options whose value is a word
 
 # flag -> (setting, takes a value); several spellings of one flag share a setting.
 _LLAMA_FLAGS: dict[str, tuple[str, bool]] = {
@@ -95,18 +98,22 @@ def _unwrap(argv: Sequence[str]) -> list[str]:
             return args
         base = os.path.basename(args[0])
         if base in WRAPPERS:
+            # Their options, VAR=value, and numbers (nice -n 5, taskset 0x3, chrt 10).
             args = args[1:]
-            while args and (args[0].startswith("-") or "=" in args[0]):
-                args = args[1:]
+            while args and (args[0].startswith("-") or "=" in args[0] or _NUMERIC.match(args[0])):
+                args = args[2:] if args[0] in _TAKES_NAME else args[1:]
             continue
         if base in SHELLS and "-c" in args[1:]:
             script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
+            lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
             try:
-                words = shlex.split(script)
+                words = list(lexer)
             except ValueError:
                 return args
-            for sep in (";", "&&", "||"):
-                words = words[: words.index(sep)] if sep in words else words
+            # The first command of the script; `a; b`, `a && b`, `a | b` end it.
+            end = next((i for i, w in enumerate(words) if w and set(w) <= set(";&|")), len(words))
+            words = words[:end]
             args = words[1:] if words[:1] == ["exec"] else words
             continue
         return args

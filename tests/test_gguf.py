@@ -1,0 +1,267 @@
+"""The GGUF header reader: agrees with gguf-py on real and synthetic files, refuses hostile ones."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import struct
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import gguf
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_guard.gguf import GGML_TYPES, GgufError, SkippedArray, read_header, read_model
+
+import synth
+import testdata
+
+
+def _same_value(ours: object, ref: object) -> bool:
+    if isinstance(ref, float):
+        return isinstance(ours, float) and abs(ours - ref) <= 1e-6 * max(1.0, abs(ref))
+    if isinstance(ref, list):
+        return (
+            isinstance(ours, list)
+            and len(ours) == len(ref)
+            and all(_same_value(a, b) for a, b in zip(ours, ref, strict=True))
+        )
+    return ours == ref
+
+
+def assert_agrees_with_gguf_py(path: Path) -> None:
+    ours = read_header(str(path))
+    ref = gguf.GGUFReader(str(path))
+    keys = [f.name for f in ref.fields.values() if not f.name.startswith("GGUF.")]
+    assert sorted(ours.metadata) == sorted(keys)
+    for field in ref.fields.values():
+        if field.name.startswith("GGUF."):
+            continue
+        value = ours.metadata[field.name]
+        if isinstance(value, SkippedArray):
+            assert value.length == len(field.data), field.name
+        else:
+            assert _same_value(value, field.contents()), field.name
+    assert [
+        (t.name, t.dims, t.type, t.nbytes, ours.data_offset + t.offset) for t in ours.tensors
+    ] == [
+        (
+            t.name,
+            tuple(int(d) for d in t.shape),
+            int(t.tensor_type),
+            int(t.n_bytes),
+            int(t.data_offset),
+        )
+        for t in ref.tensors
+    ]
+
+
+def test_the_ggml_type_table_is_gguf_pys():
+    ref = {int(t): (b, s) for t, (b, s) in gguf.GGML_QUANT_SIZES.items()}
+    assert {t: (b, s) for t, (_, b, s) in GGML_TYPES.items()} == ref
+
+
+@pytest.mark.parametrize("path", testdata.real_ggufs(), ids=lambda p: p.name)
+def test_real_files_read_as_gguf_py_reads_them(path):
+    assert_agrees_with_gguf_py(path)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synth")
+    return {
+        key: synth.write(spec, d, shards=3 if key == "deepseek-v3" else 1)
+        for key, spec in synth.SPECS.items()
+    }
+
+
+@pytest.mark.parametrize("key", sorted(synth.SPECS))
+def test_synthetic_big_models_read_as_gguf_py_reads_them(synthetic, key):
+    shards = sorted(synthetic[key].parent.glob(f"{synth.SPECS[key].name}*.gguf"))
+    assert len(shards) == (3 if key == "deepseek-v3" else 1)
+    for shard in shards:
+        assert_agrees_with_gguf_py(shard)
+
+
+def test_a_split_model_is_read_across_its_shards(synthetic):
+    first = synthetic["deepseek-v3"]
+    assert first.name == "DeepSeek-V3-00001-of-00003.gguf"
+    model = read_model(str(first.parent / "DeepSeek-V3-00002-of-00003.gguf"))  # any shard
+    shards = sorted(first.parent.glob("DeepSeek-V3-*.gguf"))
+    refs = [gguf.GGUFReader(str(p)) for p in shards]
+    assert model.shards == 3
+    assert len(model.tensors) == sum(len(r.tensors) for r in refs)
+    assert model.tensor_bytes == sum(int(t.n_bytes) for r in refs for t in r.tensors)
+    assert model.get("deepseek2.attention.key_length") == 576
+    assert model.get("split.count") == 3
+    # 61 layers of a 671B model at Q2_K: about 220 GiB of weights, in a few MB of disk.
+    assert 200 * 2**30 < model.tensor_bytes < 240 * 2**30
+    assert sum(p.stat().st_blocks * 512 for p in shards) < 16 * 2**20
+
+
+def test_a_missing_shard_is_named(synthetic):
+    first = synthetic["deepseek-v3"]
+    gone = first.parent / "DeepSeek-V3-00003-of-00003.gguf"
+    aside = first.parent / "aside"
+    gone.rename(aside)
+    try:
+        with pytest.raises(GgufError, match=r"DeepSeek-V3-00003-of-00003\.gguf: cannot open"):
+            read_model(str(first))
+    finally:
+        aside.rename(gone)
+
+
+# --- hostile headers -----------------------------------------------------------------
+
+
+def header(n_tensors: int, n_kv: int, body: bytes = b"", version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + body
+
+
+def kv_string(key: str, value_len: int, value: bytes = b"") -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, value_len) + value
+
+
+def read_bytes(tmp_path: Path, data: bytes) -> object:
+    p = tmp_path / "hostile.gguf"
+    p.write_bytes(data)
+    return read_header(str(p))
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"GGML" + b"\0" * 40, "not a GGUF file"),
+        (header(0, 0, version=1) + b"\0" * 8, "GGUF version 1 is not supported"),
+        (header(0, 0, version=7) + b"\0" * 8, "unknown GGUF version 7"),
+        (header(0, 2**60), "metadata count 1152921504606846976 cannot fit"),
+        (header(2**60, 1), "tensor count 1152921504606846976 cannot fit"),
+        (header(0, 1, kv_string("general.name", 2**62)), "string of 4611686018427387904 bytes"),
+        (
+            header(0, 1, struct.pack("<Q", 4) + b"k.ey" + struct.pack("<IIQ", 9, 4, 2**61)),
+            "array element count 2305843009213693952 cannot fit",
+        ),
+        (
+            header(
+                0,
+                1,
+                struct.pack("<Q", 4)
+                + b"deep"
+                + struct.pack("<I", 9)
+                + struct.pack("<IQ", 9, 1) * 6,
+            ),
+            "arrays nested deeper than 4",
+        ),
+        (
+            header(0, 1, struct.pack("<Q", 4) + b"kind" + struct.pack("<I", 99) + b"\0" * 16),
+            "unknown value type 99",
+        ),
+        (
+            header(1, 0, struct.pack("<Q", 1) + b"t" + struct.pack("<I", 9) + b"\0" * 64),
+            "tensor 't' has 9 dimensions",
+        ),
+    ],
+    ids=[
+        "magic",
+        "v1",
+        "v7",
+        "kv-count",
+        "tensor-count",
+        "long-string",
+        "huge-array",
+        "nesting",
+        "value-type",
+        "dims",
+    ],
+)
+def test_hostile_headers_get_one_clear_line_and_cost_nothing(tmp_path, data, problem):
+    tracemalloc.start()
+    try:
+        with pytest.raises(GgufError) as err:
+            read_bytes(tmp_path, data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/hostile.gguf: ") and "\n" not in message
+    assert problem in message
+    assert peak < 4 * 2**20  # never sized by what the header claims
+
+
+def test_a_truncated_real_header_fails_cleanly_at_every_length(tmp_path):
+    full = testdata.smollm2().read_bytes()[: read_header(str(testdata.smollm2())).data_offset]
+    for cut in range(0, len(full), max(1, len(full) // 97)):
+        with pytest.raises(GgufError):
+            read_bytes(tmp_path, full[:cut])
+
+
+def test_a_big_endian_file_is_read(tmp_path):
+    p = tmp_path / "be.gguf"
+    w = gguf.GGUFWriter(p, "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_uint32("llama.block_count", 30)
+    w.add_array("llama.attention.head_count_kv", [0, 3, 3])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    h = read_header(str(p))
+    assert h.big_endian and h.get("llama.block_count") == 30
+    assert h.get("llama.attention.head_count_kv") == [0, 3, 3]
+
+
+# --- fuzzing ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seed_header() -> bytes:
+    full = testdata.smollm2().read_bytes()
+    return full[: read_header(str(testdata.smollm2())).data_offset]
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_fuzzed_headers_parse_or_fail_with_gguf_error(tmp_path, seed_header, data):
+    blob = bytearray(seed_header)
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(blob) - 1))
+        kind = data.draw(st.sampled_from(["byte", "u64", "cut"]))
+        if kind == "byte":
+            blob[at] = data.draw(st.integers(0, 255))
+        elif kind == "u64":
+            blob[at : at + 8] = struct.pack("<Q", data.draw(st.integers(0, 2**64 - 1)))
+        else:
+            del blob[at:]
+            if not blob:
+                blob = bytearray(b"G")
+    with contextlib.suppress(GgufError):  # anything else fails the test
+        read_bytes(tmp_path, bytes(blob))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="atheris ships wheels for x86_64 only")
+def test_atheris_finds_nothing_in_a_bounded_run(tmp_path, seed_header):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "smollm2").write_bytes(seed_header)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "fuzz_gguf.py"),
+            "-runs=3000",
+            "-max_len=65536",
+            str(corpus),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Done 3000 runs" in out.stderr
