@@ -14,7 +14,7 @@ ap.add_argument("-m", "--model")
 ap.add_argument("--alloc", type=int, default=100)
 ap.add_argument("--rate", type=int, default=0, help="MiB/s; 0 = all at once")
 ap.add_argument("--ignore-term", action="store_true", help="a loader that will not stop")
-args = ap.parse_args()
+args, _ = ap.parse_known_args()  # stands in for llama-server: its other flags are ignored
 if args.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

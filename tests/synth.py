@@ -160,8 +160,12 @@ def _nbytes(dims: tuple[int, ...], qtype: Any) -> int:
     return n // block * size
 
 
-def write(spec: Spec, directory: Path, *, shards: int = 1) -> Path:
-    """Write the model (sparse); returns the path of its first file."""
+def write(spec: Spec, directory: Path, *, shards: int = 1, vocabulary: bool = False) -> Path:
+    """Write the model (sparse); returns the path of its first file.
+
+    vocabulary=True adds a token list of the model's size, as every real file has
+    (the benchmark wants it; the tests, which gguf-py reads too, go faster without).
+    """
     stem = directory / spec.name
     tensors = _tensors(spec)
     per_shard = -(-len(tensors) // shards) if shards > 1 else 0
@@ -187,6 +191,9 @@ def write(spec: Spec, directory: Path, *, shards: int = 1) -> Path:
     # carry real vocabularies; these are about shapes and sizes.
     w.add_tokenizer_model("gpt2")
     w.add_vocab_size(spec.n_vocab)
+    if vocabulary:
+        w.add_token_list([f"tok{i}" for i in range(spec.n_vocab)])
+        w.add_token_types([1] * spec.n_vocab)
     for name, dims, qtype in tensors:
         w.add_tensor_info(
             name, tuple(reversed(dims)), np.dtype(np.float32), _nbytes(dims, qtype), raw_dtype=qtype

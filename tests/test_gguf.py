@@ -265,3 +265,12 @@ def test_atheris_finds_nothing_in_a_bounded_run(tmp_path, seed_header):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Done 3000 runs" in out.stderr
+
+
+def test_the_guard_never_imports_gguf_py_or_numpy():
+    code = (
+        "import sys, spark_guard.daemon, spark_guard.cli, spark_guard.preflight_cli;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'numpy')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"

@@ -44,6 +44,22 @@ def _parser() -> argparse.ArgumentParser:
     dump.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
     dump.add_argument("--json", action="store_true")
 
+    pre = sub.add_parser(
+        "preflight",
+        help="would this load fit now? exit 0 if it fits, 1 if not (usable as ExecStartPre=)",
+    )
+    pre.add_argument("target", metavar="UNIT|MODEL.gguf")
+    pre.add_argument("-c", "--ctx", type=int, help="context size (0: the trained one)")
+    pre.add_argument("-np", "--parallel", type=int, help="slots")
+    pre.add_argument("-ctk", "--cache-type-k")
+    pre.add_argument("-ctv", "--cache-type-v")
+    pre.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"))
+    pre.add_argument("-ub", "--ubatch", type=int)
+    pre.add_argument("--swa-full", action="store_true", default=None)
+    pre.add_argument("--mmproj", help="the multimodal projector file loaded with the model")
+    pre.add_argument("--json", action="store_true")
+    pre.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
     release = sub.add_parser(
         "release", help="undo what the guard did to a unit: unmask, re-enable with the same links"
     )
@@ -68,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return _dump(args.config, args.json)
     if args.command == "release":
         return _release(args.config, args.units, args.all)
+    if args.command == "preflight":
+        from .preflight_cli import run as preflight
+
+        return preflight(args)
     return 2
 
 

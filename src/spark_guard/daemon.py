@@ -168,11 +168,24 @@ class Guard:
                     evidence=loader.evidence,
                     models=loader.models,
                     expected=loader.expected,
+                    expected_from=loader.expected_from or None,
+                    prediction=loader.usage.prediction or None,
+                    starting=loader.usage.starting or None,
                     unit_rss=loader.usage.rss,
                     unit_gpu=loader.usage.gpu,
                     pids=loader.usage.pids,
                     msg=f"model loader {loader.ref}: {', '.join(loader.evidence)}",
                 )
+                if loader.expected is None:
+                    why = loader.usage.prediction or "no model file or size in its command line"
+                    self.log.warning(
+                        "footprint-unknown",
+                        unit=str(loader.ref),
+                        manager=loader.ref.manager,
+                        error=why,
+                        msg=f"footprint of {loader.ref} unknown ({why}); guarded by the trend."
+                        " Give it a size in [loaders.footprint]",
+                    )
         self.seen_loaders &= {ld.ref for ld in decision.loaders}
         self.actuator.apply(decision)
         if not self.dry_run:

@@ -192,23 +192,32 @@ class _Reader:
         self.pos += n
 
     def _skip_strings(self, n: int) -> None:
-        """Skip n length-prefixed strings: the hot loop of a vocabulary, kept tight."""
+        """Skip n length-prefixed strings: the hot loop of a vocabulary, kept tight.
+
+        Within one buffer the loop only adds lengths: running off the buffer's end
+        raises struct.error, and the position is checked against the file then.
+        """
         unpack = struct.Struct(self.endian + "Q").unpack_from
-        pos, size, fd = self.pos, self.size, self.fd
-        buf, at = self._buf, self._buf_at
-        end = at + len(buf)
-        for _ in range(n):
-            if pos + 8 > end:
-                buf = os.pread(fd, CHUNK, pos)
-                at, end = pos, pos + len(buf)
-                if pos + 8 > end:
-                    self.pos = pos
-                    raise self.fail("string array runs past the end of the file")
-            pos += 8 + unpack(buf, pos - at)[0]
-            if pos > size:
+        pos, fd = self.pos, self.fd
+        while n:
+            buf = os.pread(fd, CHUNK, pos)
+            limit = len(buf) - 8
+            if limit < 0:
                 self.pos = pos
+                raise self.fail("string array runs past the end of the file")
+            off = done = 0
+            try:
+                for done in range(1, n + 1):  # noqa: B007 (counts the strings skipped)
+                    off += 8 + unpack(buf, off)[0]
+            except (struct.error, OverflowError):  # the next length lies past the buffer
+                done -= 1
+            n -= done
+            pos += off
+            if pos > self.size:
+                self.pos = self.size
                 raise self.fail("string in an array is longer than the file")
-        self.pos, self._buf, self._buf_at = pos, buf, at
+        self.pos = pos
+        self._buf, self._buf_at = b"", 0
 
     def scalar(self, code: str, size: int) -> Any:
         return struct.unpack(self.endian + code, self.take(size))[0]

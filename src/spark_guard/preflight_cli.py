@@ -1,0 +1,191 @@
+"""`spark-guard preflight UNIT | MODEL.gguf`: the estimate, the room, the verdict.
+
+For a unit, its ExecStart= and Environment= come from its manager (PID 1, or
+`user:UID:` units' own manager; run as a user, the user's own manager), and
+[loaders.footprint] wins over the estimate as in the guard. For a model file,
+llama-server's defaults apply unless flags say otherwise. Exit status: 0 it
+fits, 1 it does not, 2 it cannot be told (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from . import config as config_mod
+from . import log as log_mod
+from .classify import expected_footprint
+from .config import Config, ConfigError, format_size
+from .estimate import Estimate, Settings
+from .foresight import Prediction, Predictor, parse_environment
+from .loadspec import LoadSpec, SpecError, first_spec
+from .managers import Manager, ManagerError, discover
+from .preflight import Verdict, verdict
+from .snapshot import SYSTEM, UnitRef
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def _settings(args: argparse.Namespace, base: Settings) -> Settings:
+    s = base
+    if args.ctx is not None:
+        s = replace(s, n_ctx=args.ctx)
+    if args.parallel is not None:
+        s = replace(s, n_parallel=max(1, args.parallel), kv_unified=False)
+    if args.cache_type_k:
+        s = replace(s, cache_type_k=args.cache_type_k.lower())
+    if args.cache_type_v:
+        s = replace(s, cache_type_v=args.cache_type_v.lower())
+    if args.flash_attn:
+        s = replace(s, flash_attn=args.flash_attn)
+    if args.ubatch is not None:
+        s = replace(s, n_ubatch=max(1, args.ubatch))
+    if args.swa_full:
+        s = replace(s, swa_full=True)
+    return s
+
+
+def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
+    name = target if "." in target.rsplit(":", 1)[-1] else f"{target}.service"
+    if name.startswith("user:"):
+        _, uid, unit = name.split(":", 2)
+        return UnitRef(f"user:{uid}", unit)
+    if own_unit is not None and own_unit.name == name:
+        return own_unit  # ExecStartPre= of that very unit: whichever manager runs it
+    # Run by a user, a bare name is one of the user's own units.
+    return UnitRef(SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}", name)
+
+
+def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dict[str, str]]:
+    socket = discover(config.system_manager, config.user_runtime).get(ref.manager)
+    if socket is None:
+        raise PreflightError(f"{ref}: the {ref.manager} manager is not running here")
+    manager = Manager(ref.manager, socket)
+    try:
+        manager.connect()
+        state = manager.unit_states([ref.name]).get(ref.name)
+        if state is None or state.load_state == "not-found":
+            raise PreflightError(f"{ref}: no such unit")
+        details = manager.unit_details(ref.name)
+    except ManagerError as e:
+        raise PreflightError(str(e)) from None
+    finally:
+        manager.close()
+    return [tuple(a) for a in details.exec_start], parse_environment(details.environment)
+
+
+def _predict(
+    args: argparse.Namespace, config: Config, mem_total: int, own_unit: UnitRef | None
+) -> tuple[str, Prediction, UnitRef | None]:
+    predictor = Predictor()
+    target = args.target
+    if target.endswith(".gguf") or os.path.isfile(target):
+        path = os.path.abspath(target)
+        spec = LoadSpec(
+            kind="llama.cpp",
+            binary="llama-server",
+            model=path,
+            mmproj=os.path.abspath(args.mmproj) if args.mmproj else None,
+            settings=_settings(args, Settings(n_parallel=4, kv_unified=True)),
+        )
+        return path, predictor.for_spec(spec, mem_total), None
+    ref = _unit_ref(target, own_unit)
+    fixed = expected_footprint(ref, config)
+    if fixed is not None:
+        return str(ref), Prediction(fixed, "[loaders.footprint] in the config"), ref
+    command_lines, env = _unit_spec(ref, config)
+    found = first_spec(command_lines, env)
+    if found is None:
+        raise PreflightError(
+            f"{ref}: footprint unknown: not a loader command this reads "
+            f"({' '.join(command_lines[0]) if command_lines else 'no ExecStart'}); "
+            f"give it a size in [loaders.footprint]"
+        )
+    spec = replace(
+        found,
+        settings=_settings(args, found.settings),
+        mmproj=os.path.abspath(args.mmproj) if args.mmproj else found.mmproj,
+    )
+    return str(ref), predictor.for_spec(spec, mem_total), ref
+
+
+def run(args: argparse.Namespace) -> int:
+    from .policy import decide
+    from .procfs import ProcError
+    from .sensor import Sensor
+
+    try:
+        config = config_mod.load(args.config)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    log_mod.configure("console", level="error")
+    sensor = Sensor(config, log_mod.get_logger())
+    try:
+        sensor.refresh_managers()
+        snapshot = sensor.snapshot()
+        what, prediction, itself = _predict(args, config, snapshot.memory.total, sensor.guard_unit)
+    except (ProcError, PreflightError, SpecError) as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sensor.close()
+    if prediction.bytes is None:
+        print(f"spark-guard: {what}: footprint unknown: {prediction.source}", file=sys.stderr)
+        return 2
+    result = verdict(prediction.bytes, snapshot, decide(snapshot, config), itself)
+    if args.json:
+        json.dump(_as_json(what, prediction, result), sys.stdout, indent=1)
+        print()
+    else:
+        _print(what, prediction, result)
+    return 0 if result.fits else 1
+
+
+def _terms(est: Estimate | None) -> list[dict[str, Any]]:
+    if est is None:
+        return []
+    return [
+        {"name": t.name, "bytes": t.bytes, "exact": t.exact, "detail": t.detail} for t in est.terms
+    ] + [{"name": "margin", "bytes": est.margin, "exact": False, "detail": ""}]
+
+
+def _as_json(what: str, p: Prediction, v: Verdict) -> dict[str, Any]:
+    return {
+        "target": what,
+        "source": p.source,
+        "terms": _terms(p.estimate),
+        "total": p.bytes,
+        "n_ctx": p.estimate.n_ctx if p.estimate else None,
+        "mem_available": v.available,
+        "reserve": v.reserve,
+        "pending": v.pending,
+        "room": v.room,
+        "fits": v.fits,
+        "gpu_holders": [{"unit": u, "bytes": b} for u, b in v.gpu_holders],
+    }
+
+
+def _print(what: str, p: Prediction, v: Verdict) -> None:
+    print(f"{what}: {p.source}")
+    for t in _terms(p.estimate):
+        kind = "" if t["name"] == "margin" else ("exact" if t["exact"] else "approx")
+        print(f"  {t['name']:<8} {format_size(t['bytes']):>9}  {kind:<6} {t['detail']}")
+    print(f"  {'total':<8} {format_size(p.bytes or 0):>9}")
+    print(
+        f"MemAvailable {format_size(v.available)} - reserve {format_size(v.reserve)}"
+        f" - other loaders still loading {format_size(v.pending)} = room {format_size(v.room)}"
+    )
+    if v.gpu_holders:
+        held = ", ".join(f"{u} {format_size(b)}" for u, b in v.gpu_holders)
+        print(f"GPU memory held by: {held}")
+    if v.fits:
+        print(f"verdict: fits ({format_size(v.room - v.need)} to spare)")
+    else:
+        print(f"verdict: does NOT fit (short by {format_size(v.need - v.room)})")
