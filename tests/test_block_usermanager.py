@@ -241,3 +241,49 @@ def test_cgroup_kill_reaches_the_units_processes_and_no_others(um):
     assert um.show("bystander.service", "ActiveState")["ActiveState"] == "active"
     um.systemctl("stop", "bystander.service")
     um.systemctl("reset-failed", "victim.service")
+
+
+def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
+    """release holds the lock while the guard, having seen a vanished mask, waits for it."""
+    import threading
+
+    from structlog.testing import capture_logs
+
+    from spark_guard import log
+    from spark_guard.config import Config
+    from spark_guard.enforce import Enforcer
+    from spark_guard.managers import Manager
+    from spark_guard.records import Record, RecordStore
+
+    control = um.runtime / "systemd" / "user.control"
+    config = Config(
+        state=str(tmp_path / "state"), motd=str(tmp_path / "motd"), issue=str(tmp_path / "issue")
+    )
+    store = RecordStore(config.state)
+    record = Record(
+        unit="llama-race.service",
+        manager="user:0",
+        reason="footprint",
+        detail="test",
+        phase="strict",
+        step="blocked",
+        mask_path=str(control / "llama-race.service"),
+        mask_made=True,
+    )
+    store.save(record)
+    manager = Manager("user:0", str(um.socket))
+    manager.connect()
+    log.configure("console")
+    enforcer = Enforcer({"user:0": manager}, config, log.get_logger())
+    with capture_logs() as events:
+        with store.lock():
+            guard = threading.Thread(target=enforcer.advance)
+            guard.start()
+            time.sleep(0.3)  # the guard has seen the mask missing and waits for the lock
+            store.retire(store.load(record.ref))
+        guard.join(timeout=10)
+    manager.close()
+    assert not (control / "llama-race.service").exists()
+    assert store.load(record.ref) is None
+    assert not any(e["event"] == "block-renewed" for e in events)
+    assert enforcer.records == {}

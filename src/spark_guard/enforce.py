@@ -34,7 +34,7 @@ from typing import Any
 from . import banner, cgroupfs
 from .config import Config
 from .managers import Manager, ManagerError
-from .records import LinkRecord, Record, RecordStore, boot_id, utc_now
+from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 from .snapshot import Action, Decision, UnitRef
 from .unitfiles import UnitFileError, lay_mask, read_link, shadowing_file
 
@@ -72,6 +72,7 @@ class Enforcer:
         self._retry_at: dict[str, float] = {}
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
+        self._on_disk: set[str] = set()  # records this guard has seen on disk
 
     # --- entry points ---------------------------------------------------------
 
@@ -82,6 +83,8 @@ class Enforcer:
         for action in actions:
             key = str(action.unit)
             record = self.records.get(key)
+            if record is not None and self._released_meanwhile(record):
+                record = None  # released, and now a threat again: a new block
             if record is None:
                 record = Record(
                     unit=action.unit.name,
@@ -116,11 +119,7 @@ class Enforcer:
                 continue  # its manager is not running: nothing can start the unit
             if record.step == "blocked":
                 if record.mask_path and not os.path.lexists(record.mask_path):
-                    record.step = "mask"
-                    record.mask_made = True
-                    record.note("mask gone (reboot or manager restart): laying it again")
-                    self._event("block-renewed", record, f"laying the mask on {key} again")
-                    due.append(record)
+                    due.append(record)  # renewed in _run, once it is sure not released
             elif now >= self._retry_at.get(key, 0.0):
                 due.append(record)
         if due:
@@ -136,6 +135,13 @@ class Enforcer:
                     state=self.store.root,
                     msg=f"{self.store.root} is locked by another spark-guard; going on",
                 )
+            batch = [r for r in batch if not self._released_meanwhile(r)]
+            for record in batch:
+                if record.step == "blocked":
+                    record.step = "mask"
+                    record.mask_made = True
+                    record.note("mask gone (reboot or manager restart): laying it again")
+                    self._event("block-renewed", record, f"laying the mask on {record.ref} again")
             for record in batch:
                 self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
                 if record.step == "stop" and str(record.ref) not in self._stop_sent:
@@ -151,6 +157,21 @@ class Enforcer:
             for record in batch:
                 self._save(record)
         self._publish()
+
+    def _released_meanwhile(self, record: Record) -> bool:
+        """A record this guard saved that is no longer on disk: `release` took it (under the
+        lock we now hold). Acting on it would undo the admin's release."""
+        key = str(record.ref)
+        if key not in self._on_disk:
+            return False
+        try:
+            gone = self.store.load(record.ref) is None
+        except RecordError:
+            gone = False
+        if gone:
+            self.records.pop(key, None)
+            self._on_disk.discard(key)
+        return gone
 
     def _guarded(self, record: Record, step: Callable[[Record, Manager], None]) -> None:
         manager = self.managers.get(record.manager)
@@ -392,6 +413,7 @@ class Enforcer:
     def _save(self, record: Record) -> None:
         try:
             self.store.save(record)
+            self._on_disk.add(str(record.ref))
         except OSError as e:
             key = str(record.ref)
             problem = f"cannot write {self.store.path_of(record.ref)}: {e}"
@@ -412,6 +434,7 @@ class Enforcer:
                 self._reported[str(e)] = str(e)
                 self.log.error("record-unreadable", error=str(e), msg=str(e))
         self.records = {str(r.ref): r for r in records}
+        self._on_disk = set(self.records)
         self._publish()
 
     def _publish(self) -> None:
