@@ -60,6 +60,7 @@ user_runtime = "{um.user_runtime}"
 state = "{um.base}/state"
 motd = "{um.base}/motd.d/spark-guard"
 issue = "{um.base}/issue"
+runtime = "{um.base}/run"
 {extra}
 """)
 

@@ -67,9 +67,12 @@ class UserManager:
         for root in CGROUP_ROOTS:
             os.mkdir(f"{root}/{self.cgroup}")
         moves = "; ".join(f"echo $$ > {r}/{self.cgroup}/cgroup.procs" for r in CGROUP_ROOTS)
+        # A fresh /run in its namespace: the guard under test falls back to default
+        # paths (/run/spark-guard, /run/motd.d) when a test hands it a broken config.
         script = (
             f"{moves}; exec unshare --mount --propagation private sh -c "
-            f"'mount --bind {self.base}/runsd /run/systemd && exec {SYSTEMD} --user'"
+            f"'mount -t tmpfs tmpfs /run && mkdir /run/systemd && "
+            f"mount --bind {self.base}/runsd /run/systemd && exec {SYSTEMD} --user'"
         )
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(

@@ -43,7 +43,8 @@ mkdir -p /var/log/journal && mount -t tmpfs tmpfs /var/log/journal
 /lib/systemd/systemd-journald >/dev/null 2>&1 &
 JPID=$!
 for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
-printf '[boot]\\ngrace = "1h"\\n' > "$WORK/guard.toml"
+printf '[boot]\\ngrace = "1h"\\n[paths]\\nruntime = "%s/run"\\nstate = "%s/state"\\n' \\
+  "$WORK" "$WORK" > "$WORK/guard.toml"
 # As systemd starts a service: stderr on a journal stream, JOURNAL_STREAM=dev:ino of it.
 systemd-cat -t spark-guard-stream sh -c \
   'export JOURNAL_STREAM=$(stat -L -c %d:%i /proc/$$/fd/2);

@@ -60,6 +60,34 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--json", action="store_true")
     pre.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
 
+    audit = sub.add_parser(
+        "audit", help="every model loader on every level, what can wedge the machine, the fixes"
+    )
+    audit.add_argument("units", nargs="*", metavar="UNIT", help="also check these units by name")
+    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
+    status = sub.add_parser("status", help="what the running guard sees and has done")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
+    harden = sub.add_parser(
+        "harden", help="write a hardening drop-in for a loader unit (shows it, asks first)"
+    )
+    harden.add_argument("unit", metavar="UNIT")
+    harden.add_argument("--yes", action="store_true", help="write without asking")
+    harden.add_argument("--dry-run", action="store_true", help="only show what would be written")
+    harden.add_argument("--undo", action="store_true", help="remove the drop-in harden wrote")
+    harden.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
+    rescue = sub.add_parser(
+        "rescue", help="stop, mask and disable every model loader now, on every level"
+    )
+    rescue.add_argument(
+        "--stop-timeout", type=float, default=5.0, help="seconds before SIGKILL (default 5)"
+    )
+    rescue.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
     release = sub.add_parser(
         "release", help="undo what the guard did to a unit: unmask, re-enable with the same links"
     )
@@ -84,6 +112,22 @@ def main(argv: list[str] | None = None) -> int:
         return _dump(args.config, args.json)
     if args.command == "release":
         return _release(args.config, args.units, args.all)
+    if args.command == "status":
+        from .status_cli import run as status
+
+        return status(args)
+    if args.command == "harden":
+        from .harden_cli import run as harden
+
+        return harden(args)
+    if args.command == "rescue":
+        from .rescue_cli import run as rescue
+
+        return rescue(args)
+    if args.command == "audit":
+        from .audit_cli import run as audit
+
+        return audit(args)
     if args.command == "preflight":
         from .preflight_cli import run as preflight
 

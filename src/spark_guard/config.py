@@ -188,6 +188,8 @@ class Config:
     state: str = "/var/lib/spark-guard"
     motd: str = "/run/motd.d/spark-guard"
     issue: str = "/run/spark-guard/issue"
+    runtime: str = "/run/spark-guard"
+    linger: str = "/var/lib/systemd/linger"
 
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
@@ -280,6 +282,8 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("paths", "state"): ("state", _path),
     ("paths", "motd"): ("motd", _path),
     ("paths", "issue"): ("issue", _path),
+    ("paths", "runtime"): ("runtime", _path),
+    ("paths", "linger"): ("linger", _path),
 }
 # [loaders.footprint] is a table of unit-name glob -> size.
 FOOTPRINT_TABLE = ("loaders", "footprint")

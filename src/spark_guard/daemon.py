@@ -28,6 +28,8 @@ from .policy import STEADY, decide, poll_interval
 from .procfs import ProcError
 from .sensor import Sensor
 from .snapshot import Decision, Snapshot, UnitRef
+from .state import Publisher
+from .state import build as build_state
 
 PSI_WINDOW_US = 1_000_000
 
@@ -77,6 +79,7 @@ class Guard:
         self.actuator = Actuator(
             self.enforcer, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
+        self.publisher = Publisher(config.runtime)
         self.seen_loaders: set[UnitRef] = set()
         self._stop = False
         self._reload = False
@@ -191,7 +194,22 @@ class Guard:
         if not self.dry_run:
             self.enforcer.advance()
         self._status(decision, snapshot)
+        self._publish(decision, snapshot)
         return decision, snapshot
+
+    def _publish(self, decision: Decision, snapshot: Snapshot) -> None:
+        state = build_state(
+            decision,
+            snapshot,
+            self.enforcer.records.values(),
+            dry_run=self.dry_run,
+            last_action=self.actuator.last,
+            config_error=str(self.config_error) if self.config_error else None,
+        )
+        try:
+            self.publisher.publish(state)
+        except OSError as e:
+            self.log.debug("state-unwritten", error=str(e), msg=f"cannot publish state: {e}")
 
     def _wait(self, timeout: float) -> None:
         poller = self._poller

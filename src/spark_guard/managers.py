@@ -24,6 +24,19 @@ _MANAGER = b"org.freedesktop.systemd1.Manager"
 _UNIT = b"org.freedesktop.systemd1.Unit"
 _SERVICE = b"org.freedesktop.systemd1.Service"
 _START_JOBS = ("start", "restart", "try-restart", "reload-or-start")
+_AUDIT_PROPS = (
+    (_UNIT, b"FragmentPath", b"s"),
+    (_UNIT, b"UnitFileState", b"s"),
+    (_UNIT, b"After", b"as"),
+    (_UNIT, b"DropInPaths", b"as"),
+    (_UNIT, b"StartLimitBurst", b"u"),
+    (_UNIT, b"StartLimitIntervalUSec", b"t"),
+    (_SERVICE, b"Restart", b"s"),
+    (_SERVICE, b"RestartUSec", b"t"),
+    (_SERVICE, b"MemoryMax", b"t"),
+    (_SERVICE, b"OOMScoreAdjust", b"i"),
+    (_SERVICE, b"NRestarts", b"u"),
+)
 
 
 class ManagerError(RuntimeError):
@@ -80,6 +93,16 @@ class Manager:
         root = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s"))
         self.root_cgroup = root.rstrip("/") or "/"
         self.unit_path_dirs = tuple(_s(d) for d in self._get(_PATH, _MANAGER, b"UnitPath", b"as"))
+
+    @property
+    def persistent_config_dir(self) -> str | None:
+        """Where `systemctl edit` puts drop-ins: /etc/systemd/system, ~/.config/systemd/user."""
+        for d in self.unit_path_dirs:
+            base = os.path.basename(d)
+            if base.endswith(".control") or base == "transient" or base.startswith("generator"):
+                continue
+            return d
+        return None
 
     @property
     def uid(self) -> int:
@@ -154,6 +177,34 @@ class Manager:
         if since_us == 0:  # still activating: it left 'inactive' when the start began
             since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
         return UnitDetails(exec_start, since_us / 1e6 if since_us else None, environment)
+
+    def list_units(self) -> list[UnitState]:
+        """Every unit loaded in this manager, with its states."""
+        rows = self._call(b"ListUnits", b"")
+        return [UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4])) for r in rows]
+
+    def list_unit_files(self) -> dict[str, str]:
+        """Unit name -> unit file state (enabled, disabled, static, masked...)."""
+        rows = self._call(b"ListUnitFiles", b"")
+        return {os.path.basename(_s(path)): _s(state) for path, state in rows}
+
+    def unit_settings(self, name: str) -> dict[str, Any]:
+        """What an audit reads of a service: its limits, ordering and restart policy."""
+        path = self.unit_path(name)
+        props: dict[str, Any] = {}
+        for iface, prop, sig in _AUDIT_PROPS:
+            try:
+                value = self._get(path, iface, prop, sig)
+            except ManagerError:
+                continue  # a unit type without it (or an older systemd)
+            props[prop.decode()] = (
+                [_s(v) for v in value]
+                if isinstance(value, list)
+                else _s(value)
+                if isinstance(value, bytes)
+                else value
+            )
+        return props
 
     def start_jobs(self) -> list[str]:
         """Units with a start job queued or running: loaders about to start."""

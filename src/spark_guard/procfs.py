@@ -48,6 +48,33 @@ class ProcFS:
             raise ProcError(f"{path}: MemTotal or MemAvailable missing")
         return Memory(fields["MemTotal"], fields["MemAvailable"])
 
+    def meminfo(self) -> dict[str, int]:
+        """Every /proc/meminfo field in bytes (the counts, like HugePages_Total, as they are)."""
+        out: dict[str, int] = {}
+        path = self._path("meminfo")
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    name, _, rest = line.partition(b":")
+                    parts = rest.split()
+                    if parts:
+                        scale = 1024 if parts[1:] == [b"kB"] else 1
+                        out[name.decode()] = int(parts[0]) * scale
+        except (OSError, ValueError) as e:
+            raise ProcError(f"{path}: cannot read: {e}") from None
+        return out
+
+    def rss_total(self) -> int:
+        """RSS summed over every process (shared pages count once per process)."""
+        return sum(r for pid in self.pids() if (r := self.rss(pid)) is not None)
+
+    def loadavg(self) -> str:
+        try:
+            with open(self._path("loadavg")) as f:
+                return " ".join(f.read().split()[:3])
+        except OSError:
+            return "?"
+
     def pressure(self) -> Pressure | None:
         """Memory PSI, or None where the kernel has none (CONFIG_PSI off, psi=0)."""
         try:

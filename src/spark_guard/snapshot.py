@@ -23,6 +23,15 @@ class UnitRef:
         return self.name if self.manager == SYSTEM else f"{self.manager}:{self.name}"
 
 
+def parse_ref(text: str, default_manager: str) -> UnitRef:
+    """'llama' or 'llama.service' (on `default_manager`), 'user:1000:llama.service'."""
+    name = text if "." in text.rsplit(":", 1)[-1] else f"{text}.service"
+    if name.startswith("user:") and name.count(":") >= 2:
+        _, uid, unit = name.split(":", 2)
+        return UnitRef(f"user:{uid}", unit)
+    return UnitRef(default_manager, name)
+
+
 @dataclass(frozen=True)
 class Memory:
     total: int

@@ -1,0 +1,216 @@
+"""The audit's judgement: what on this machine can wedge it, each with the command that fixes it.
+
+Pure: an Inventory, per-unit GPU figures and /proc/meminfo in, Findings and
+a memory reconciliation out. `spark-guard audit` is the front door.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .classify import canonical_model, model_files
+from .config import Config, format_size
+from .inventory import INFINITY, Inventory, UnitInfo
+from .snapshot import SYSTEM, UnitRef
+
+SEVERITIES = ("critical", "warning", "info")
+# A loader takes tens of seconds per start: a start limit must span several of those.
+STORM_WINDOW = 300.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    code: str
+    unit: str
+    message: str
+    fix: str
+
+
+def systemctl(ref: UnitRef, user: str) -> str:
+    """The systemctl an admin (root) types for this unit's manager."""
+    if ref.manager == SYSTEM:
+        return "systemctl"
+    return f"systemctl --user -M {user or ref.manager.split(':', 1)[1]}@"
+
+
+def _models(info: UnitInfo) -> list[str]:
+    return model_files(info.exec_start)
+
+
+def _rescue_names(config: Config) -> list[str]:
+    return [n for group in config.rescue_units for n in group.split("|") if "*" not in n]
+
+
+def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
+    out: list[Finding] = []
+    by_model: dict[str, list[UnitInfo]] = {}
+    for info in inv.loaders:
+        for model in dict.fromkeys(canonical_model(m) for m in _models(info)):
+            by_model.setdefault(model, []).append(info)
+    for model, units in sorted(by_model.items()):
+        if len(units) < 2:
+            continue
+        keep, *extra = units
+        for info in extra:
+            out.append(
+                Finding(
+                    "critical",
+                    "duplicate",
+                    str(info.ref),
+                    f"loads {model}, as {keep.ref} does: two copies of one model",
+                    f"{systemctl(info.ref, info.user)} disable --now {info.ref.name}",
+                )
+            )
+    rescue = _rescue_names(config)
+    for info in inv.loaders:
+        unit, ctl = str(info.ref), systemctl(info.ref, info.user)
+        autostart = info.file_state in ("enabled", "enabled-runtime", "linked", "alias")
+        if autostart and info.ref.manager != SYSTEM and info.user:
+            out.append(
+                Finding(
+                    "warning",
+                    "linger-autostart",
+                    unit,
+                    f"starts at boot for {info.user} (linger) without anyone logging in",
+                    f"{ctl} disable {info.ref.name}   # or: loginctl disable-linger {info.user}",
+                )
+            )
+        if info.memory_max >= INFINITY:
+            out.append(
+                Finding(
+                    "warning",
+                    "no-memory-max",
+                    unit,
+                    "no MemoryMax=: nothing bounds its CPU-side memory",
+                    f"spark-guard harden {unit}",
+                )
+            )
+        if rescue and not set(info.after) & set(rescue):
+            out.append(
+                Finding(
+                    "warning",
+                    "not-after-rescue",
+                    unit,
+                    f"not ordered after {' '.join(rescue[:3])}: it can load before ssh is up",
+                    f"spark-guard harden {unit}",
+                )
+            )
+        if info.restart != "no" and (
+            info.start_limit_burst == 0 or info.start_limit_interval < STORM_WINDOW
+        ):
+            limit = (
+                "no start limit"
+                if info.start_limit_burst == 0
+                else f"StartLimitBurst={info.start_limit_burst} in "
+                f"{info.start_limit_interval:g}s, shorter than one load cycle"
+            )
+            out.append(
+                Finding(
+                    "warning",
+                    "restart-storm",
+                    unit,
+                    f"Restart={info.restart} with {limit}: a crashing load restarts forever",
+                    f"spark-guard harden {unit}",
+                )
+            )
+    for info in inv.failed:
+        out.append(
+            Finding(
+                "warning",
+                "failed",
+                str(info.ref),
+                f"{info.ref.name} has failed",
+                f"journalctl {'--user-unit' if info.ref.manager != SYSTEM else '-u'} "
+                f"{info.ref.name} -b -n 50; {systemctl(info.ref, info.user)} reset-failed "
+                f"{info.ref.name}",
+            )
+        )
+    for name in inv.missing:
+        out.append(
+            Finding(
+                "critical",
+                "no-such-unit",
+                name,
+                f"{name}: no such unit on any manager (system, or any user's)",
+                "systemctl list-unit-files '*llama*'   # find its real name",
+            )
+        )
+    for error in inv.errors:
+        out.append(Finding("warning", "unreadable", "", error, "run the audit as root"))
+    return out
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """Where MemTotal - MemAvailable went, and the part nothing accounts for."""
+
+    total: int
+    used: int
+    rss: int
+    gpu: int
+    kernel: int  # slab, page tables, kernel stacks, shmem/tmpfs
+    gap: int
+    gpu_accounting: bool
+
+    @property
+    def large(self) -> bool:
+        """Worth an admin's look: more than 1 GiB and 5 % of the memory."""
+        return self.gap > max(2**30, self.total * 0.05)
+
+    @property
+    def probably(self) -> str:
+        if not self.large:
+            return "nothing large: the figures add up"
+        if not self.gpu_accounting:
+            return (
+                "GPU memory: NVML is not available, and device memory taken by cudaMalloc "
+                "shows in no RSS or cgroup figure"
+            )
+        return (
+            "memory no process owns: the driver's own reservations, or GPU memory of "
+            "processes NVML does not report (other containers, exited but not freed)"
+        )
+
+
+def reconcile(
+    meminfo: Mapping[str, int], rss: int, gpu: int, gpu_accounting: bool
+) -> Reconciliation:
+    used = meminfo["MemTotal"] - meminfo["MemAvailable"]
+    kernel = sum(meminfo.get(k, 0) for k in ("SUnreclaim", "PageTables", "KernelStack", "Shmem"))
+    gap = max(used - rss - gpu - kernel, 0)
+    return Reconciliation(meminfo["MemTotal"], used, rss, gpu, kernel, gap, gpu_accounting)
+
+
+def memory_findings(r: Reconciliation, holders: Sequence[tuple[str, int]]) -> list[Finding]:
+    out = []
+    if r.large:
+        out.append(
+            Finding(
+                "warning",
+                "unaccounted-memory",
+                "",
+                f"{format_size(r.gap)} used by nothing /proc or NVML shows: probably {r.probably}",
+                "spark-guard audit --json   # and nvidia-smi --query-compute-apps=pid,used_memory "
+                "--format=csv",
+            )
+        )
+    for unit, held in holders:
+        out.append(
+            Finding(
+                "info",
+                "gpu-holder",
+                unit,
+                f"holds {format_size(held)} of GPU memory",
+                f"spark-guard preflight {unit}",
+            )
+        )
+    return out
+
+
+def worst(findings: Sequence[Finding]) -> str | None:
+    for severity in SEVERITIES:
+        if any(f.severity == severity for f in findings):
+            return severity
+    return None

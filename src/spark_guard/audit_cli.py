@@ -1,0 +1,118 @@
+"""`spark-guard audit [UNIT...]`: the whole machine, every level, and what to do about it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from . import config as config_mod
+from . import log as log_mod
+from .audit import Finding, loader_findings, memory_findings, reconcile, worst
+from .config import ConfigError, format_size
+from .inventory import INFINITY, Inventory, collect
+
+
+def run(args: argparse.Namespace) -> int:
+    from .procfs import ProcError, ProcFS
+    from .sensor import Sensor
+
+    try:
+        config = config_mod.load(args.config)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    log_mod.configure("console", level="error")
+    inv = collect(config, args.units)
+    sensor = Sensor(config, log_mod.get_logger())
+    try:
+        sensor.refresh_managers()
+        snapshot = sensor.snapshot()
+        proc = ProcFS(config.proc)
+        meminfo, rss = proc.meminfo(), proc.rss_total()
+    except ProcError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sensor.close()
+    holders = sorted(((str(u.ref), u.gpu) for u in snapshot.units if u.gpu), key=lambda h: -h[1])
+    gpu_total = sum(u.gpu for u in snapshot.units)
+    memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)
+    findings = loader_findings(inv, config) + memory_findings(memory, holders)
+    if args.json:
+        json.dump(_json(inv, findings, memory, holders), sys.stdout, indent=1)
+        print()
+    else:
+        _print(inv, findings, memory, holders)
+    return 1 if worst(findings) in ("critical", "warning") else 0
+
+
+def _json(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> dict[str, Any]:
+    def unit(u: Any) -> dict[str, Any]:
+        d = dataclasses.asdict(u)
+        d["ref"] = str(u.ref)
+        d["memory_max"] = None if u.memory_max >= INFINITY else u.memory_max
+        return d
+
+    return {
+        "managers": inv.managers,
+        "loaders": [unit(u) for u in inv.loaders],
+        "failed": [unit(u) for u in inv.failed],
+        "lingering": [dataclasses.asdict(x) for x in inv.lingering],
+        "missing": inv.missing,
+        "findings": [dataclasses.asdict(f) for f in findings],
+        "memory": {**dataclasses.asdict(memory), "probably": memory.probably},
+        "gpu_holders": [{"unit": u, "bytes": b} for u, b in holders],
+    }
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> None:
+    print(f"managers: {', '.join(inv.managers) or 'none reachable'}")
+    if inv.lingering:
+        print(
+            "linger: "
+            + ", ".join(
+                f"{x.user} ({'manager running' if x.running else 'manager not running'})"
+                for x in inv.lingering
+            )
+        )
+    if inv.loaders:
+        print("\nmodel loaders:")
+        rows = [["UNIT", "ENABLED", "ACTIVE", "MemoryMax", "Restart", "MODEL"]]
+        for u in inv.loaders:
+            from .classify import model_files
+
+            models = model_files(u.exec_start)
+            rows.append(
+                [
+                    str(u.ref) + (" (files)" if u.from_files else ""),
+                    u.file_state or "-",
+                    u.active_state,
+                    "-" if u.memory_max >= INFINITY else format_size(u.memory_max),
+                    u.restart,
+                    models[0] if models else "-",
+                ]
+            )
+        _table(rows)
+    print(
+        f"\nmemory: used {format_size(memory.used)} = processes' RSS {format_size(memory.rss)}"
+        f" + GPU (NVML) {format_size(memory.gpu)} + kernel {format_size(memory.kernel)}"
+        f" + unaccounted {format_size(memory.gap)} ({memory.probably})"
+    )
+    if holders:
+        print("GPU holders: " + ", ".join(f"{u} {format_size(b)}" for u, b in holders))
+    if not findings:
+        print("\nno findings")
+        return
+    print(f"\nfindings ({len(findings)}):")
+    for f in sorted(findings, key=lambda f: ("critical", "warning", "info").index(f.severity)):
+        print(f"  {f.severity.upper():8} {f.code:18} {f.unit}: {f.message}")
+        print(f"  {'':8} {'':18} fix: {f.fix}")

@@ -1,0 +1,56 @@
+"""The drop-in `spark-guard harden` writes for a loader unit: plain text from plain data.
+
+It bounds what can be bounded (CPU-side memory, restarts), orders the
+loader after the way in, and makes it the kernel OOM killer's first choice.
+MemoryMax= does not bound GPU memory on a unified-memory machine
+(cudaMalloc is not charged to the cgroup): that is what the guard is for.
+"""
+
+from __future__ import annotations
+
+from .config import Config
+
+MARKER = "# Written by spark-guard harden"
+DROP_IN = "50-spark-guard.conf"
+NOTE = (
+    "MemoryMax= bounds CPU-side memory only: on a unified-memory machine (DGX Spark, GB10) "
+    "GPU allocations are not charged to the cgroup. spark-guard watches MemAvailable for "
+    "that part."
+)
+
+
+def memory_max(mem_total: int, reserve: int, expected: int | None) -> int:
+    """The loader's expected footprint plus a tenth, never more than all but the reserve."""
+    ceiling = mem_total - reserve
+    if expected is None:
+        return ceiling
+    return min(ceiling, int(expected * 1.1))
+
+
+def rescue_units(config: Config) -> list[str]:
+    return [n for group in config.rescue_units for n in group.split("|") if "*" not in n]
+
+
+def drop_in(unit: str, config: Config, max_bytes: int, why: str, when: str) -> str:
+    after = " ".join(rescue_units(config))
+    return f"""{MARKER} on {when} for {unit}.
+# Undo: spark-guard harden --undo {unit}
+# {NOTE}
+[Unit]
+# Load only once the way in (ssh, the console) is up.
+After={after}
+# A load that keeps crashing stops after 3 tries in 15 minutes, not never.
+StartLimitIntervalSec=15min
+StartLimitBurst=3
+
+[Service]
+# {why}
+MemoryMax={max_bytes}
+# When memory runs out, the kernel kills the loader first.
+OOMScoreAdjust=800
+Restart=on-failure
+RestartSec=30s
+Nice=10
+IOSchedulingClass=best-effort
+IOSchedulingPriority=7
+"""

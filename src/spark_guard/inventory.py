@@ -1,0 +1,301 @@
+"""Every service unit on the machine that an admin must know about, on every level.
+
+From each running manager (PID 1 and every user manager) over its private
+socket: loaded units and unit files, and for services, the settings an audit
+checks. Users with linger whose manager is not running (yet) are read from
+their unit files on disk, so a loader that will start at the next boot is
+seen today. Sensing only: the judgement is audit.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .classify import classify
+from .config import Config
+from .managers import Manager, ManagerError, discover
+from .snapshot import SYSTEM, UnitRef, UnitUsage
+
+INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
+USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    ref: UnitRef
+    user: str  # owner of the manager ("" for the system)
+    load_state: str
+    active_state: str
+    file_state: str  # enabled, disabled, static, masked-runtime, ...
+    exec_start: tuple[tuple[str, ...], ...] = ()
+    environment: tuple[str, ...] = ()
+    memory_max: int = INFINITY
+    after: tuple[str, ...] = ()
+    restart: str = "no"
+    restart_sec: float = 0.1
+    start_limit_burst: int = 5
+    start_limit_interval: float = 10.0
+    n_restarts: int = 0
+    fragment: str = ""
+    drop_ins: tuple[str, ...] = ()
+    from_files: bool = False  # read from disk: its manager is not running
+
+
+@dataclass(frozen=True)
+class Linger:
+    user: str
+    uid: int
+    running: bool  # its manager is up now
+
+
+@dataclass
+class Inventory:
+    loaders: list[UnitInfo] = field(default_factory=list)
+    failed: list[UnitInfo] = field(default_factory=list)
+    lingering: list[Linger] = field(default_factory=list)
+    managers: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # names asked for that exist nowhere
+    named: list[UnitInfo] = field(default_factory=list)  # units asked for by name
+    errors: list[str] = field(default_factory=list)  # managers or files that could not be read
+
+
+def _user_of(key: str) -> str:
+    if key == SYSTEM:
+        return ""
+    uid = int(key.split(":", 1)[1])
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _info(manager: Manager, name: str, load: str, active: str, file_state: str) -> UnitInfo:
+    details = manager.unit_details(name)
+    p: dict[str, Any] = manager.unit_settings(name)
+    return UnitInfo(
+        ref=UnitRef(manager.key, name),
+        user=_user_of(manager.key),
+        load_state=load,
+        active_state=active,
+        file_state=str(p.get("UnitFileState") or file_state),
+        exec_start=details.exec_start,
+        environment=details.environment,
+        memory_max=int(p.get("MemoryMax", INFINITY)),
+        after=tuple(p.get("After", ())),
+        restart=str(p.get("Restart", "no")),
+        restart_sec=int(p.get("RestartUSec", 100_000)) / 1e6,
+        start_limit_burst=int(p.get("StartLimitBurst", 5)),
+        start_limit_interval=int(p.get("StartLimitIntervalUSec", 10_000_000)) / 1e6,
+        n_restarts=int(p.get("NRestarts", 0)),
+        fragment=str(p.get("FragmentPath", "")),
+        drop_ins=tuple(p.get("DropInPaths", ())),
+    )
+
+
+def is_loader(info: UnitInfo, config: Config) -> bool:
+    usage = UnitUsage(info.ref, info.active_state, exec_start=info.exec_start)
+    return classify(usage, config) is not None
+
+
+def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[str]) -> None:
+    states = {u.name: u for u in manager.list_units()}
+    files = manager.list_unit_files()
+    names = {n for n in states if n.endswith(".service")}
+    names |= {n for n in files if n.endswith(".service") and "@." not in n}
+    for name in sorted(names | wanted):
+        st = states.get(name)
+        load = st.load_state if st else ("not-found" if name not in files else "not-loaded")
+        active = st.active_state if st else "inactive"
+        if name in wanted and load == "not-found":
+            # Ask the manager itself: a unit neither loaded nor in a listed file.
+            probe = manager.unit_states([name]).get(name)
+            load = probe.load_state if probe else "not-found"
+            if load == "not-found":
+                continue
+        info = _info(manager, name, load, active, files.get(name, ""))
+        if name in wanted:
+            inv.named.append(info)
+        if is_loader(info, config):
+            inv.loaders.append(info)
+        elif active == "failed":
+            inv.failed.append(info)
+    for st in states.values():
+        if not st.name.endswith(".service") and st.active_state == "failed":
+            inv.failed.append(
+                UnitInfo(
+                    UnitRef(manager.key, st.name),
+                    _user_of(manager.key),
+                    st.load_state,
+                    st.active_state,
+                    files.get(st.name, ""),
+                )
+            )
+
+
+# --- users with linger whose manager is not running: their unit files on disk --------
+
+
+def parse_unit_file(text: str) -> dict[str, list[str]]:
+    """'Section.Key' -> values in order; an empty assignment resets (as systemd reads lists)."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    lines = text.replace("\\\n", " ").splitlines()
+    for raw in lines:
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        k = f"{section}.{key.strip()}"
+        value = value.strip()
+        if value == "":
+            out[k] = []
+        else:
+            out.setdefault(k, []).append(value)
+    return out
+
+
+def _seconds(value: str, default: float) -> float:
+    from .config import parse_duration
+
+    try:
+        return parse_duration(value.replace(" ", ""))
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return default
+
+
+def _size(value: str) -> int:
+    from .config import parse_size
+
+    if value in ("", "infinity"):
+        return INFINITY
+    try:
+        return parse_size(value)
+    except ValueError:
+        return INFINITY
+
+
+def _from_files(user: pwd.struct_passwd, config: Config, inv: Inventory) -> None:
+    key = f"user:{user.pw_uid}"
+    enabled: set[str] = set()
+    sources: dict[str, str] = {}
+    for rel in USER_UNIT_DIRS:
+        d = os.path.join(user.pw_dir, rel)
+        try:
+            entries = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(d, entry)
+            if entry.endswith((".wants", ".requires")) and os.path.isdir(path):
+                enabled.update(os.listdir(path))
+            elif entry.endswith(".service") and "@." not in entry:
+                sources.setdefault(entry, path)  # ~/.config outranks ~/.local/share
+    for name, path in sorted(sources.items()):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                unit = parse_unit_file(f.read())
+        except OSError as e:
+            inv.errors.append(f"{path}: {e.strerror}")
+            continue
+        drop_dir = os.path.join(os.path.dirname(path), f"{name}.d")
+        if os.path.isdir(drop_dir):
+            for conf in sorted(os.listdir(drop_dir)):
+                if conf.endswith(".conf"):
+                    with open(
+                        os.path.join(drop_dir, conf), encoding="utf-8", errors="replace"
+                    ) as f:
+                        for k, v in parse_unit_file(f.read()).items():
+                            unit[k] = v if v else []
+
+        def last(k: str, default: str = "", unit: dict[str, list[str]] = unit) -> str:
+            values = unit.get(k) or [default]
+            return values[-1]
+
+        info = UnitInfo(
+            ref=UnitRef(key, name),
+            user=user.pw_name,
+            load_state="not-loaded",
+            active_state="inactive",
+            file_state="enabled" if name in enabled else "disabled",
+            exec_start=tuple(
+                tuple(v.lstrip("-@+!:").split()) for v in unit.get("Service.ExecStart", [])
+            ),
+            environment=tuple(unit.get("Service.Environment", [])),
+            memory_max=_size(last("Service.MemoryMax")),
+            after=tuple(w for v in unit.get("Unit.After", []) for w in v.split()),
+            restart=last("Service.Restart", "no"),
+            restart_sec=_seconds(last("Service.RestartSec", "100ms"), 0.1),
+            start_limit_burst=int(last("Unit.StartLimitBurst", "5") or 5),
+            start_limit_interval=_seconds(last("Unit.StartLimitIntervalSec", "10s"), 10.0),
+            fragment=path,
+            from_files=True,
+        )
+        if is_loader(info, config):
+            inv.loaders.append(info)
+
+
+def lingering(linger_dir: str, running: Iterable[str]) -> list[Linger]:
+    out: list[Linger] = []
+    keys = set(running)
+    try:
+        names = sorted(os.listdir(linger_dir))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            continue
+        out.append(Linger(name, uid, f"user:{uid}" in keys))
+    return out
+
+
+def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
+    inv = Inventory()
+    wanted_refs = [_ref(n) for n in names]
+    sockets = discover(config.system_manager, config.user_runtime)
+    for key, sock in sockets.items():
+        manager = Manager(key, sock)
+        try:
+            manager.connect()
+            wanted = {r.name for r in wanted_refs if r.manager in (key, "")}
+            _from_manager(manager, config, inv, wanted)
+            inv.managers.append(key)
+        except ManagerError as e:
+            inv.errors.append(str(e))
+        finally:
+            manager.close()
+    inv.lingering = lingering(config.linger, inv.managers)
+    for linger in inv.lingering:
+        if not linger.running:
+            _from_files(pwd.getpwnam(linger.user), config, inv)
+    found = {str(u.ref) for u in inv.named} | {u.ref.name for u in inv.named}
+    inv.missing = [
+        n
+        for n, r in zip(names, wanted_refs, strict=True)
+        if str(r) not in found and (r.manager or r.name not in found)
+    ]
+    return inv
+
+
+def _ref(name: str) -> UnitRef:
+    """'llama' -> any manager's llama.service; 'user:1000:x.service' -> that manager's."""
+    full = name if "." in name.rsplit(":", 1)[-1] else f"{name}.service"
+    if full.startswith("user:"):
+        _, uid, unit = full.split(":", 2)
+        return UnitRef(f"user:{uid}", unit)
+    if full.startswith("system:"):
+        return UnitRef(SYSTEM, full.split(":", 1)[1])
+    return UnitRef("", full)

@@ -1,0 +1,123 @@
+"""`spark-guard rescue`: for the admin with a shell in the first seconds after boot.
+
+Every model loader on every running manager is stopped, masked and disabled
+at once, through the same Enforcer and records as the daemon's (so
+`spark-guard release` undoes it), all in this one process: no fork per unit.
+Then it prints what holds: each loader's state on its level, MemAvailable,
+the load average and the GPU holders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from . import config as config_mod
+from . import log as log_mod
+from .config import ConfigError, format_size
+from .enforce import Enforcer
+from .inventory import UnitInfo, collect
+from .managers import Manager, ManagerError, discover
+from .procfs import ProcError, ProcFS
+from .snapshot import Action, Decision
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_mod.load(args.config)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    config = dataclasses.replace(config, stop_timeout=args.stop_timeout, kill_timeout=2.0)
+    try:
+        log_mod.configure("journal")
+    except (ImportError, OSError):
+        log_mod.configure("console", level="error")
+    log = log_mod.get_logger()
+    proc = ProcFS(config.proc)
+    inv = collect(config)
+    loaders = [u for u in inv.loaders if not u.from_files]
+    managers: dict[str, Manager] = {}
+    for key, sock in discover(config.system_manager, config.user_runtime).items():
+        m = Manager(key, sock)
+        try:
+            m.connect()
+            managers[key] = m
+        except ManagerError as e:
+            print(f"spark-guard: {e}", file=sys.stderr)
+    try:
+        memory = proc.memory()
+        figures: dict[str, int | float] = {"mem_available": memory.available}
+        actions = tuple(
+            Action("stop", u.ref, "rescue", "stopped by an admin: spark-guard rescue", figures)
+            for u in loaders
+        )
+        enforcer = Enforcer(managers, config, log)
+        enforcer.advance()  # load what is already recorded: a unit blocked before stays as it is
+        todo = tuple(
+            a
+            for a in actions
+            if enforcer.records.get(str(a.unit)) is None
+            or enforcer.records[str(a.unit)].step != "blocked"
+        )
+        if todo:
+            enforcer.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))
+        return _report(loaders, managers, proc, enforcer)
+    except ProcError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    finally:
+        for m in managers.values():
+            m.close()
+
+
+def _report(
+    loaders: list[UnitInfo], managers: dict[str, Manager], proc: ProcFS, enforcer: Enforcer
+) -> int:
+    ok = True
+    print(f"{'UNIT':40} {'LOAD':10} {'ACTIVE':10} BLOCK")
+    for u in loaders:
+        m = managers.get(u.ref.manager)
+        st = m.unit_states([u.ref.name]).get(u.ref.name) if m else None
+        record = enforcer.records.get(str(u.ref))
+        step = record.step if record else "not recorded"
+        held = bool(st and st.load_state == "masked" and st.active_state in ("inactive", "failed"))
+        ok = ok and held
+        print(
+            f"{u.ref!s:40} {st.load_state if st else '?':10} "
+            f"{st.active_state if st else '?':10} {step}"
+            + (f"  ({record.problem})" if record and record.problem else "")
+        )
+    if not loaders:
+        print("no model loaders found on any running manager")
+    memory = proc.memory()
+    print(
+        f"\nMemAvailable {format_size(memory.available)} of {format_size(memory.total)}; "
+        f"load average {proc.loadavg()}"
+    )
+    holders = _gpu_holders()
+    print(
+        "GPU holders: "
+        + (
+            ", ".join(f"pid {p} {format_size(b)}" for p, b in holders)
+            if holders
+            else "none seen (or no NVML)"
+        )
+    )
+    if loaders:
+        print("undo: spark-guard release --all (or one UNIT)")
+    return 0 if ok else 1
+
+
+def _gpu_holders() -> list[tuple[int, int]]:
+    from .gpu import GpuUnavailable, Nvml
+
+    nvml = Nvml()
+    try:
+        nvml.start()
+        return sorted(((p.pid, p.used or 0) for p in nvml.processes()), key=lambda h: -h[1])
+    except GpuUnavailable:
+        return []
+    finally:
+        nvml.stop()

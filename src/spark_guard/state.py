@@ -1,0 +1,102 @@
+"""What the running guard sees, published for `spark-guard status` (which never recomputes it).
+
+The daemon writes <runtime>/state.json after a pass whenever its content
+changed, and at least every REFRESH seconds so a reader can tell a live guard
+from a dead one: write a temporary file, then rename (readers see the old or
+the new, never half).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from .records import Record
+from .snapshot import Decision, Snapshot
+
+REFRESH = 5.0
+FORMAT = 1
+
+
+def build(
+    decision: Decision,
+    snapshot: Snapshot,
+    records: Iterable[Record],
+    *,
+    dry_run: bool,
+    last_action: str,
+    config_error: str | None,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "pid": os.getpid(),
+        "phase": decision.phase,
+        "dry_run": dry_run,
+        "config_error": config_error,
+        "mem_total": snapshot.memory.total,
+        "mem_available": snapshot.memory.available,
+        "reserve": decision.reserve,
+        "slope": round(decision.slope),
+        "gpu_accounting": snapshot.gpu_accounting,
+        "loaders": [
+            {
+                "unit": str(ld.ref),
+                "active_state": ld.usage.active_state,
+                "starting": ld.usage.starting,
+                "expected": ld.expected,
+                "expected_from": ld.expected_from or None,
+                "prediction": ld.usage.prediction or None,
+                "rss": ld.usage.rss,
+                "gpu": ld.usage.gpu,
+                "evidence": list(ld.evidence),
+                "models": list(ld.models),
+            }
+            for ld in decision.loaders
+        ],
+        "pending_actions": [
+            {"kind": a.kind, "unit": str(a.unit), "reason": a.reason, "detail": a.detail}
+            for a in decision.actions
+        ],
+        "blocked": [
+            {
+                "unit": str(r.ref),
+                "step": r.step,
+                "reason": r.reason,
+                "detail": r.detail,
+                "at": r.at,
+                "problem": r.problem or None,
+                "history": r.history[-5:],
+            }
+            for r in sorted(records, key=lambda r: str(r.ref))
+        ],
+        "last_action": last_action,
+    }
+
+
+class Publisher:
+    def __init__(self, directory: str, clock: Any = time.monotonic) -> None:
+        self.path = os.path.join(directory, "state.json")
+        self.clock = clock
+        self._last: dict[str, Any] | None = None
+        self._at = 0.0
+
+    def publish(self, state: dict[str, Any]) -> None:
+        now = self.clock()
+        if state == self._last and now - self._at < REFRESH:
+            return
+        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({**state, "written_at": time.time()}, f, indent=1)
+        os.chmod(tmp, 0o644)  # status runs as any user
+        os.replace(tmp, self.path)
+        self._last, self._at = state, now
+
+
+def read(directory: str) -> dict[str, Any]:
+    with open(os.path.join(directory, "state.json"), encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data

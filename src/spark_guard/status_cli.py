@@ -1,0 +1,94 @@
+"""`spark-guard status`: what the running guard sees and has done, as it published it.
+
+Reads <runtime>/state.json; never senses or decides itself. Exit 1 when no
+guard is publishing (no state, or state older than STALE seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from . import config as config_mod
+from .config import ConfigError, format_size
+from .state import read
+
+STALE = 30.0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_mod.load(args.config)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 2
+    path = os.path.join(config.runtime, "state.json")
+    try:
+        state = read(config.runtime)
+    except FileNotFoundError:
+        print(f"spark-guard: not running: {path} does not exist", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"spark-guard: {path}: cannot read: {e}", file=sys.stderr)
+        return 1
+    age = time.time() - float(state.get("written_at", 0))
+    alive = age < STALE and _alive(int(state.get("pid", 0)))
+    if args.json:
+        json.dump({**state, "age": round(age, 1), "alive": alive}, sys.stdout, indent=1)
+        print()
+    else:
+        _print(state, age, alive)
+    return 0 if alive else 1
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _print(s: dict[str, Any], age: float, alive: bool) -> None:
+    head = f"running (pid {s['pid']})" if alive else f"NOT RUNNING (last state from pid {s['pid']})"
+    print(
+        f"spark-guard: {head}, state {age:.0f}s old; phase {s['phase']}"
+        + (" (dry run)" if s.get("dry_run") else "")
+    )
+    if s.get("config_error"):
+        print(f"CONFIG ERROR, built-in defaults in use: {s['config_error']}")
+    print(
+        f"MemAvailable {format_size(s['mem_available'])} of {format_size(s['mem_total'])}, "
+        f"reserve {format_size(s['reserve'])}, trend {format_size(s['slope'])}/s, "
+        f"GPU accounting {'on' if s.get('gpu_accounting') else 'off'}"
+    )
+    loaders = s.get("loaders", [])
+    print(f"\nloaders ({len(loaders)}):")
+    for ld in loaders:
+        expected = (
+            f"{format_size(ld['expected'])} ({ld['expected_from']})"
+            if ld.get("expected") is not None
+            else f"unknown ({ld.get('prediction') or 'no size'})"
+        )
+        state = "starting" if ld.get("starting") else ld["active_state"]
+        print(
+            f"  {ld['unit']}: {state}; expected {expected}; holds "
+            f"{format_size(ld['rss'])} RSS + {format_size(ld['gpu'])} GPU"
+        )
+    blocked = s.get("blocked", [])
+    print(f"\nblocked ({len(blocked)}):")
+    for b in blocked:
+        print(f"  {b['unit']}: {b['step']} since {b['at']}: {b['reason']}: {b['detail']}")
+        if b.get("problem"):
+            print(f"    problem: {b['problem']}")
+    if blocked:
+        print("  undo: spark-guard release UNIT (or --all)")
+    print(f"\nlast action: {s.get('last_action', 'none')}")
