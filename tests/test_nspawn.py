@@ -294,3 +294,58 @@ def test_units_in_run_and_in_etc_systemd_user_are_blocked_too(machine):
     for ref in refs:
         uid, unit = ref_parts(ref)
         assert c.show(unit, "LoadState", user=uid)["LoadState"] == "loaded"
+
+
+def test_audit_sees_every_level_and_rescue_blocks_them_all(machine):
+    c = machine
+    c.wait_for("spark-guard.service", "ActiveState", "active")
+    # bob has linger since a moment ago: his manager is not up, his unit files are read.
+    with open(c.path("/etc/passwd"), "a") as f:
+        f.write("bob:x:1001:1001:Bob:/home/bob:/bin/sh\n")
+    with open(c.path("/etc/group"), "a") as f:
+        f.write("bob:x:1001:\n")
+    bob = c.path("/home/bob/.config/systemd/user")
+    bob.mkdir(parents=True)
+    (bob / "bob-llama.service").write_text(
+        LOADER.format(what="bob", wanted_by="default.target").replace("MemoryMax=256M\n", "")
+    )
+    link(
+        bob / "default.target.wants" / "bob-llama.service",
+        "/home/bob/.config/systemd/user/bob-llama.service",
+        1001,
+    )
+    c.path("/var/lib/systemd/linger/bob").touch()
+
+    out = c.run("spark-guard", "audit", "--json", check=False)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    loaders = {u["ref"]: u for u in report["loaders"]}
+    assert set(loaders) >= {
+        "llama-server.service",
+        "llama@qwen.service",
+        f"user:{ALICE}:llama-user.service",
+        "user:1001:bob-llama.service",
+    }
+    assert loaders["user:1001:bob-llama.service"]["from_files"] is True
+    assert loaders["user:1001:bob-llama.service"]["file_state"] == "enabled"
+    # Debian 12 is merged-/usr: systemd names it by /lib.
+    assert loaders["llama@qwen.service"]["fragment"].endswith("/lib/systemd/system/llama@.service")
+    lingering = {x["user"]: x["running"] for x in report["lingering"]}
+    assert lingering == {"alice": True, "bob": False}
+    codes = {(f["code"], f["unit"]) for f in report["findings"]}
+    assert ("linger-autostart", "user:1001:bob-llama.service") in codes
+    assert sum(code == "duplicate" for code, _ in codes) >= 3  # one model, five units
+
+    # The admin's first seconds: the guard is not there to help, loaders are loading.
+    c.run("systemctl", "stop", "spark-guard.service")
+    c.run("systemctl", "start", "llama-server.service", "llama@qwen.service")
+    c.run("systemctl", "--user", "start", "llama-user.service", user=ALICE)
+    rescued = c.run("spark-guard", "rescue", check=False)
+    assert rescued.returncode == 0, rescued.stdout + rescued.stderr
+    for ref in LOADERS:
+        uid, unit = ref_parts(ref)
+        props = c.show(unit, "ActiveState", "LoadState", user=uid)
+        assert props["LoadState"] == "masked" and props["ActiveState"] in ("inactive", "failed")
+    assert "load average" in rescued.stdout
+    assert c.run("spark-guard", "release", "--all").returncode == 0
+    c.run("systemctl", "start", "spark-guard.service")
