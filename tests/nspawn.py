@@ -17,13 +17,22 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 from harness import CGROUP_ROOTS, _kill_and_remove
 
-SUITE = "bookworm"
+# Debian 12 from the host's Debian mirror; Ubuntu 24.04 (DGX OS's base) from Ubuntu's,
+# its archive key taken from the ubuntu-keyring package there, checked against this digest.
+UBUNTU = "http://archive.ubuntu.com/ubuntu"
+UBUNTU_KEYRING = (
+    f"{UBUNTU}/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb",
+    "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8",
+)
+SUITES = {"bookworm": ("main", None), "noble": ("main,universe", UBUNTU)}
 PACKAGES = (
+    "apt",  # in Debian's minbase anyway; Ubuntu's leaves it out
     "systemd",
     "systemd-sysv",
     "libpam-systemd",
@@ -37,23 +46,44 @@ PACKAGES = (
 CACHE = Path("/var/tmp/spark-guard-tests")
 
 
-def rootfs() -> Path:
-    """The cached rootfs, built on first use (about 20-50 s)."""
-    key = hashlib.sha256(f"{SUITE} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
-    image = CACHE / f"{SUITE}-{key}"
+def _ubuntu_keyring() -> Path:
+    keyring = CACHE / "ubuntu-archive-keyring.gpg"
+    if keyring.exists():
+        return keyring
+    url, digest = UBUNTU_KEYRING
+    with urllib.request.urlopen(url, timeout=60) as r:
+        deb = r.read()
+    if hashlib.sha256(deb).hexdigest() != digest:
+        raise RuntimeError(f"{url}: sha256 does not match the pinned one")
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.deb").write_bytes(deb)
+        subprocess.run(["dpkg-deb", "-x", f"{d}/k.deb", f"{d}/x"], check=True)
+        shutil.copy(f"{d}/x/usr/share/keyrings/ubuntu-archive-keyring.gpg", keyring)
+    return keyring
+
+
+def rootfs(suite: str = "bookworm") -> Path:
+    """The cached rootfs of `suite`, built on first use (about 20-50 s)."""
+    components, mirror = SUITES[suite]
+    key = hashlib.sha256(f"{suite} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
+    image = CACHE / f"{suite}-{key}"
     if (image / "etc" / "os-release").exists():
         return image
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f"{image.name}.", dir=CACHE))
+    extra = [f"--keyring={_ubuntu_keyring()}"] if mirror == UBUNTU else []
     try:
         subprocess.run(
             [
                 "mmdebstrap",
                 "--quiet",
                 "--variant=minbase",
+                f"--components={components}",
                 f"--include={','.join(PACKAGES)}",
-                SUITE,
+                *extra,
+                suite,
                 str(partial),
+                *([mirror] if mirror else []),
             ],
             check=True,
             capture_output=True,
@@ -69,7 +99,8 @@ def rootfs() -> Path:
 class Container:
     """`with Container() as c:`, then c.boot(), c.run(...), c.reboot()."""
 
-    def __init__(self) -> None:
+    def __init__(self, suite: str = "bookworm") -> None:
+        self.suite = suite
         self.base = Path(tempfile.mkdtemp(prefix="sg-ns.", dir="/var/tmp"))
         self.root = self.base / "root"
         self.name = f"sg{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
@@ -79,7 +110,9 @@ class Container:
         self.leader = 0
 
     def __enter__(self) -> Container:
-        subprocess.run(["cp", "-a", "--reflink=auto", str(rootfs()), str(self.root)], check=True)
+        subprocess.run(
+            ["cp", "-a", "--reflink=auto", str(rootfs(self.suite)), str(self.root)], check=True
+        )
         # A machine-id of its own: no first-boot presets rewriting /etc/systemd.
         (self.root / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
         for root in CGROUP_ROOTS:

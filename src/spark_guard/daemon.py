@@ -31,7 +31,8 @@ from .snapshot import Decision, Snapshot, UnitRef
 from .state import Publisher
 from .state import build as build_state
 
-PSI_WINDOW_US = 1_000_000
+# 2 s: the shortest window an unprivileged process may ask for (no CAP_SYS_RESOURCE).
+PSI_WINDOW_US = 2_000_000
 
 
 class PsiTrigger:

@@ -1,0 +1,165 @@
+"""The .deb: built by packaging/build-deb.sh, clean for lintian, installed for real under PID 1.
+
+The install test boots a Debian 12 container (tests/nspawn.py), installs the
+package with apt, reboots, and checks what an admin sees; then removes and
+purges it and checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_guard.events import MESSAGE_IDS
+
+from nspawn import Container
+
+pytestmark = pytest.mark.nspawn
+
+REPO = Path(__file__).parent.parent
+UNIT = REPO / "units" / "spark-guard.service"
+
+
+@pytest.fixture(scope="module")
+def deb() -> Path:
+    out = subprocess.run(
+        [str(REPO / "packaging" / "build-deb.sh")], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return REPO / out.stdout.strip().splitlines()[-1]
+
+
+def test_lintian_pedantic_has_nothing_to_say(deb):
+    out = subprocess.run(
+        ["lintian", "--allow-root", "--pedantic", "--display-experimental", str(deb)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+
+
+def test_the_package_holds_what_an_admin_needs(deb):
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True).stdout
+    for path in (
+        "./lib/systemd/system/spark-guard.service",
+        "./etc/spark-guard.toml",
+        "./usr/bin/spark-guard",
+        "./usr/share/man/man8/spark-guard.8.gz",
+        "./usr/share/man/man5/spark-guard.toml.5.gz",
+        "./usr/lib/systemd/catalog/spark-guard.catalog",
+        "./usr/share/bash-completion/completions/spark-guard",
+        "./usr/lib/tmpfiles.d/spark-guard.conf",
+        "./etc/issue.d/spark-guard.issue -> /run/spark-guard/issue",
+    ):
+        assert path in listing, path
+    conffiles = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(deb)], capture_output=True).stdout
+    assert b"/etc/spark-guard.toml" in conffiles
+    control = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True).stdout
+    assert "Architecture: all" in control
+    assert re.search(r"Depends: .*python3-pystemd.*python3-sdnotify.*python3-structlog", control)
+
+
+def test_every_event_is_explained_in_the_journal_catalog():
+    text = (REPO / "packaging" / "spark-guard.catalog").read_text()
+    ids = re.findall(r"^-- ([0-9a-f]{32})$", text, re.MULTILINE)
+    assert sorted(ids) == sorted(MESSAGE_IDS.values())
+    blocked = text.split(f"-- {MESSAGE_IDS['unit-blocked']}\n", 1)[1].split("\n-- ", 1)[0]
+    assert "spark-guard release @SG_UNIT@" in blocked and "spark-guard status" in blocked
+
+
+def test_the_unit_keeps_few_rights():
+    out = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount -t tmpfs tmpfs /run/systemd && systemd-analyze security --offline=yes {UNIT}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    score = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out.stdout).group(1))
+    assert score <= 2.0, out.stdout
+    text = UNIT.read_text()
+    caps = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.MULTILINE).group(1).split()
+    for cap in caps:  # each right it keeps is explained next to it
+        assert re.search(rf"^#\s+{cap}\s+\S", text, re.MULTILINE), cap
+
+
+@pytest.mark.parametrize("suite", ["bookworm", "noble"], ids=["debian-12", "ubuntu-24.04"])
+def test_installed_with_apt_it_runs_after_a_reboot_and_purges_without_a_trace(deb, suite):
+    with Container(suite) as c:
+        shutil.copy(deb, c.path("/root/spark-guard.deb"))  # its /tmp is a tmpfs once up
+        # A loader with default dependencies, enabled: the guard must order before it, no cycle.
+        c.path("/etc/systemd/system/llama-boot.service").write_text(
+            "[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n"
+        )
+        wants = c.path("/etc/systemd/system/multi-user.target.wants")
+        wants.mkdir(exist_ok=True)
+        (wants / "llama-boot.service").symlink_to("/etc/systemd/system/llama-boot.service")
+        c.boot()
+        out = c.run(
+            "apt-get", "install", "-y", "-q", "/root/spark-guard.deb", check=False, timeout=300
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        c.wait_for("spark-guard.service", "ActiveState", "active")
+
+        c.reboot()
+        c.wait_for("spark-guard.service", "ActiveState", "active")
+        props = c.show(
+            "spark-guard.service",
+            "Type",
+            "SubState",
+            "StatusText",
+            "UnitFileState",
+            "Before",
+            "NRestarts",
+        )
+        assert (props["Type"], props["SubState"], props["UnitFileState"]) == (
+            "notify",
+            "running",
+            "enabled",
+        )
+        assert "basic.target" in props["Before"].split()
+        assert re.match(r"(strict|steady); available [\d.]+[GMT]iB, reserve", props["StatusText"])
+        status = c.run("systemctl", "status", "--no-pager", "spark-guard", check=False).stdout
+        assert f'Status: "{props["StatusText"]}"' in status
+        boot = c.run("journalctl", "-b", "--no-pager", "-o", "cat").stdout
+        assert "ordering cycle" not in boot.lower()
+        entries = [
+            json.loads(line)
+            for line in c.run(
+                "journalctl", "-b", "-u", "spark-guard", "-o", "json", "--no-pager"
+            ).stdout.splitlines()
+        ]
+        started = [e for e in entries if e.get("SG_EVENT") == "guard-started"]
+        assert started and started[0]["MESSAGE_ID"] == MESSAGE_IDS["guard-started"]
+        explained = c.run("journalctl", "-b", "-x", "-u", "spark-guard", "--no-pager").stdout
+        assert "Subject: spark-guard is watching" in explained
+        state = json.loads(c.run("spark-guard", "status", "--json").stdout)
+        assert state["alive"] is True
+
+        assert c.run("apt-get", "remove", "-y", "-q", "spark-guard", check=False).returncode == 0
+        assert c.path("/etc/spark-guard.toml").exists()  # a conffile stays until purge
+        assert c.run("apt-get", "purge", "-y", "-q", "spark-guard", check=False).returncode == 0
+        for left in (
+            "/etc/spark-guard.toml",
+            "/var/lib/spark-guard",
+            "/run/spark-guard",
+            "/etc/issue.d/spark-guard.issue",
+            "/usr/lib/tmpfiles.d/spark-guard.conf",
+            "/etc/systemd/system/sysinit.target.wants/spark-guard.service",
+            "/lib/systemd/system/spark-guard.service",
+        ):
+            assert c.run("test", "-e", left, check=False).returncode == 1, left
+        assert c.run("dpkg", "-s", "spark-guard", check=False).returncode == 1
