@@ -41,7 +41,7 @@ def write(path: str, text: str) -> None:
             os.unlink(path)
         return
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two writers (daemon, release) never share one
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.chmod(tmp, 0o644)

@@ -133,7 +133,7 @@ def _write(path: str, text: str, uid: int, ref: UnitRef, config: Config) -> None
         os.mkdir(directory, 0o755)
         if uid:
             os.chown(directory, uid, uid_gid(directory))
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two writers (daemon, release) never share one
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.chmod(tmp, 0o644)

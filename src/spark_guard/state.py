@@ -88,7 +88,7 @@ class Publisher:
         if state == self._last and now - self._at < REFRESH:
             return
         os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        tmp = f"{self.path}.tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({**state, "written_at": time.time()}, f, indent=1)
         os.chmod(tmp, 0o644)  # status runs as any user

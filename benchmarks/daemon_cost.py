@@ -1,0 +1,136 @@
+"""The guard's own cost against earlyoom and nohang, measured the same way on the same machine.
+
+    .venv/bin/python benchmarks/daemon_cost.py [--idle 60]
+
+Each daemon runs with its default settings: earlyoom and nohang from
+Debian's packages (installed here if missing), spark-guard as a Type=notify
+unit of a harness user manager (tests/harness.py), watching that manager.
+Measured from /proc: RSS and PSS (smaps_rollup) after 10 s, idle CPU
+(utime+stime) over --idle seconds; for spark-guard also exec-to-READY=1
+(systemd's ExecMainStartTimestampMonotonic to ActiveEnterTimestampMonotonic)
+and RSS/PSS after it blocked a loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def memory(pid: int) -> tuple[int, int]:
+    rss = pss = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    return rss, pss  # kB
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def idle_cpu(pid: int, seconds: float) -> float:
+    start = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - start) / seconds * 100  # percent of one core
+
+
+def ensure(packages: list[str]) -> None:
+    missing = [p for p in packages if shutil.which(p) is None]
+    if missing:
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", *missing], check=True, stdout=subprocess.DEVNULL
+        )
+
+
+def measure_process(name: str, argv: list[str], idle: float) -> dict[str, float]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(10)
+        rss, pss = memory(proc.pid)
+        cpu = idle_cpu(proc.pid, idle)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    return {"rss": rss, "pss": pss, "cpu": cpu}
+
+
+def measure_guard(idle: float) -> dict[str, float]:
+    with guard_manager() as um:
+        write_config(um, '[loaders.footprint]\n"llama-cost.service" = "100TiB"\n', grace="0s")
+        um.systemctl("start", "rescue-ssh.service")
+        restart_guard(um)
+        p = um.show(
+            GUARD, "MainPID", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"
+        )
+        pid = int(p["MainPID"])
+        ready = (
+            int(p["ActiveEnterTimestampMonotonic"]) - int(p["ExecMainStartTimestampMonotonic"])
+        ) / 1000
+        time.sleep(10)
+        rss, pss = memory(pid)
+        cpu = idle_cpu(pid, idle)
+        offset = len(um.log.read_text())
+        loader_unit(um, "llama-cost.service", 50)
+        um.systemctl("start", "llama-cost.service")
+        wait_log(um, r"^warning unit-blocked: user:0:llama-cost.service", after=offset)
+        time.sleep(2)
+        rss_after, pss_after = memory(pid)
+    return {
+        "rss": rss,
+        "pss": pss,
+        "cpu": cpu,
+        "ready_ms": ready,
+        "rss_after": rss_after,
+        "pss_after": pss_after,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--idle", type=float, default=60.0)
+    args = ap.parse_args()
+    ensure(["earlyoom", "nohang"])
+    rows = {
+        "earlyoom": measure_process("earlyoom", ["earlyoom"], args.idle),
+        "nohang": measure_process(
+            "nohang", ["nohang", "--monitor", "--config", "/etc/nohang/nohang.conf"], args.idle
+        ),
+        "spark-guard": measure_guard(args.idle),
+    }
+    print(f"| daemon | RSS | PSS | idle CPU ({args.idle:g} s) | exec to READY | after a block |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        ready = f"{r['ready_ms']:.0f} ms" if "ready_ms" in r else "-"
+        after = (
+            f"{r['rss_after'] / 1024:.1f} / {r['pss_after'] / 1024:.1f} MB"
+            if "rss_after" in r
+            else "-"
+        )
+        print(
+            f"| {name} | {r['rss'] / 1024:.1f} MB | {r['pss'] / 1024:.1f} MB | "
+            f"{r['cpu']:.3f} % | {ready} | {after} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
