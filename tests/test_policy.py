@@ -207,3 +207,26 @@ def test_once_boot_is_over_it_stays_over():
     down = snap(50 * GiB, rescue=SSH, now=1000.0)
     assert phase(down, Config()) == STRICT
     assert phase(replace(down, boot_over=True), Config()) == STEADY
+
+
+# --- how much to look at ---------------------------------------------------------
+
+
+def test_after_boot_a_quiet_pass_reads_memavailable_only():
+    from dataclasses import replace
+
+    from spark_guard.policy import FULL_LOOK_EVERY, full_look_due
+
+    reserve = 9 * GiB
+    last = replace(snap(100 * GiB, now=1000.0), boot_over=True)
+    quiet = Memory(SPARK, 99 * GiB + 900 * 1024**2)
+    assert not full_look_due(quiet, last, reserve, 1001.0, busy=False)
+    # ...but every pass at boot, while a block is unfinished, and every 30 s,
+    assert full_look_due(quiet, replace(last, boot_over=False), reserve, 1001.0, busy=False)
+    assert full_look_due(quiet, last, reserve, 1001.0, busy=True)
+    assert full_look_due(quiet, last, reserve, 1000.0 + FULL_LOOK_EVERY, busy=False)
+    # ...at once when MemAvailable falls by a step (1 % of MemTotal here) or nears the reserve.
+    assert full_look_due(Memory(SPARK, 98 * GiB), last, reserve, 1001.0, busy=False)
+    near = replace(snap(17 * GiB, now=1000.0), boot_over=True)
+    assert full_look_due(Memory(SPARK, 17 * GiB), near, reserve, 1001.0, busy=False)
+    assert full_look_due(quiet, None, reserve, 1001.0, busy=False)

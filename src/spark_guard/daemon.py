@@ -24,7 +24,7 @@ from .act import Actuator
 from .config import Config, ConfigError, format_size
 from .enforce import Enforcer
 from .memlock import mlockall
-from .policy import STEADY, decide, poll_interval
+from .policy import STEADY, decide, full_look_due, poll_interval
 from .procfs import ProcError
 from .sensor import Sensor
 from .snapshot import Decision, Snapshot, UnitRef
@@ -81,6 +81,10 @@ class Guard:
             self.enforcer, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
         self.publisher = Publisher(config.runtime)
+        self._last_status = ""
+        self._pinged = -1e9
+        watchdog_usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+        self._watchdog_every = watchdog_usec / 3e6 if watchdog_usec else 1.0
         self.seen_loaders: set[UnitRef] = set()
         self._stop = False
         self._reload = False
@@ -122,15 +126,19 @@ class Guard:
         self.sensor.refresh_managers()
         ready = False
         next_refresh = 0.0
+        decision: Decision | None = None
+        snapshot: Snapshot | None = None
+        pressure = False
         while not self._stop:
             if self._reload:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
-            if now >= next_refresh:
-                self.sensor.refresh_managers()
-                next_refresh = now + 2.0
-            decision, snapshot = self.step()
+            if pressure or self._full_look_due(snapshot, decision, now):
+                if now >= next_refresh:
+                    self.sensor.refresh_managers()
+                    next_refresh = now + 2.0
+                decision, snapshot = self.step()
             if not ready and snapshot is not None:
                 ready = True
                 self.log.info(
@@ -142,8 +150,8 @@ class Guard:
                     + (" (dry run: deciding, not acting)" if self.dry_run else ""),
                 )
                 self.notifier.notify("READY=1")
-            self.notifier.notify("WATCHDOG=1")
-            self._wait(poll_interval(decision, snapshot, self.config))
+            self._watchdog(now)
+            pressure = self._wait(poll_interval(decision, snapshot, self.config))
         self.notifier.notify("STOPPING=1")
         self.log.info("guard-stopping", msg="spark-guard stopping")
         self.close()
@@ -212,22 +220,51 @@ class Guard:
         except OSError as e:
             self.log.debug("state-unwritten", error=str(e), msg=f"cannot publish state: {e}")
 
-    def _wait(self, timeout: float) -> None:
+    def _full_look_due(
+        self, snapshot: Snapshot | None, decision: Decision | None, now: float
+    ) -> bool:
+        """A quiet steady pass reads MemAvailable only (and keeps it for the trend)."""
+        if snapshot is None or decision is None:
+            return True
+        try:
+            memory = self.sensor.proc.memory()
+        except ProcError:
+            return True  # the full pass says what is wrong
+        if full_look_due(memory, snapshot, decision.reserve, now, busy=self.enforcer.busy):
+            return True
+        self.sensor.history.append((now, memory.available))
+        return False
+
+    def _watchdog(self, now: float) -> None:
+        # systemd wants a ping within WatchdogSec=; a third of it is plenty, not every pass.
+        if now - self._pinged >= self._watchdog_every:
+            self.notifier.notify("WATCHDOG=1")
+            self._pinged = now
+
+    def _wait(self, timeout: float) -> bool:
+        """Sleep until the next pass; True when a memory pressure event ended it."""
         poller = self._poller
         start = time.monotonic()
         events = poller.poll(timeout * 1000)
+        pressure = False
         for fd, _ in events:
             if fd == self._wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 64)
-        if events and not self._stop and not self._reload:
+            else:
+                pressure = True
+        if pressure and not self._stop and not self._reload:
             # A pressure event: act now, but never spin faster than poll.min.
             rest = self.config.poll_min - (time.monotonic() - start)
             if rest > 0:
                 time.sleep(rest)
+        return pressure
 
     def _status(self, decision: Decision | None, snapshot: Snapshot | None) -> None:
-        self.notifier.notify("STATUS=" + self.status_line(decision, snapshot))
+        line = self.status_line(decision, snapshot)
+        if line != self._last_status:  # one datagram per change, not per pass
+            self._last_status = line
+            self.notifier.notify("STATUS=" + line)
 
     def status_line(self, decision: Decision | None, snapshot: Snapshot | None) -> str:
         parts = []

@@ -125,6 +125,11 @@ class Enforcer:
         if due:
             self._run(due)
 
+    @property
+    def busy(self) -> bool:
+        """A block is unfinished: the guard keeps taking full looks until it is done."""
+        return any(r.step != "blocked" for r in self.records.values())
+
     # --- the steps ------------------------------------------------------------
 
     def _run(self, batch: list[Record]) -> None:

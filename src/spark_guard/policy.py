@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from .classify import classify
 from .config import Config, format_size
-from .snapshot import Action, Decision, Loader, Snapshot
+from .snapshot import Action, Decision, Loader, Memory, Snapshot
 
 STRICT = "strict"
 STEADY = "steady"
@@ -177,3 +177,26 @@ def poll_interval(decision: Decision | None, snapshot: Snapshot | None, config: 
         return longest
     headroom = max(snapshot.memory.available - decision.reserve, 0)
     return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
+
+
+FULL_LOOK_EVERY = 30.0  # seconds: the longest a steady guard goes without a full look
+_FULL_LOOK_DROP = 256 * 1024**2
+
+
+def full_look_due(
+    memory: Memory, last: Snapshot | None, reserve: int, now: float, *, busy: bool
+) -> bool:
+    """Whether this pass must read every process, unit and GPU, or MemAvailable is enough.
+
+    At boot every pass is a full one. After boot a quiet machine costs one read of
+    /proc/meminfo per pass: the full look comes back every FULL_LOOK_EVERY seconds, at
+    once when MemAvailable fell by a step since the last one or nears twice the reserve,
+    and while a block is unfinished (`busy`). A pressure event always brings it.
+    """
+    if last is None or not last.boot_over or busy:
+        return True
+    if now - last.now >= FULL_LOOK_EVERY:
+        return True
+    if last.memory.available - memory.available >= max(_FULL_LOOK_DROP, memory.total // 100):
+        return True
+    return memory.available < 2 * reserve
