@@ -75,7 +75,7 @@ def measure_process(name: str, argv: list[str], idle: float) -> dict[str, float]
 
 def measure_guard(idle: float) -> dict[str, float]:
     with guard_manager() as um:
-        write_config(um, '[loaders.footprint]\n"llama-cost.service" = "100TiB"\n', grace="0s")
+        write_config(um, grace="0s")  # steady: boot is over, the idle case
         um.systemctl("start", "rescue-ssh.service")
         restart_guard(um)
         p = um.show(
@@ -89,6 +89,9 @@ def measure_guard(idle: float) -> dict[str, float]:
         rss, pss = memory(pid)
         cpu = idle_cpu(pid, idle)
         offset = len(um.log.read_text())
+        # An action: a reserve no machine has, so the steady guard stops the next loader.
+        write_config(um, '[budget]\nreserve = "100TiB"\n', grace="0s")
+        um.systemctl("reload", GUARD)
         loader_unit(um, "llama-cost.service", 50)
         um.systemctl("start", "llama-cost.service")
         wait_log(um, r"^warning unit-blocked: user:0:llama-cost.service", after=offset)

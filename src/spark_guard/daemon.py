@@ -82,6 +82,7 @@ class Guard:
         )
         self.publisher = Publisher(config.runtime)
         self._last_status = ""
+        self._force_full = False  # a reload changes what counts: look at everything once
         self._pinged = -1e9
         watchdog_usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self._watchdog_every = watchdog_usec / 3e6 if watchdog_usec else 1.0
@@ -134,7 +135,8 @@ class Guard:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
-            if pressure or self._full_look_due(snapshot, decision, now):
+            if pressure or self._force_full or self._full_look_due(snapshot, decision, now):
+                self._force_full = False
                 if now >= next_refresh:
                     self.sensor.refresh_managers()
                     next_refresh = now + 2.0
@@ -302,6 +304,7 @@ class Guard:
             self.enforcer.config = new  # timeouts; its paths keep their start-up values
             self.dry_run = self.dry_run or new.dry_run
             self.actuator.dry_run = self.dry_run
+            self._force_full = True
             self.log.info(
                 "config-reloaded",
                 file=str(self.config_path),

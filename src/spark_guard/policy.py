@@ -179,7 +179,7 @@ def poll_interval(decision: Decision | None, snapshot: Snapshot | None, config: 
     return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
 
 
-FULL_LOOK_EVERY = 30.0  # seconds: the longest a steady guard goes without a full look
+FULL_LOOK_EVERY = 60.0  # seconds: the longest a steady guard goes without a full look
 _FULL_LOOK_DROP = 256 * 1024**2
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .records import Record
 from .snapshot import Decision, Snapshot
 
-REFRESH = 5.0
+REFRESH = 60.0  # rewritten at least this often; status also checks the pid
 FORMAT = 1
 
 

@@ -17,7 +17,7 @@ from . import config as config_mod
 from .config import ConfigError, format_size
 from .state import read
 
-STALE = 30.0
+STALE = 180.0
 
 
 def run(args: argparse.Namespace) -> int:
