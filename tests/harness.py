@@ -11,6 +11,7 @@ started is killed and its cgroups removed on exit.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -153,3 +154,27 @@ def _kill_and_remove(cg: Path) -> None:
             d.rmdir()
     with contextlib.suppress(OSError):
         cg.rmdir()
+
+
+def file_tree(*roots: Path) -> dict[str, tuple[object, ...]]:
+    """Every file, link and directory at or under roots: type, content or target, owner, mode.
+
+    Two equal trees are byte for byte the same: what `release` must leave behind.
+    """
+    out: dict[str, tuple[object, ...]] = {}
+    for root in roots:
+        entries = (
+            [root]
+            if root.is_file()
+            else [Path(d) / n for d, ds, fs in os.walk(root) for n in ds + fs]
+        )
+        for p in entries:
+            st = p.lstat()
+            if p.is_symlink():
+                what: object = ("link", os.readlink(p))
+            elif p.is_dir():
+                what = ("dir",)
+            else:
+                what = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
+            out[str(p)] = (what, st.st_uid, st.st_gid, st.st_mode)
+    return out

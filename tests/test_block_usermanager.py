@@ -9,12 +9,10 @@ file and link byte for byte as it was.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +29,7 @@ from guardunit import (
     wait_log,
     write_config,
 )
-from harness import UserManager
+from harness import UserManager, file_tree
 
 pytestmark = pytest.mark.systemd
 
@@ -42,24 +40,6 @@ FOOTPRINT = '[loaders.footprint]\n"llama*" = "100TiB"\n'
 def um():
     with guard_manager() as manager:
         yield manager
-
-
-def tree(*roots: Path) -> dict[str, tuple[object, ...]]:
-    """Every file, link and directory under roots: type, content or target, owner, mode."""
-    out: dict[str, tuple[object, ...]] = {}
-    for root in roots:
-        for dirpath, dirs, files in os.walk(root):
-            for name in dirs + files:
-                p = Path(dirpath) / name
-                st = p.lstat()
-                if p.is_symlink():
-                    what: object = ("link", os.readlink(p))
-                elif p.is_dir():
-                    what = ("dir",)
-                else:
-                    what = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
-                out[str(p)] = (what, st.st_uid, st.st_gid, st.st_mode)
-    return out
 
 
 def guard_cli(um: UserManager, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,7 +76,7 @@ def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(
     for unit in units:
         um.wait_for(unit, "ActiveState", "active")
     watched = (um.home / ".config" / "systemd", um.home / ".local" / "share" / "systemd")
-    before = tree(*watched)
+    before = file_tree(*watched)
     assert any(k.endswith("default.target.wants/llama-data.service") for k in before)
 
     offset = restart_guard(um)
@@ -150,7 +130,7 @@ def test_block_holds_wherever_the_unit_file_lives_and_release_undoes_it_exactly(
     assert "llama-conf.service" not in (um.base / "motd.d" / "spark-guard").read_text()
     out = guard_cli(um, "release", "--all")
     assert out.returncode == 0, out.stderr
-    assert tree(*watched) == before  # byte for byte, owners and modes too
+    assert file_tree(*watched) == before  # byte for byte, owners and modes too
     assert not list((um.runtime / "systemd" / "user.control").iterdir())
     assert not (um.base / "motd.d" / "spark-guard").exists()
     assert not (um.base / "issue").exists()

@@ -11,7 +11,6 @@ refused, the records right, nothing back after a reboot, and release leaving
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import file_tree
 from nspawn import Container
 
 pytestmark = pytest.mark.nspawn
@@ -117,24 +117,9 @@ def lay_out_machine(c: Container) -> None:
 
 
 def tree(c: Container) -> dict[str, tuple[object, ...]]:
-    out: dict[str, tuple[object, ...]] = {}
-    for top in ("/etc/systemd", "/home/alice", "/usr/lib/systemd/system/llama@.service"):
-        root = c.path(top)
-        entries = (
-            [root]
-            if root.is_file()
-            else [Path(d) / n for d, ds, fs in os.walk(root) for n in ds + fs]
-        )
-        for p in entries:
-            st = p.lstat()
-            if p.is_symlink():
-                what: object = ("link", os.readlink(p))
-            elif p.is_dir():
-                what = ("dir",)
-            else:
-                what = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
-            out[str(p.relative_to(c.root))] = (what, st.st_uid, st.st_gid, st.st_mode)
-    return out
+    """/etc/systemd, alice's home and the template, keyed by their paths in the container."""
+    roots = ("/etc/systemd", "/home/alice", "/usr/lib/systemd/system/llama@.service")
+    return {k[len(str(c.root)) :]: v for k, v in file_tree(*(c.path(r) for r in roots)).items()}
 
 
 def ref_parts(ref: str) -> tuple[int | None, str]:

@@ -17,7 +17,7 @@ from .inventory import INFINITY, Inventory, collect
 
 def run(args: argparse.Namespace) -> int:
     from .procfs import ProcError, ProcFS
-    from .sensor import Sensor
+    from .sensor import sense_once
 
     try:
         config = config_mod.load(args.config)
@@ -26,17 +26,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log_mod.configure("console", level="error")
     inv = collect(config, args.units)
-    sensor = Sensor(config, log_mod.get_logger())
     try:
-        sensor.refresh_managers()
-        snapshot = sensor.snapshot()
+        snapshot, _ = sense_once(config, log_mod.get_logger())
         proc = ProcFS(config.proc)
         meminfo, rss = proc.meminfo(), proc.rss_total()
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
-    finally:
-        sensor.close()
     holders = sorted(((str(u.ref), u.gpu) for u in snapshot.units if u.gpu), key=lambda h: -h[1])
     gpu_total = sum(u.gpu for u in snapshot.units)
     memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)

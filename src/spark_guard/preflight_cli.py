@@ -118,7 +118,7 @@ def _predict(
 def run(args: argparse.Namespace) -> int:
     from .policy import decide
     from .procfs import ProcError
-    from .sensor import Sensor
+    from .sensor import sense_once
 
     try:
         config = config_mod.load(args.config)
@@ -126,16 +126,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
     log_mod.configure("console", level="error")
-    sensor = Sensor(config, log_mod.get_logger())
     try:
-        sensor.refresh_managers()
-        snapshot = sensor.snapshot()
-        what, prediction, itself = _predict(args, config, snapshot.memory.total, sensor.guard_unit)
+        snapshot, own_unit = sense_once(config, log_mod.get_logger())
+        what, prediction, itself = _predict(args, config, snapshot.memory.total, own_unit)
     except (ProcError, PreflightError, SpecError) as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
-    finally:
-        sensor.close()
     if prediction.bytes is None:
         print(f"spark-guard: {what}: footprint unknown: {prediction.source}", file=sys.stderr)
         return 2

@@ -364,3 +364,13 @@ class Sensor:
         for key in list(self.managers):
             self.managers.pop(key).close()
         self.gpu.stop()
+
+
+def sense_once(config: Config, log: Any) -> tuple[Snapshot, UnitRef | None]:
+    """One snapshot for a command (dump, preflight, audit), and the unit it runs in."""
+    sensor = Sensor(config, log)
+    try:
+        sensor.refresh_managers()
+        return sensor.snapshot(), sensor.guard_unit
+    finally:
+        sensor.close()
