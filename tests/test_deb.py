@@ -160,6 +160,8 @@ def test_installed_with_apt_it_runs_after_a_reboot_and_purges_without_a_trace(de
             "/usr/lib/tmpfiles.d/spark-guard.conf",
             "/etc/systemd/system/sysinit.target.wants/spark-guard.service",
             "/lib/systemd/system/spark-guard.service",
+            "/run/motd.d/spark-guard",
+            "/run/systemd/system.control",  # ours (tmpfiles.d), and empty
         ):
             assert c.run("test", "-e", left, check=False).returncode == 1, left
         assert c.run("dpkg", "-s", "spark-guard", check=False).returncode == 1
