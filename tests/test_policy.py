@@ -108,6 +108,18 @@ def test_strict_trend_stops_growing_loaders():
     assert decide(snap(30 * GiB, grower, history=slow), Config()).actions == ()
 
 
+def test_strict_trend_spares_a_loader_growing_within_its_admitted_footprint():
+    # Found in the VM test: the one loader admitted by its footprint was then stopped by
+    # the trend its own (foreseen) growth made.
+    hist = tuple((20.0 - i, (30 + 3 * i) * GiB) for i in range(5, -1, -1))  # 3 GiB/s
+    admitted = loader("llama-a.service", rss=10 * GiB, growth=3 * GiB)
+    config = footprints(**{"llama-a": 20})  # 20 GiB foreseen; 30 - 10 more is above reserve
+    assert decide(snap(30 * GiB, admitted, history=hist), config).actions == ()
+    outgrown = loader("llama-a.service", rss=21 * GiB, growth=3 * GiB)
+    d = decide(snap(30 * GiB, outgrown, history=hist), config)
+    assert [(a.unit.name, a.reason) for a in d.actions] == [("llama-a.service", "trend")]
+
+
 def test_duplicate_model_is_refused_and_the_first_kept():
     first = loader("llama-ds4-0731.service", model="/srv/ds4.gguf", since=5.0)
     second = loader("llama-ds4-0731.service", manager="user:1000", model="/srv/ds4.gguf", since=6.0)

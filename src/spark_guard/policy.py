@@ -128,11 +128,14 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 )
             else:
                 pending += remaining
-        # The trend: at this fall rate the reserve is crossed within the horizon.
+        # The trend: at this fall rate the reserve is crossed within the horizon. A loader
+        # admitted by its footprint is growing as foreseen and is left alone while it stays
+        # within it; the trend is for the ones whose size nobody knows, or that outgrew it.
         projected = available + rate * config.trend_horizon
         if rate < -_SLOPE_NOISE and projected < reserve:
             for loader in loaders:
-                if loader.usage.growth > 0:
+                foreseen = loader.expected is not None and loader.usage.used <= loader.expected
+                if loader.usage.growth > 0 and not foreseen:
                     act(
                         loader,
                         "trend",
