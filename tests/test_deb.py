@@ -25,15 +25,6 @@ REPO = Path(__file__).parent.parent
 UNIT = REPO / "units" / "spark-guard.service"
 
 
-@pytest.fixture(scope="module")
-def deb() -> Path:
-    out = subprocess.run(
-        [str(REPO / "packaging" / "build-deb.sh")], capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return REPO / out.stdout.strip().splitlines()[-1]
-
-
 def test_lintian_pedantic_has_nothing_to_say(deb):
     out = subprocess.run(
         ["lintian", "--allow-root", "--pedantic", "--display-experimental", str(deb)],

@@ -92,28 +92,29 @@ def lay_out_machine(c: Container) -> None:
     link(wants / "llama@qwen.service", "/usr/lib/systemd/system/llama@.service")
 
     # alice, with linger, and her own enabled loader in ~/.config/systemd/user.
+    add_linger_user(c, "alice", ALICE, "llama-user.service")
+
+
+def add_linger_user(c: Container, user: str, uid: int, unit: str) -> None:
+    """A user with linger and an enabled loader in ~/.config/systemd/user, all theirs."""
     for name, line in (
-        ("passwd", f"alice:x:{ALICE}:{ALICE}:Alice:/home/alice:/bin/sh"),
-        ("group", f"alice:x:{ALICE}:"),
-        ("shadow", "alice:!:20000:0:99999:7:::"),
+        ("passwd", f"{user}:x:{uid}:{uid}::/home/{user}:/bin/sh"),
+        ("group", f"{user}:x:{uid}:"),
+        ("shadow", f"{user}:!:20000:0:99999:7:::"),
     ):
         with open(c.path(f"/etc/{name}"), "a") as f:
             f.write(line + "\n")
-    user_dir = c.path("/home/alice/.config/systemd/user")
+    user_dir = c.path(f"/home/{user}/.config/systemd/user")
     user_dir.mkdir(parents=True)
-    (user_dir / "llama-user.service").write_text(
-        LOADER.format(what="alice", wanted_by="default.target").replace("MemoryMax=256M\n", "")
+    (user_dir / unit).write_text(
+        LOADER.format(what=user, wanted_by="default.target").replace("MemoryMax=256M\n", "")
     )
-    link(
-        user_dir / "default.target.wants" / "llama-user.service",
-        "/home/alice/.config/systemd/user/llama-user.service",
-        ALICE,
-    )
-    for dirpath, dirs, files in os.walk(c.path("/home/alice")):
+    link(user_dir / "default.target.wants" / unit, f"/home/{user}/.config/systemd/user/{unit}")
+    for dirpath, dirs, files in os.walk(c.path(f"/home/{user}")):
         for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
-            os.lchown(name, ALICE, ALICE)
+            os.lchown(name, uid, uid)
     c.path("/var/lib/systemd/linger").mkdir(parents=True, exist_ok=True)
-    c.path("/var/lib/systemd/linger/alice").touch()
+    c.path(f"/var/lib/systemd/linger/{user}").touch()
 
 
 def tree(c: Container) -> dict[str, tuple[object, ...]]:
@@ -285,21 +286,7 @@ def test_audit_sees_every_level_and_rescue_blocks_them_all(machine):
     c = machine
     c.wait_for("spark-guard.service", "ActiveState", "active")
     # bob has linger since a moment ago: his manager is not up, his unit files are read.
-    with open(c.path("/etc/passwd"), "a") as f:
-        f.write("bob:x:1001:1001:Bob:/home/bob:/bin/sh\n")
-    with open(c.path("/etc/group"), "a") as f:
-        f.write("bob:x:1001:\n")
-    bob = c.path("/home/bob/.config/systemd/user")
-    bob.mkdir(parents=True)
-    (bob / "bob-llama.service").write_text(
-        LOADER.format(what="bob", wanted_by="default.target").replace("MemoryMax=256M\n", "")
-    )
-    link(
-        bob / "default.target.wants" / "bob-llama.service",
-        "/home/bob/.config/systemd/user/bob-llama.service",
-        1001,
-    )
-    c.path("/var/lib/systemd/linger/bob").touch()
+    add_linger_user(c, "bob", 1001, "bob-llama.service")
 
     out = c.run("spark-guard", "audit", "--json", check=False)
     assert out.returncode == 1, out.stderr

@@ -11,7 +11,6 @@ keep MemAvailable above the reserve.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -42,15 +41,6 @@ Restart=on-failure
 [Install]
 WantedBy=multi-user.target
 """
-
-
-@pytest.fixture(scope="module")
-def deb() -> Path:
-    out = subprocess.run(
-        [str(REPO / "packaging" / "build-deb.sh")], capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return REPO / out.stdout.strip().splitlines()[-1]
 
 
 def test_in_a_real_vm_one_loader_loads_the_other_is_blocked_and_ssh_stays_up(deb):

@@ -11,7 +11,7 @@ from typing import Any
 from . import config as config_mod
 from . import log as log_mod
 from .audit import Finding, loader_findings, memory_findings, reconcile, worst
-from .config import ConfigError, format_size
+from .config import format_size
 from .inventory import INFINITY, Inventory, collect
 
 
@@ -19,10 +19,8 @@ def run(args: argparse.Namespace) -> int:
     from .procfs import ProcError, ProcFS
     from .sensor import sense_once
 
-    try:
-        config = config_mod.load(args.config)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(args.config)
+    if config is None:
         return 2
     log_mod.configure("console", level="error")
     inv = collect(config, args.units)

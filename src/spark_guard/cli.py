@@ -12,7 +12,7 @@ from typing import Any
 from . import __version__
 from . import config as config_mod
 from . import log as log_mod
-from .config import ConfigError, format_size
+from .config import format_size
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,10 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_config(path: Path) -> int:
-    try:
-        c = config_mod.load(path)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    c = config_mod.load_for_command(path)
+    if c is None:
         return 1
     print(
         f"{path}: ok (reserve {format_size(c.reserve)} or {c.reserve_percent:g}% of MemTotal, "
@@ -166,10 +164,8 @@ def _dump(path: Path, as_json: bool) -> int:
     from .procfs import ProcError
     from .sensor import Sensor
 
-    try:
-        config = config_mod.load(path)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(path)
+    if config is None:
         return 1
     log_mod.configure("console", level="warning")
     sensor = Sensor(config, log_mod.get_logger())
@@ -215,10 +211,8 @@ def _release(path: Path, names: list[str], everything: bool) -> int:
     from .records import RecordStore
     from .release import ReleaseError, log_release, release, select
 
-    try:
-        config = config_mod.load(path)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(path)
+    if config is None:
         return 1
     store = RecordStore(config.state)
     records, errors = store.all()

@@ -8,6 +8,7 @@ file, the key and the line, so an admin can fix it without reading code.
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -382,3 +383,12 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(p), None, None, f"cannot read: {e}") from None
     return parse(text, str(p))
+
+
+def load_for_command(path: Path | str) -> Config | None:
+    """load() for a command line: the error goes to stderr as one line, and None back."""
+    try:
+        return load(path)
+    except ConfigError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return None

@@ -18,7 +18,7 @@ from typing import Any
 from .classify import classify
 from .config import Config
 from .managers import Manager, ManagerError, discover
-from .snapshot import SYSTEM, UnitRef, UnitUsage
+from .snapshot import SYSTEM, UnitRef, UnitUsage, parse_ref
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
@@ -264,7 +264,7 @@ def lingering(linger_dir: str, running: Iterable[str]) -> list[Linger]:
 
 def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
     inv = Inventory()
-    wanted_refs = [_ref(n) for n in names]
+    wanted_refs = [parse_ref(n, "") for n in names]  # "": on whichever manager has it
     sockets = discover(config.system_manager, config.user_runtime)
     for key, sock in sockets.items():
         manager = Manager(key, sock)
@@ -288,14 +288,3 @@ def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
         if str(r) not in found and (r.manager or r.name not in found)
     ]
     return inv
-
-
-def _ref(name: str) -> UnitRef:
-    """'llama' -> any manager's llama.service; 'user:1000:x.service' -> that manager's."""
-    full = name if "." in name.rsplit(":", 1)[-1] else f"{name}.service"
-    if full.startswith("user:"):
-        _, uid, unit = full.split(":", 2)
-        return UnitRef(f"user:{uid}", unit)
-    if full.startswith("system:"):
-        return UnitRef(SYSTEM, full.split(":", 1)[1])
-    return UnitRef("", full)

@@ -19,13 +19,13 @@ from typing import Any
 from . import config as config_mod
 from . import log as log_mod
 from .classify import expected_footprint
-from .config import Config, ConfigError, format_size
+from .config import Config, format_size
 from .estimate import Estimate, Settings
 from .foresight import Prediction, Predictor, parse_environment
 from .loadspec import LoadSpec, SpecError, first_spec
 from .managers import Manager, ManagerError, discover
 from .preflight import Verdict, verdict
-from .snapshot import SYSTEM, UnitRef
+from .snapshot import SYSTEM, UnitRef, parse_ref
 
 
 class PreflightError(RuntimeError):
@@ -52,14 +52,11 @@ def _settings(args: argparse.Namespace, base: Settings) -> Settings:
 
 
 def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
-    name = target if "." in target.rsplit(":", 1)[-1] else f"{target}.service"
-    if name.startswith("user:"):
-        _, uid, unit = name.split(":", 2)
-        return UnitRef(f"user:{uid}", unit)
-    if own_unit is not None and own_unit.name == name:
-        return own_unit  # ExecStartPre= of that very unit: whichever manager runs it
     # Run by a user, a bare name is one of the user's own units.
-    return UnitRef(SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}", name)
+    ref = parse_ref(target, SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}")
+    if own_unit is not None and own_unit.name == ref.name and not target.startswith("user:"):
+        return own_unit  # ExecStartPre= of that very unit: whichever manager runs it
+    return ref
 
 
 def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dict[str, str]]:
@@ -120,10 +117,8 @@ def run(args: argparse.Namespace) -> int:
     from .procfs import ProcError
     from .sensor import sense_once
 
-    try:
-        config = config_mod.load(args.config)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(args.config)
+    if config is None:
         return 2
     log_mod.configure("console", level="error")
     try:

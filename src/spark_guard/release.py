@@ -14,6 +14,7 @@ from typing import Any
 
 from .managers import Manager, ManagerError, discover
 from .records import Record, RecordStore
+from .snapshot import SYSTEM, parse_ref
 from .unitfiles import UnitFileError, remove_mask, restore_conflict, restore_link
 
 
@@ -35,9 +36,12 @@ def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) 
     records = list(records)
     chosen: dict[str, Record] = {}
     for name in names:
-        unit = name if "." in name.rsplit(":", 1)[-1] else f"{name}.service"
-        exact = [r for r in records if str(r.ref) in (name, unit)]
-        by_unit = exact or [r for r in records if r.unit == unit.rsplit(":", 1)[-1]]
+        ref = parse_ref(name, SYSTEM)
+        exact = [r for r in records if r.ref == ref]
+        # A bare name: whichever manager it is blocked on, if only one.
+        by_unit = exact or (
+            [] if name.startswith("user:") else [r for r in records if r.unit == ref.name]
+        )
         if not by_unit:
             raise ReleaseError(f"{name}: not blocked by spark-guard (no record in {store.blocked})")
         if len(by_unit) > 1:

@@ -15,7 +15,7 @@ import sys
 
 from . import config as config_mod
 from . import log as log_mod
-from .config import ConfigError, format_size
+from .config import format_size
 from .enforce import Enforcer
 from .inventory import UnitInfo, collect
 from .managers import Manager, ManagerError, discover
@@ -24,10 +24,8 @@ from .snapshot import Action, Decision
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = config_mod.load(args.config)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(args.config)
+    if config is None:
         return 2
     config = dataclasses.replace(config, stop_timeout=args.stop_timeout, kill_timeout=2.0)
     try:

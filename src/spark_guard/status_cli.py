@@ -14,17 +14,15 @@ import time
 from typing import Any
 
 from . import config as config_mod
-from .config import ConfigError, format_size
+from .config import format_size
 from .state import read
 
 STALE = 180.0
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = config_mod.load(args.config)
-    except ConfigError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+    config = config_mod.load_for_command(args.config)
+    if config is None:
         return 2
     path = os.path.join(config.runtime, "state.json")
     try:
