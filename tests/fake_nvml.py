@@ -14,6 +14,33 @@ import pynvml
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 
 
+NOT_SUPPORTED = None  # a card figure the device does not report
+
+# A healthy discrete card, as the doctor's checks read it. Override per test.
+HEALTHY_CARD = {
+    "name": b"NVIDIA RTX 6000 Ada Generation",
+    "persistence": 1,
+    "pcie_gen": 4,
+    "pcie_gen_max": 4,
+    "pcie_width": 16,
+    "pcie_width_max": 16,
+    "temperature": 45,
+    "slowdown": 90,
+    "power_mw": 80_000,
+    "power_limit_mw": 300_000,
+    "memory": (48 * 2**30, 6 * 2**30),  # total, used
+}
+# GB10 (DGX Spark): one memory pool, so no device memory figure.
+GB10_CARD = HEALTHY_CARD | {
+    "name": b"NVIDIA GB10",
+    "memory": NOT_SUPPORTED,
+    "pcie_gen": 5,
+    "pcie_gen_max": 5,
+    "pcie_width": 1,
+    "pcie_width_max": 1,
+}
+
+
 class FakeNvmlLib:
     def __init__(
         self,
@@ -21,8 +48,13 @@ class FakeNvmlLib:
         *,
         has_v3: bool = True,
         init_error: int = 0,
+        cards: list[dict[str, object]] | None = None,
+        driver: bytes = b"580.95.05",
+        cuda: int = 13000,
     ) -> None:
         self.devices = devices  # per device: (pid, bytes or None)
+        self.cards = cards or [dict(HEALTHY_CARD) for _ in devices]
+        self.driver, self.cuda = driver, cuda
         self.init_error = init_error
         self.fail_with = 0
         self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in devices]
@@ -67,6 +99,65 @@ class FakeNvmlLib:
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle, count_ref, array):
         return self._procs(handle, count_ref, array)
+
+    # --- what doctor reads ---
+
+    def _card(self, handle):
+        return self.cards[self._by_address[addressof(handle.contents)]]
+
+    def _put(self, ref, value):
+        if value is NOT_SUPPORTED:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        ref._obj.value = value
+        return pynvml.NVML_SUCCESS
+
+    def nvmlSystemGetDriverVersion(self, buf, size):
+        buf.value = self.driver
+        return 0
+
+    def nvmlSystemGetCudaDriverVersion(self, ref):
+        return self._put(ref, self.cuda)
+
+    def nvmlDeviceGetName(self, handle, buf, size):
+        buf.value = self._card(handle)["name"]
+        return 0
+
+    def nvmlDeviceGetPersistenceMode(self, handle, ref):
+        return self._put(ref, self._card(handle)["persistence"])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle, ref):
+        return self._put(ref, self._card(handle)["pcie_gen"])
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle, ref):
+        return self._put(ref, self._card(handle)["pcie_gen_max"])
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle, ref):
+        return self._put(ref, self._card(handle)["pcie_width"])
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle, ref):
+        return self._put(ref, self._card(handle)["pcie_width_max"])
+
+    def nvmlDeviceGetTemperature(self, handle, sensor, ref):
+        return self._put(ref, self._card(handle)["temperature"])
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle, which, ref):
+        if which.value != pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        return self._put(ref, self._card(handle)["slowdown"])
+
+    def nvmlDeviceGetPowerUsage(self, handle, ref):
+        return self._put(ref, self._card(handle)["power_mw"])
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle, ref):
+        return self._put(ref, self._card(handle)["power_limit_mw"])
+
+    def nvmlDeviceGetMemoryInfo(self, handle, ref):
+        memory = self._card(handle)["memory"]
+        if memory is NOT_SUPPORTED:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        total, used = memory
+        ref._obj.total, ref._obj.used, ref._obj.free = total, used, total - used
+        return 0
 
 
 def install(monkeypatch, lib: FakeNvmlLib | None) -> None:

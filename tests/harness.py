@@ -24,14 +24,30 @@ SYSTEMD = next(
     (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
     "/lib/systemd/systemd",
 )
+JOURNALD = next(
+    (
+        p
+        for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald")
+        if os.path.exists(p)
+    ),
+    "/lib/systemd/systemd-journald",
+)
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 
 
 class UserManager:
     """Start with `with UserManager() as um:`; um.systemctl(...) runs inside its namespace."""
 
-    def __init__(self, uid_dir: str = "0", user_runtime: Path | None = None) -> None:
+    def __init__(
+        self, uid_dir: str = "0", user_runtime: Path | None = None, *, journald: bool = False
+    ) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="sg-um."))
+        # journald=True: a systemd-journald of its own in the namespace, units log to it,
+        # its files land in self.journal_dir, and records written to the FIFO self.kmsg
+        # reach it as kernel messages (it is bound over /dev/kmsg in there).
+        self.journald = journald
+        self.journal_dir = self.base / "log" / "journal"
+        self.kmsg = self.base / "kmsg"
         self.home = self.base / "home"
         # Managers sharing one runtime root look like several users' managers.
         self.user_runtime = user_runtime or self.base / "run-user"
@@ -40,6 +56,10 @@ class UserManager:
         self.data_unit_dir = self.home / ".local" / "share" / "systemd" / "user"
         self.log = self.base / "manager.log"
         self.cgroup = f"sg-test-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}"
+        if journald:
+            # Named as a real user manager's, so journald tags lines with their unit
+            # (_SYSTEMD_USER_UNIT), as it does on a real machine.
+            self.cgroup += f".slice/user@{uid_dir}.service"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -61,20 +81,43 @@ class UserManager:
         for d in (self.unit_dir, self.data_unit_dir, self.base / "runsd" / "system"):
             d.mkdir(parents=True, exist_ok=True)
         self.runtime.mkdir(parents=True, mode=0o700)
-        # No journald here: units write to the manager's own stdout, our log file.
-        (self.home / ".config" / "systemd" / "user.conf").write_text(
-            "[Manager]\nDefaultStandardOutput=inherit\nDefaultStandardError=inherit\n"
-        )
+        if not self.journald:
+            # No journald here: units write to the manager's own stdout, our log file.
+            (self.home / ".config" / "systemd" / "user.conf").write_text(
+                "[Manager]\nDefaultStandardOutput=inherit\nDefaultStandardError=inherit\n"
+            )
         for root in CGROUP_ROOTS:
-            os.mkdir(f"{root}/{self.cgroup}")
+            os.makedirs(f"{root}/{self.cgroup}")
         moves = "; ".join(f"echo $$ > {r}/{self.cgroup}/cgroup.procs" for r in CGROUP_ROOTS)
         # A fresh /run in its namespace: the guard under test falls back to default
         # paths (/run/spark-guard, /run/motd.d) when a test hands it a broken config.
-        script = (
-            f"{moves}; exec unshare --mount --propagation private sh -c "
-            f"'mount -t tmpfs tmpfs /run && mkdir /run/systemd && "
-            f"mount --bind {self.base}/runsd /run/systemd && exec {SYSTEMD} --user'"
-        )
+        inner = [
+            "set -e",
+            "mount -t tmpfs tmpfs /run",
+            "mkdir /run/systemd",
+            f"mount --bind {self.base}/runsd /run/systemd",
+        ]
+        if self.journald:
+            self.journal_dir.mkdir(parents=True)
+            os.mkfifo(self.kmsg)
+            inner += [
+                "mkdir /run/log",
+                f"mount --bind {self.base}/log /run/log",
+                # never the host's persistent journal
+                "if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi",
+                f"mount --bind {self.kmsg} /dev/kmsg",
+                # journald opens /dev/kmsg for writing first: a FIFO needs a reader for that
+                "exec 3<>/dev/kmsg",
+                f"{JOURNALD} &",
+                "for i in $(seq 200); do [ -S /run/systemd/journal/stdout ] && break; "
+                "sleep 0.05; done",
+                "exec 3>&-",
+            ]
+            # As user@.service runs it: its own messages go to the journal.
+            inner.append("export SYSTEMD_LOG_TARGET=journal")
+        inner.append(f"exec {SYSTEMD} --user")
+        (self.base / "start.sh").write_text("\n".join(inner) + "\n")
+        script = f"{moves}; exec unshare --mount --propagation private sh {self.base}/start.sh"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 ["sh", "-c", script],
@@ -86,8 +129,9 @@ class UserManager:
         deadline = time.monotonic() + 15
         while not self.socket.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                said = self.log.read_text()[-2000:]
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"systemd --user did not start: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"systemd --user did not start: {said}")
             time.sleep(0.02)
         return self
 
@@ -131,6 +175,9 @@ class UserManager:
                 self.proc.wait()
         for root in CGROUP_ROOTS:
             _kill_and_remove(Path(root) / self.cgroup)
+            if self.journald:
+                with contextlib.suppress(OSError):
+                    (Path(root) / self.cgroup).parent.rmdir()
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.base, ignore_errors=True)
 

@@ -88,6 +88,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     rescue.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
 
+    doctor = sub.add_parser(
+        "doctor", help="why a model server died or the GPU fell off: Xid, driver, card, logs"
+    )
+    doctor.add_argument(
+        "--since",
+        default="24h ago",
+        help="how far back to read the logs, as journalctl --since takes it",
+    )
+    doctor.add_argument(
+        "--directory", help="read the journal files in this directory (a rescued disk's)"
+    )
+    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+
     release = sub.add_parser(
         "release", help="undo what the guard did to a unit: unmask, re-enable with the same links"
     )
@@ -128,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         from .audit_cli import run as audit
 
         return audit(args)
+    if args.command == "doctor":
+        from .doctor_cli import run as doctor
+
+        return doctor(args)
     if args.command == "preflight":
         from .preflight_cli import run as preflight
 

@@ -191,6 +191,9 @@ class Config:
     issue: str = "/run/spark-guard/issue"
     runtime: str = "/run/spark-guard"
     linger: str = "/var/lib/systemd/linger"
+    dev: str = "/dev"
+    sysfs: str = "/sys"
+    kmsg: str = "/dev/kmsg"
 
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
@@ -285,6 +288,9 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("paths", "issue"): ("issue", _path),
     ("paths", "runtime"): ("runtime", _path),
     ("paths", "linger"): ("linger", _path),
+    ("paths", "dev"): ("dev", _path),
+    ("paths", "sysfs"): ("sysfs", _path),
+    ("paths", "kmsg"): ("kmsg", _path),
 }
 # [loaders.footprint] is a table of unit-name glob -> size.
 FOOTPRINT_TABLE = ("loaders", "footprint")

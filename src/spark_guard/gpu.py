@@ -95,3 +95,107 @@ def _describe(nv: Any, e: Exception) -> str:
         nv.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices",
     }
     return hints.get(code, f"{e} (code {code})")
+
+
+# --- `spark-guard doctor`: the card's own state, read once ---
+
+
+@dataclass(frozen=True)
+class Card:
+    index: int
+    name: str
+    persistence: bool | None  # None: the card does not say (NOT_SUPPORTED)
+    pcie_gen: int | None
+    pcie_gen_max: int | None
+    pcie_width: int | None
+    pcie_width_max: int | None
+    temperature: int | None  # °C
+    temperature_slowdown: int | None
+    power: float | None  # W
+    power_limit: float | None
+    memory_used: int | None  # bytes; None on GB10: only per-process figures exist
+    memory_total: int | None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    state: str  # ok | no-library | no-driver | no-permission | lost | error
+    detail: str
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cards: tuple[Card, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+
+
+def _state_of(nv: Any, e: Exception) -> str:
+    code = getattr(e, "value", None)
+    return {
+        nv.NVML_ERROR_LIBRARY_NOT_FOUND: "no-library",
+        nv.NVML_ERROR_DRIVER_NOT_LOADED: "no-driver",
+        nv.NVML_ERROR_NO_PERMISSION: "no-permission",
+        nv.NVML_ERROR_GPU_IS_LOST: "lost",
+    }.get(code, "error")
+
+
+def inspect() -> GpuFacts:
+    """Everything doctor asks NVML, once: init, read, shut down. Never raises."""
+    try:
+        nv = _nvml()
+    except GpuUnavailable as e:
+        return GpuFacts("no-library", str(e))
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as e:
+        return GpuFacts(_state_of(nv, e), f"NVML: {_describe(nv, e)}")
+    try:
+
+        def ask(fn: Any, *args: Any) -> Any:
+            # NOT_SUPPORTED (GB10's memory figure) and friends: the card does not say.
+            try:
+                return fn(*args)
+            except nv.NVMLError as e:
+                if getattr(e, "value", None) == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                return None
+
+        driver = ask(nv.nvmlSystemGetDriverVersion)
+        cuda = ask(nv.nvmlSystemGetCudaDriverVersion)
+        cards = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = ask(nv.nvmlDeviceGetMemoryInfo, h)
+            power = ask(nv.nvmlDeviceGetPowerUsage, h)
+            limit = ask(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            persistence = ask(nv.nvmlDeviceGetPersistenceMode, h)
+            cards.append(
+                Card(
+                    index=i,
+                    name=str(ask(nv.nvmlDeviceGetName, h) or f"GPU {i}"),
+                    persistence=None if persistence is None else persistence == 1,
+                    pcie_gen=ask(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                    pcie_gen_max=ask(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                    pcie_width=ask(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+                    pcie_width_max=ask(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+                    temperature=ask(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                    temperature_slowdown=ask(
+                        nv.nvmlDeviceGetTemperatureThreshold,
+                        h,
+                        nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                    ),
+                    power=None if power is None else power / 1000,
+                    power_limit=None if limit is None else limit / 1000,
+                    memory_used=None if mem is None else int(mem.used),
+                    memory_total=None if mem is None else int(mem.total),
+                )
+            )
+        reader = Nvml()  # NVML counts inits: this one is shut down by reader.stop()
+        reader.start()
+        procs = tuple(reader.processes())
+        reader.stop()
+        version = None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return GpuFacts("ok", f"{len(cards)} device(s)", driver, version, tuple(cards), procs)
+    except (nv.NVMLError, GpuUnavailable) as e:
+        return GpuFacts("lost", f"NVML: {e}")
+    finally:
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()

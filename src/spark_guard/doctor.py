@@ -1,0 +1,503 @@
+"""Doctor's judgement: the order admins follow when a model server dies or the GPU "falls off".
+
+1. classify the failure (app, driver, hardware/firmware);
+2. the kernel's NVIDIA messages (Xid, explained from NVIDIA's catalogue);
+3. the driver's state (versions, persistence mode);
+4. the card (PCIe link, temperature, power, memory);
+5. the application's side: restart storms, OOM kills, CUDA errors, memory budgets.
+
+Pure: Evidence (plain data, gathered by doctor_cli) in, a Report out.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .config import format_size
+from .gpu import GpuFacts
+from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
+from .xid import CATALOGUE_URL, XidEvent, describe, parse_line
+
+SEVERITY_ORDER = ("ok", "info", "warning", "critical")
+STEPS = ("classify", "kernel", "driver", "card", "application")
+STORM_WINDOW = 300.0  # s: three restarts in five minutes is not a load being retried
+STORM_COUNT = 3
+CUDA_OOM = re.compile(
+    r"out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|failed to allocate", re.I
+)
+CUDA_INIT = re.compile(
+    r"no CUDA-capable device|cudaErrorInitializationError|CUDA_ERROR_NOT_INITIALIZED|"
+    r"CUDA_ERROR_NO_DEVICE|failed to initiali[sz]e CUDA|cuInit|ggml_cuda_init: failed|"
+    r"CUDA driver version is insufficient",
+    re.I,
+)
+CUDA_ERROR = re.compile(r"CUDA error|cuda.*(error|fail)", re.I)
+
+
+@dataclass(frozen=True)
+class LoaderBudget:
+    unit: str
+    expected: int | None
+    source: str  # how the figure was found, or why there is none
+    autostart: bool
+
+
+@dataclass(frozen=True)
+class Evidence:
+    gpu: GpuFacts
+    nvidiactl: bool  # /dev/nvidiactl exists
+    nvidia_pci: int  # NVIDIA devices on the PCI bus (sysfs)
+    persistenced: str  # ActiveState of nvidia-persistenced.service, or "not-found"
+    logs: tuple[LogLine, ...] = ()
+    log_limits: tuple[str, ...] = ()
+    loader_units: frozenset[str] = frozenset()
+    loader_names: tuple[str, ...] = ()  # name patterns and binaries that mark a loader
+    budgets: tuple[LoaderBudget, ...] = ()
+    mem_total: int = 0
+    reserve: int = 0
+    unit_of_pid: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    step: str
+    severity: str
+    code: str
+    message: str
+    evidence: tuple[str, ...]
+    next_step: str
+
+
+@dataclass(frozen=True)
+class Report:
+    kind: str  # healthy | app-level | driver-level | hardware/firmware-level | no-gpu
+    findings: tuple[Finding, ...]
+
+    @property
+    def worst(self) -> str:
+        return max((f.severity for f in self.findings), key=SEVERITY_ORDER.index, default="ok")
+
+    @property
+    def exit_code(self) -> int:
+        return {"critical": 2, "warning": 1}.get(self.worst, 0)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "?"
+
+
+def _is_loader(unit: str, ev: Evidence, identifier: str = "") -> bool:
+    if unit and unit in ev.loader_units:
+        return True
+    name = unit.rsplit(":", 1)[-1].lower()
+    return any(p.lower() in name or p.lower() == identifier.lower() for p in ev.loader_names)
+
+
+def _xids(ev: Evidence) -> list[XidEvent]:
+    return [x for line in ev.logs if line.kernel if (x := parse_line(line.message, line.at))]
+
+
+def _cuda_lines(ev: Evidence) -> list[tuple[str, LogLine]]:
+    out = []
+    for line in ev.logs:
+        if line.kernel or line.message_id or not _is_loader(line.unit, ev, line.identifier):
+            continue
+        if CUDA_INIT.search(line.message):
+            out.append(("init", line))
+        elif CUDA_OOM.search(line.message):
+            out.append(("out-of-memory", line))
+        elif CUDA_ERROR.search(line.message):
+            out.append(("error", line))
+    return out
+
+
+def classify(ev: Evidence, xids: list[XidEvent], cuda: list[tuple[str, LogLine]]) -> Finding:
+    gpu = ev.gpu
+    hardware = [x for x in xids if describe(x.code).origin != "app"]
+    app = [x for x in xids if describe(x.code).origin == "app"]
+    if gpu.state == "no-library" and not ev.nvidia_pci and not ev.nvidiactl:
+        return Finding(
+            "classify",
+            "info",
+            "no-gpu",
+            "no NVIDIA GPU and no driver here: GPU checks skipped",
+            (gpu.detail,),
+            "nothing to do, unless this machine should have one (lspci | grep -i nvidia)",
+        )
+    if gpu.state == "no-permission":
+        return Finding(
+            "classify",
+            "info",
+            "no-permission",
+            "cannot open the NVIDIA devices as this user: run as root to classify",
+            (gpu.detail,),
+            "sudo spark-guard doctor",
+        )
+    if gpu.state != "ok" or not ev.nvidiactl or not gpu.cards:
+        evidence = [gpu.detail]
+        if not ev.nvidiactl:
+            evidence.append("/dev/nvidiactl does not exist")
+        if ev.nvidia_pci:
+            evidence.append(f"{ev.nvidia_pci} NVIDIA device(s) on the PCI bus")
+        evidence += [x.line for x in hardware[-3:]]
+        return Finding(
+            "classify",
+            "critical",
+            "driver-level",
+            "driver-level: the driver or the GPU is gone from NVML's view",
+            tuple(evidence),
+            "lsmod | grep nvidia; dkms status; journalctl -k | grep NVRM; after an Xid 79 "
+            "only a reboot brings the GPU back",
+        )
+    if hardware:
+        worst = max((describe(x.code).severity for x in hardware), key=SEVERITY_ORDER.index)
+        codes = sorted({x.code for x in hardware})
+        return Finding(
+            "classify",
+            worst,
+            "hardware/firmware-level",
+            f"hardware/firmware-level: NVML sees the GPU, but the kernel logged Xid "
+            f"{', '.join(map(str, codes))}",
+            tuple(x.line for x in hardware[-3:]),
+            "read the Xid findings below; they say what to check first",
+        )
+    if app or cuda:
+        evidence = [x.line for x in app[-3:]] + [line.message for _, line in cuda[-3:]]
+        return Finding(
+            "classify",
+            "warning",
+            "app-level",
+            "app-level: the GPU and driver are fine; an application hit CUDA errors"
+            + (
+                " (Xid " + ", ".join(sorted({str(x.code) for x in app})) + ": application "
+                "faults in NVIDIA's catalogue)"
+                if app
+                else ""
+            ),
+            tuple(evidence),
+            "read the loader's own log (journalctl -u UNIT) and its memory budget below",
+        )
+    return Finding(
+        "classify",
+        "ok",
+        "healthy",
+        f"healthy: NVML sees {len(gpu.cards)} GPU(s), no Xid, no CUDA errors in the window",
+        (),
+        "",
+    )
+
+
+def xid_findings(xids: list[XidEvent], ev: Evidence) -> list[Finding]:
+    by_code: dict[int, list[XidEvent]] = defaultdict(list)
+    for x in xids:
+        by_code[x.code].append(x)
+    out = []
+    for code, events in sorted(by_code.items()):
+        info = describe(code)
+        pids = sorted({x.pid for x in events if x.pid is not None})
+        units = sorted({ev.unit_of_pid[p] for p in pids if p in ev.unit_of_pid})
+        who = f"; pid {', '.join(map(str, pids))}" if pids else ""
+        who += f" ({', '.join(units)})" if units else ""
+        out.append(
+            Finding(
+                "kernel",
+                info.severity,
+                f"xid-{code}",
+                f"Xid {code} ({info.name}) x{len(events)} on {events[-1].device}, "
+                f"{_when(events[0].at)} .. {_when(events[-1].at)}{who}. Usual causes: "
+                f"{info.causes}",
+                (events[-1].line, f"catalogue: {CATALOGUE_URL}"),
+                info.first_check,
+            )
+        )
+    if not xids and ev.logs:
+        out.append(Finding("kernel", "ok", "no-xid", "no NVRM Xid lines in the window", (), ""))
+    return out
+
+
+def driver_findings(ev: Evidence, storms: set[str]) -> list[Finding]:
+    gpu = ev.gpu
+    if gpu.state != "ok":
+        return []
+    out = [
+        Finding(
+            "driver",
+            "info",
+            "versions",
+            f"driver {gpu.driver_version or '?'}, CUDA {gpu.cuda_version or '?'} (the highest "
+            "CUDA the driver supports)",
+            (),
+            "",
+        )
+    ]
+    for card in gpu.cards:
+        if card.persistence is None:
+            out.append(
+                Finding(
+                    "driver",
+                    "info",
+                    "persistence-unknown",
+                    f"GPU {card.index}: persistence mode not reported by this GPU",
+                    (f"nvidia-persistenced: {ev.persistenced}",),
+                    "",
+                )
+            )
+        elif not card.persistence and ev.persistenced != "active":
+            loader_storm = any(_is_loader(u, ev) for u in storms)
+            out.append(
+                Finding(
+                    "driver",
+                    "warning" if loader_storm else "info",
+                    "persistence-off",
+                    f"GPU {card.index}: persistence mode off and nvidia-persistenced not "
+                    "running. It matters when GPU processes start and stop often or "
+                    "initialise concurrently (each first open re-initialises the GPU, "
+                    "seconds); a long-running server does not care"
+                    + ("; a loader is in a restart storm here" if loader_storm else ""),
+                    (f"nvidia-persistenced: {ev.persistenced}",),
+                    "systemctl enable --now nvidia-persistenced",
+                )
+            )
+    return out
+
+
+def card_findings(ev: Evidence) -> list[Finding]:
+    out = []
+    for c in ev.gpu.cards:
+        tag = f"GPU {c.index} ({c.name})"
+        if c.pcie_width is not None and c.pcie_width_max and c.pcie_width < c.pcie_width_max:
+            out.append(
+                Finding(
+                    "card",
+                    "warning",
+                    "pcie-width",
+                    f"{tag}: PCIe link x{c.pcie_width}, the card can do x{c.pcie_width_max}",
+                    (f"gen {c.pcie_gen} of {c.pcie_gen_max}",),
+                    "reseat the card or riser; check the slot; kernel log for AER errors",
+                )
+            )
+        if c.pcie_gen is not None and c.pcie_gen_max and c.pcie_gen < c.pcie_gen_max:
+            out.append(
+                Finding(
+                    "card",
+                    "info",
+                    "pcie-gen",
+                    f"{tag}: PCIe gen {c.pcie_gen}, the card can do gen {c.pcie_gen_max}; "
+                    "normal at idle (the link slows down to save power)",
+                    (),
+                    "check again under load: nvidia-smi -q -d PCIE",
+                )
+            )
+        if c.temperature is not None and c.temperature_slowdown:
+            margin = c.temperature_slowdown - c.temperature
+            sev = "critical" if margin <= 0 else "warning" if margin <= 5 else "ok"
+            out.append(
+                Finding(
+                    "card",
+                    sev,
+                    "temperature",
+                    f"{tag}: {c.temperature} °C, slowdown at {c.temperature_slowdown} °C",
+                    (),
+                    "" if sev == "ok" else "check airflow and fans; clocks drop at slowdown",
+                )
+            )
+        if c.power is not None and c.power_limit:
+            capped = c.power >= 0.98 * c.power_limit
+            out.append(
+                Finding(
+                    "card",
+                    "warning" if capped else "ok",
+                    "power",
+                    f"{tag}: drawing {c.power:.0f} W of a {c.power_limit:.0f} W limit"
+                    + ("; clocks are power-capped" if capped else ""),
+                    (),
+                    "nvidia-smi -q -d POWER,PERFORMANCE (throttle reasons)" if capped else "",
+                )
+            )
+        gpu_total = sum(p.used or 0 for p in ev.gpu.processes)
+        if c.memory_used is None:
+            out.append(
+                Finding(
+                    "card",
+                    "info",
+                    "memory-not-supported",
+                    f"{tag}: device memory figure NOT SUPPORTED (as on GB10, which shares "
+                    f"system memory); per-process: {format_size(gpu_total)} in "
+                    f"{len(ev.gpu.processes)} process(es)",
+                    tuple(
+                        f"pid {p.pid} ({ev.unit_of_pid.get(p.pid, '?')}): "
+                        f"{format_size(p.used) if p.used is not None else 'n/a'}"
+                        for p in ev.gpu.processes
+                    ),
+                    "",
+                )
+            )
+        elif c.memory_total:
+            share = c.memory_used / c.memory_total
+            out.append(
+                Finding(
+                    "card",
+                    "warning" if share > 0.9 else "ok",
+                    "memory",
+                    f"{tag}: {format_size(c.memory_used)} of {format_size(c.memory_total)} "
+                    f"used ({share:.0%})",
+                    (),
+                    "spark-guard status; nvidia-smi --query-compute-apps=pid,used_memory "
+                    "--format=csv"
+                    if share > 0.9
+                    else "",
+                )
+            )
+    return out
+
+
+def _storms(ev: Evidence) -> dict[str, list[LogLine]]:
+    by_unit: dict[str, list[LogLine]] = defaultdict(list)
+    for line in ev.logs:
+        if line.message_id == RESTART_SCHEDULED and line.unit:
+            by_unit[line.unit].append(line)
+    storms = {}
+    for unit, lines in by_unit.items():
+        times = sorted(line.at for line in lines)
+        densest = max(
+            sum(1 for t in times[i:] if t - start <= STORM_WINDOW) for i, start in enumerate(times)
+        )
+        if densest >= STORM_COUNT:
+            storms[unit] = sorted(lines, key=lambda line: line.at)
+    return storms
+
+
+def application_findings(
+    ev: Evidence, storms: dict[str, list[LogLine]], cuda: list[tuple[str, LogLine]]
+) -> list[Finding]:
+    out = []
+    for unit, lines in sorted(storms.items()):
+        loader = _is_loader(unit, ev)
+        out.append(
+            Finding(
+                "application",
+                "critical" if loader else "warning",
+                "restart-storm",
+                f"{unit}: restarted {len(lines)} times, at least {STORM_COUNT} within "
+                f"{STORM_WINDOW / 60:g} min (last {_when(lines[-1].at)})"
+                + ("; a model loader: each start loads the model again" if loader else ""),
+                (lines[-1].message,),
+                f"spark-guard audit {unit}; spark-guard harden {unit} (StartLimit, RestartSec)",
+            )
+        )
+    kills: dict[str, list[str]] = defaultdict(list)
+    memcg_unit: dict[int, str] = {}  # pid -> unit, from the kernel's oom-kill: line
+    for line in ev.logs:
+        if line.kernel and (m := OOM_TASK.search(line.message)):
+            unit = next(
+                (p for p in reversed(m.group("memcg").split("/")) if p.endswith(".service")), ""
+            )
+            if unit:
+                memcg_unit[int(m.group("pid"))] = unit
+    for line in ev.logs:
+        if line.kernel and (m := OOM_KILL.search(line.message)):
+            pid = int(m.group("pid"))
+            unit = ev.unit_of_pid.get(pid) or memcg_unit.get(pid) or m.group("name")
+            kills[unit].append(line.message)
+        elif line.message_id == UNIT_OOM_KILLED and line.unit:
+            kills[line.unit].append(line.message)
+    for unit, records in sorted(kills.items()):
+        loader = _is_loader(unit, ev, unit)
+        out.append(
+            Finding(
+                "application",
+                "warning" if loader else "info",
+                "oom-kill",
+                f"{unit}: killed by the kernel's OOM killer ({len(records)} record(s))",
+                (records[-1],),
+                "spark-guard preflight UNIT: the load does not fit next to what runs"
+                if loader
+                else "",
+            )
+        )
+    by_kind: dict[tuple[str, str], list[LogLine]] = defaultdict(list)
+    for kind, line in cuda:
+        by_kind[(line.unit or line.identifier, kind)].append(line)
+    nexts = {
+        "out-of-memory": "spark-guard preflight UNIT; smaller -c/--ctx-size or fewer -ngl",
+        "init": "nvidia-smi; the driver/CUDA versions above; is the GPU held or gone?",
+        "error": "the loader's log around it; the Xid findings above",
+    }
+    for (unit, kind), lines in sorted(by_kind.items()):
+        out.append(
+            Finding(
+                "application",
+                "warning",
+                f"cuda-{kind}",
+                f"{unit}: {len(lines)} CUDA {kind.replace('-', ' ')} line(s), last "
+                f"{_when(lines[-1].at)}",
+                (lines[-1].message,),
+                nexts[kind],
+            )
+        )
+    budget = ev.mem_total - ev.reserve
+    boot_total = 0
+    for b in ev.budgets:
+        if b.expected is None:
+            out.append(
+                Finding(
+                    "application",
+                    "info",
+                    "budget-unknown",
+                    f"{b.unit}: footprint unknown ({b.source})",
+                    (),
+                    "set it in /etc/spark-guard.toml [loaders.footprint]",
+                )
+            )
+            continue
+        if b.autostart:
+            boot_total += b.expected
+        fits = b.expected <= budget
+        out.append(
+            Finding(
+                "application",
+                "ok" if fits else "critical",
+                "budget",
+                f"{b.unit}: expects {format_size(b.expected)} of a "
+                f"{format_size(budget)} budget (MemTotal {format_size(ev.mem_total)} less "
+                f"the reserve {format_size(ev.reserve)})",
+                (b.source,),
+                ""
+                if fits
+                else f"a smaller quantisation or context: spark-guard preflight {b.unit}",
+            )
+        )
+    if boot_total > budget:
+        out.append(
+            Finding(
+                "application",
+                "critical",
+                "budget-boot",
+                f"the loaders started at boot expect {format_size(boot_total)} together, "
+                f"more than the {format_size(budget)} budget: the guard will block some",
+                tuple(
+                    f"{b.unit}: {format_size(b.expected)}"
+                    for b in ev.budgets
+                    if b.autostart and b.expected is not None
+                ),
+                "spark-guard audit; disable all but one at boot",
+            )
+        )
+    return out
+
+
+def judge(ev: Evidence) -> Report:
+    xids = _xids(ev)
+    cuda = _cuda_lines(ev)
+    storms = _storms(ev)
+    first = classify(ev, xids, cuda)
+    findings = [first]
+    findings += [Finding("kernel", "info", "log-limit", limit, (), "") for limit in ev.log_limits]
+    findings += xid_findings(xids, ev)
+    findings += driver_findings(ev, set(storms))
+    findings += card_findings(ev)
+    findings += application_findings(ev, storms, cuda)
+    return Report(first.code, tuple(findings))

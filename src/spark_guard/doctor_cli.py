@@ -1,0 +1,156 @@
+"""`spark-guard doctor`: gather the evidence (NVML, /dev, sysfs, logs, loaders), judge, print.
+
+Needs no root: where a right is missing (other users' journals, /dev/kmsg,
+the NVIDIA devices) it says so in the report and goes on. Exit status by the
+worst finding: 0 ok or info, 1 warning, 2 critical; 3 when it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import config as config_mod
+from . import gpu as gpu_mod
+from . import logscan
+from .classify import expected_footprint
+from .config import Config
+from .doctor import STEPS, Evidence, LoaderBudget, Report, judge
+from .foresight import Predictor, parse_environment
+from .inventory import Inventory, collect
+from .managers import unit_of_cgroup
+from .procfs import ProcError, ProcFS
+
+MARK = {"ok": "ok  ", "info": "info", "warning": "WARN", "critical": "CRIT"}
+AUTOSTART = ("enabled", "enabled-runtime", "linked", "alias")
+
+
+def _nvidia_pci(sysfs: str) -> int:
+    root = Path(sysfs) / "bus" / "pci" / "devices"
+    count = 0
+    try:
+        for dev in root.iterdir():
+            try:
+                if (dev / "vendor").read_text().strip() == "0x10de":
+                    count += 1
+            except OSError:
+                continue
+    except OSError:
+        return 0
+    return count
+
+
+def _persistenced() -> str:
+    try:
+        out = subprocess.run(
+            [
+                "systemctl",
+                "show",
+                "-p",
+                "LoadState",
+                "-p",
+                "ActiveState",
+                "nvidia-persistenced.service",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    if props.get("LoadState") == "not-found":
+        return "not-found"
+    return props.get("ActiveState", "unknown")
+
+
+def _budgets(inv: Inventory, config: Config, mem_total: int) -> list[LoaderBudget]:
+    predictor = Predictor()
+    out = []
+    for info in inv.loaders:
+        own = expected_footprint(info.ref, config)
+        expected: int | None
+        if own is not None:
+            expected, source = own, "[loaders.footprint] in the config"
+        else:
+            p = predictor.predict(info.exec_start, parse_environment(info.environment), mem_total)
+            expected, source = (
+                (None, "not a loader command line spark-guard knows")
+                if p is None
+                else (p.bytes, p.source)
+            )
+        out.append(LoaderBudget(str(info.ref), expected, source, info.file_state in AUTOSTART))
+    return out
+
+
+def _unit_of_pids(proc: ProcFS, pids: set[int]) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        cgroup = proc.cgroup(pid)
+        unit = unit_of_cgroup(cgroup, "/") if cgroup else None
+        if unit:
+            out[pid] = unit
+    return out
+
+
+def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evidence:
+    facts = gpu_mod.inspect()
+    logs = logscan.read(since, kmsg=kmsg, directory=directory)
+    inv = collect(config)
+    proc = ProcFS(config.proc)
+    try:
+        mem_total = proc.memory().total
+    except ProcError:
+        mem_total = 0
+    pids = {p.pid for p in facts.processes}
+    return Evidence(
+        gpu=facts,
+        nvidiactl=os.path.exists(os.path.join(config.dev, "nvidiactl")),
+        nvidia_pci=_nvidia_pci(config.sysfs),
+        persistenced=_persistenced(),
+        logs=tuple(logs.lines),
+        log_limits=tuple(logs.limits + inv.errors),
+        loader_units=frozenset(str(u.ref) for u in inv.loaders),
+        loader_names=config.loader_patterns + config.loader_binaries,
+        budgets=tuple(_budgets(inv, config, mem_total)),
+        mem_total=mem_total,
+        reserve=config.reserve_for(mem_total),
+        unit_of_pid=_unit_of_pids(proc, pids),
+    )
+
+
+def _print(report: Report) -> None:
+    print(f"classification: {report.kind}")
+    for step in STEPS:
+        findings = [f for f in report.findings if f.step == step]
+        if not findings:
+            continue
+        print(f"\n{step}:")
+        for f in findings:
+            print(f"  {MARK[f.severity]}  {f.message}")
+            for line in f.evidence:
+                print(f"          | {line}")
+            if f.next_step:
+                print(f"          next: {f.next_step}")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_mod.load_for_command(args.config)
+    if config is None:
+        return 3
+    report = judge(gather(config, args.since, args.directory, config.kmsg))
+    if args.json:
+        out: dict[str, Any] = {
+            "classification": report.kind,
+            "worst": report.worst,
+            "findings": [asdict(f) for f in report.findings],
+        }
+        print(json.dumps(out, indent=1))
+    else:
+        _print(report)
+    return report.exit_code

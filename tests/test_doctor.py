@@ -1,0 +1,271 @@
+"""`spark-guard doctor`: the failure classified, Xid explained, the card and the logs checked.
+
+NVML is faked at the C-library boundary (tests/fake_nvml.py): the real
+pynvml binding and the doctor's own code run. /dev and /sys are redirected
+to directories the test lays out. The logs are a real systemd-journald's,
+started for the test in the user manager's namespace: kernel records reach
+it through its /dev/kmsg (a FIFO bound there), and a real unit crashing
+under Restart=always makes the restart storm.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from spark_guard.cli import main
+from spark_guard.doctor import Evidence, judge
+from spark_guard.gpu import inspect
+from spark_guard.logscan import parse_kmsg
+from spark_guard.xid import CATALOGUE, describe, parse_line
+
+import fake_nvml
+from fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
+from harness import UserManager
+
+REQUIRED_XIDS = (13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+
+def machine(tmp_path: Path, *, nvidiactl: bool = True, pci: bool = True) -> Path:
+    """A config whose /dev and /sys are directories laid out here; no journal, no managers."""
+    dev, sysfs = tmp_path / "dev", tmp_path / "sys"
+    dev.mkdir()
+    if nvidiactl:
+        (dev / "nvidiactl").touch()
+    gpu = sysfs / "bus" / "pci" / "devices" / "0000:01:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "vendor").write_text("0x10de\n" if pci else "0x8086\n")
+    (tmp_path / "journal").mkdir()
+    config = tmp_path / "guard.toml"
+    config.write_text(
+        f'[paths]\ndev = "{dev}"\nsysfs = "{sysfs}"\nkmsg = "{tmp_path}/no-kmsg"\n'
+        f'system_manager = "{tmp_path}/none"\nuser_runtime = "{tmp_path}/none"\n'
+        f'linger = "{tmp_path}/none"\n'
+    )
+    return config
+
+
+def doctor(config: Path, capsys, *extra: str, journal: Path | None = None) -> tuple[int, dict]:
+    directory = journal or config.parent / "journal"
+    code = main(
+        ["doctor", "--json", "--config", str(config), "--directory", str(directory), *extra]
+    )
+    return code, json.loads(capsys.readouterr().out)
+
+
+def codes(report: dict) -> dict[str, dict]:
+    return {f["code"]: f for f in report["findings"]}
+
+
+# --- the card, through the real binding ---
+
+
+def test_a_healthy_gpu_is_classified_healthy_with_its_versions(tmp_path, monkeypatch, capsys):
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[(4242, 6 * 2**30)]]))
+    code, report = doctor(machine(tmp_path), capsys)
+    found = codes(report)
+    assert report["classification"] == "healthy" and code == 0
+    assert "driver 580.95.05, CUDA 13.0" in found["versions"]["message"]
+    assert found["temperature"]["severity"] == "ok"
+    assert "45 °C, slowdown at 90 °C" in found["temperature"]["message"]
+    assert found["memory"]["message"].endswith("(12%)")
+    assert "pcie-width" not in found and "persistence-off" not in found
+
+
+def test_a_narrowed_pcie_link_is_a_warning_a_slower_generation_is_not(
+    tmp_path, monkeypatch, capsys
+):
+    card = HEALTHY_CARD | {"pcie_width": 4, "pcie_gen": 1}
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[card]))
+    code, report = doctor(machine(tmp_path), capsys)
+    found = codes(report)
+    assert found["pcie-width"]["severity"] == "warning"
+    assert "x4, the card can do x16" in found["pcie-width"]["message"]
+    assert found["pcie-gen"]["severity"] == "info"  # links slow down at idle
+    assert code == 1
+
+
+def test_persistence_off_is_explained_and_when_it_matters(tmp_path, monkeypatch, capsys):
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[HEALTHY_CARD | {"persistence": 0}]))
+    _, report = doctor(machine(tmp_path), capsys)
+    off = codes(report)["persistence-off"]
+    assert off["severity"] == "info"  # no loader restarting here
+    assert "start and stop often" in off["message"] and "long-running server" in off["message"]
+    assert off["next_step"] == "systemctl enable --now nvidia-persistenced"
+
+
+def test_gb10_reports_no_device_memory_and_the_per_process_figures_stand_in(
+    tmp_path, monkeypatch, capsys
+):
+    lib = FakeNvmlLib([[(4242, 37 * 2**30), (4343, 2 * 2**30)]], cards=[GB10_CARD])
+    fake_nvml.install(monkeypatch, lib)
+    code, report = doctor(machine(tmp_path), capsys)
+    gb10 = codes(report)["memory-not-supported"]
+    assert "NOT SUPPORTED" in gb10["message"] and "GB10" in gb10["message"]
+    assert "39.0GiB in 2 process(es)" in gb10["message"]
+    assert any(e.startswith("pid 4242") and "37.0GiB" in e for e in gb10["evidence"])
+    assert report["classification"] == "healthy" and code == 0
+
+
+def test_no_driver_loaded_is_driver_level(tmp_path, monkeypatch, capsys):
+    lib = FakeNvmlLib([[]], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    fake_nvml.install(monkeypatch, lib)
+    code, report = doctor(machine(tmp_path, nvidiactl=False), capsys)
+    first = report["findings"][0]
+    assert report["classification"] == "driver-level" and code == 2
+    assert "the NVIDIA kernel driver is not loaded" in first["evidence"][0]
+    assert "/dev/nvidiactl does not exist" in first["evidence"]
+    assert "1 NVIDIA device(s) on the PCI bus" in first["evidence"]
+
+
+def test_no_library_and_no_nvidia_device_is_not_an_error(tmp_path, monkeypatch, capsys):
+    fake_nvml.install(monkeypatch, None)
+    code, report = doctor(machine(tmp_path, nvidiactl=False, pci=False), capsys)
+    assert report["classification"] == "no-gpu" and code == 0
+
+
+def test_no_library_on_a_machine_with_an_nvidia_device_is_driver_level(
+    tmp_path, monkeypatch, capsys
+):
+    fake_nvml.install(monkeypatch, None)
+    code, report = doctor(machine(tmp_path, nvidiactl=False), capsys)
+    assert report["classification"] == "driver-level" and code == 2
+    assert "libnvidia-ml.so.1 not found" in report["findings"][0]["evidence"][0]
+
+
+def test_the_fake_is_read_through_pynvml_not_around_it(monkeypatch):
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[(1, 2**30)]], cards=[GB10_CARD]))
+    facts = inspect()
+    assert facts.state == "ok" and facts.cards[0].name == "NVIDIA GB10"
+    assert facts.cards[0].memory_used is None and facts.processes[0].used == 2**30
+
+
+# --- the Xid catalogue and the lines it reads ---
+
+
+def test_every_xid_the_issue_names_has_causes_and_a_first_check():
+    for code in REQUIRED_XIDS:
+        info = CATALOGUE[code]
+        assert info.causes and info.first_check and info.severity in ("warning", "critical")
+    assert describe(999).origin == "unknown" and "999" in describe(999).first_check
+
+
+def test_xid_lines_as_drivers_write_them():
+    x = parse_line("NVRM: Xid (PCI:0000:01:00): 79, pid=1234, GPU has fallen off the bus.")
+    assert x is not None and (x.code, x.device, x.pid) == (79, "0000:01:00", 1234)
+    x = parse_line("NVRM: Xid (PCI:000f:01:00): 13, Graphics Exception: ESR 0x404600=0x80000002")
+    assert x is not None and (x.code, x.pid) == (13, None)
+    assert parse_line("NVRM: GPU at PCI:0000:2b:00: GPU-0b11d014") is None
+
+
+def test_kmsg_records_with_continuations():
+    lines = parse_kmsg(
+        ["3,10,2000000,-;NVRM: Xid (PCI:0000:01:00): 48, pid=9, DBE", " SUBSYSTEM=pci", "junk"],
+        boot_epoch=1000.0,
+    )
+    assert [(ln.at, ln.message) for ln in lines] == [
+        (1002.0, "NVRM: Xid (PCI:0000:01:00): 48, pid=9, DBE")
+    ]
+
+
+def test_only_application_xids_make_it_app_level():
+    from spark_guard.gpu import Card, GpuFacts
+    from spark_guard.logscan import LogLine
+
+    card = Card(0, "GPU", True, 4, 4, 16, 16, 40, 90, 50.0, 300.0, 0, 1)
+    facts = GpuFacts("ok", "1 device(s)", "580", "13.0", (card,))
+
+    def kind(*codes: int) -> str:
+        logs = tuple(
+            LogLine(1.0, f"NVRM: Xid (PCI:0000:01:00): {c}, pid=5, x", "", kernel=True)
+            for c in codes
+        )
+        return judge(Evidence(facts, True, 1, "inactive", logs=logs)).kind
+
+    assert kind(13, 43) == "app-level"
+    assert kind(13, 94) == "hardware/firmware-level"
+    assert kind(119) == "hardware/firmware-level"
+    assert kind() == "healthy"
+
+
+# --- a real journald and a real crashing unit ---
+
+CRASHER = (
+    "[Unit]\nDescription=a llama-server that dies at once\nStartLimitIntervalSec=0\n"
+    "[Service]\n"
+    'ExecStart=/bin/sh -c \'echo "CUDA error: out of memory" >&2; '
+    'echo "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" >&2;'
+    " exit 1'\n"
+    "Restart=always\nRestartSec=200ms\n"
+)
+
+
+@pytest.mark.journald
+@pytest.mark.systemd
+def test_real_journal_xid_lines_and_a_restart_storm(tmp_path, monkeypatch, capsys):
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]]))
+    config = machine(tmp_path)
+    with UserManager(journald=True) as um:
+        um.write_unit("llama-crash.service", CRASHER)
+        um.systemctl("start", "llama-crash.service", check=False)
+        with open(um.kmsg, "w") as kmsg:  # journald holds it open: this does not block
+            for seq, line in enumerate(
+                (
+                    "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, GPU has fallen off the bus.",
+                    "NVRM: Xid (PCI:0000:01:00): 13, pid=77, Graphics Exception",
+                    "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,"
+                    "mems_allowed=0,global_oom,task_memcg=/system.slice/llama-a.service,"
+                    "task=llama-server,pid=4321,uid=0",
+                    "Out of memory: Killed process 4321 (llama-server) total-vm:9000kB",
+                ),
+                start=1,
+            ):
+                kmsg.write(f"3,{seq},{seq * 1000},-;{line}\n")
+                kmsg.flush()
+                time.sleep(0.2)  # one record per read(), as /dev/kmsg gives them
+        deadline = time.monotonic() + 30
+        while int(um.show("llama-crash.service", "NRestarts")["NRestarts"]) < 4:
+            assert time.monotonic() < deadline, um.log.read_text()[-2000:]
+            time.sleep(0.2)
+        um.systemctl("stop", "llama-crash.service", check=False)
+        time.sleep(0.5)  # journald writes what it got
+        code, report = doctor(config, capsys, "--since", "10min ago", journal=um.journal_dir)
+        later = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() + 2))
+        time.sleep(2.5)
+        _, quiet = doctor(config, capsys, "--since", later, journal=um.journal_dir)
+
+    found = codes(report)
+    assert report["classification"] == "hardware/firmware-level" and code == 2
+    assert found["xid-79"]["severity"] == "critical"
+    assert "fallen off the bus" in found["xid-79"]["message"]
+    assert found["xid-79"]["evidence"][0].endswith("pid=1234, GPU has fallen off the bus.")
+    assert "catalogue: https://docs.nvidia.com/deploy/xid-errors/" in found["xid-79"]["evidence"][1]
+    assert found["xid-13"]["severity"] == "warning"
+    storm = found["restart-storm"]
+    assert storm["severity"] == "critical"  # a loader, by its name
+    assert "user:0:llama-crash.service: restarted" in storm["message"]
+    assert found["oom-kill"]["message"].startswith("llama-a.service: killed")
+    assert "CUDA out of memory" in found["cuda-out-of-memory"]["message"]
+    assert "no CUDA-capable device" in found["cuda-init"]["evidence"][0]
+    # --since: nothing after that moment
+    assert quiet["classification"] == "healthy", quiet
+    assert not [f for f in quiet["findings"] if f["code"].startswith(("xid-", "restart"))]
+
+
+def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys):
+    card = HEALTHY_CARD | {"pcie_width": 8, "temperature": 88}
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[card]))
+    config = machine(tmp_path)
+    code = main(["doctor", "--config", str(config), "--directory", str(tmp_path / "journal")])
+    out = capsys.readouterr().out
+    assert out.startswith("classification: healthy\n")
+    steps = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert steps == ["classify:", "driver:", "card:"]
+    assert "  WARN  GPU 0 (NVIDIA RTX 6000 Ada Generation): PCIe link x8" in out
+    assert "  WARN  GPU 0 (NVIDIA RTX 6000 Ada Generation): 88 °C, slowdown at 90 °C" in out
+    assert "next: reseat the card or riser" in out
+    assert code == 1
