@@ -46,6 +46,7 @@ def test_the_package_holds_what_an_admin_needs(deb):
         "./usr/lib/systemd/catalog/spark-guard.catalog",
         "./usr/share/bash-completion/completions/spark-guard",
         "./usr/lib/tmpfiles.d/spark-guard.conf",
+        "./usr/share/spark-guard/prometheus/spark-guard.rules.yml",
         "./etc/issue.d/spark-guard.issue -> /run/spark-guard/issue",
     ):
         assert path in listing, path
@@ -54,6 +55,7 @@ def test_the_package_holds_what_an_admin_needs(deb):
     control = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True).stdout
     assert "Architecture: all" in control
     assert re.search(r"Depends: .*python3-pystemd.*python3-sdnotify.*python3-structlog", control)
+    assert re.search(r"Recommends: .*python3-prometheus-client", control)
 
 
 def test_every_event_is_explained_in_the_journal_catalog():

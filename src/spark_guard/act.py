@@ -32,6 +32,7 @@ class Actuator:
         self.clock = clock
         self._done: dict[tuple[str, str, str, float | None], float] = {}
         self.last: str = "none"
+        self.counts: dict[str, int] = {}  # actions taken by kind, for the metrics
 
     def apply(self, decision: Decision) -> list[Action]:
         """Carry out what is new in the decision; returns the actions taken."""
@@ -45,6 +46,8 @@ class Actuator:
             self._done[key] = now
             self._log_decision(decision, action)
             self.last = f"{action.kind} {action.unit} ({action.reason})"
+            kind = "dry-run" if self.dry_run and action.kind == "stop" else action.kind
+            self.counts[kind] = self.counts.get(kind, 0) + 1
             taken.append(action)
         stops = [a for a in taken if a.kind == "stop"]
         if stops and self.dry_run:

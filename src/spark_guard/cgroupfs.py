@@ -40,6 +40,18 @@ def populated(root: str, cgroup: str) -> bool | None:
     return None
 
 
+def cpu_seconds(root: str, cgroup: str) -> float | None:
+    """CPU time the cgroup's subtree has used (cpu.stat usage_usec); None if unknown."""
+    try:
+        with open(os.path.join(_dir(root, cgroup), "cpu.stat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"usage_usec "):
+                    return int(line.split()[1]) / 1e6
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def kill(root: str, cgroup: str) -> str:
     """SIGKILL everything in the unit's cgroup; returns how it was done."""
     if not cgroup or cgroup == "/":

@@ -194,6 +194,8 @@ class Config:
     dev: str = "/dev"
     sysfs: str = "/sys"
     kmsg: str = "/dev/kmsg"
+    # [metrics]
+    metrics_textfile: str = "/var/lib/prometheus/node-exporter/spark_guard.prom"
 
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
@@ -255,6 +257,15 @@ def _positive_duration(v: object) -> float:
     return d
 
 
+def _textfile(v: object) -> str:
+    if v == "":
+        return ""
+    path = _path(v)
+    if not path.endswith(".prom"):
+        raise ValueError(f"node_exporter reads only *.prom files, got {v!r}")
+    return path
+
+
 SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("budget", "reserve"): ("reserve", parse_size),
     ("budget", "reserve_percent"): ("reserve_percent", _percent),
@@ -291,6 +302,7 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("paths", "dev"): ("dev", _path),
     ("paths", "sysfs"): ("sysfs", _path),
     ("paths", "kmsg"): ("kmsg", _path),
+    ("metrics", "textfile"): ("metrics_textfile", _textfile),
 }
 # [loaders.footprint] is a table of unit-name glob -> size.
 FOOTPRINT_TABLE = ("loaders", "footprint")

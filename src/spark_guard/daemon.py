@@ -21,9 +21,11 @@ import sdnotify
 
 from . import config as config_mod
 from .act import Actuator
+from .cgroupfs import cpu_seconds, v2_root
 from .config import Config, ConfigError, format_size
 from .enforce import Enforcer
 from .memlock import mlockall
+from .metrics import TextfileWriter
 from .policy import STEADY, decide, full_look_due, poll_interval
 from .procfs import ProcError
 from .sensor import Sensor
@@ -81,6 +83,14 @@ class Guard:
             self.enforcer, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
         self.publisher = Publisher(config.runtime)
+        self.metrics = TextfileWriter(config.metrics_textfile)
+        self._metrics_problem = ""
+        # Loader starts seen (a new ActiveEnterTimestamp), for the restart-storm alert.
+        self._starts: dict[str, int] = {}
+        self._started_at: dict[UnitRef, float] = {}
+        self._decided_at = 0.0
+        self._decision_seconds = 0.0
+        self._pinged_at = 0.0  # wall clock of the last WATCHDOG=1, for the metrics
         self._last_status = ""
         self._force_full = False  # a reload changes what counts: look at everything once
         self._pinged = -1e9
@@ -161,6 +171,7 @@ class Guard:
 
     def step(self) -> tuple[Decision | None, Snapshot | None]:
         """One pass of sense -> decide -> act; never raises for a bad reading."""
+        began = time.monotonic()
         try:
             snapshot = self.sensor.snapshot()
         except ProcError as e:
@@ -168,6 +179,8 @@ class Guard:
             self._status(None, None)
             return None, None
         decision = decide(snapshot, self.config)
+        self._decision_seconds = time.monotonic() - began
+        self._decided_at = time.time()
         if decision.phase == STEADY and not self.sensor.boot_over:
             # Once the way in has been up for the grace period, boot is over for good.
             self.sensor.boot_over = True
@@ -201,6 +214,11 @@ class Guard:
                         " Give it a size in [loaders.footprint]",
                     )
         self.seen_loaders &= {ld.ref for ld in decision.loaders}
+        for loader in decision.loaders:
+            since = loader.usage.active_since
+            if since is not None and self._started_at.get(loader.ref) != since:
+                self._started_at[loader.ref] = since
+                self._starts[str(loader.ref)] = self._starts.get(str(loader.ref), 0) + 1
         self.actuator.apply(decision)
         if not self.dry_run:
             self.enforcer.advance()
@@ -216,11 +234,37 @@ class Guard:
             dry_run=self.dry_run,
             last_action=self.actuator.last,
             config_error=str(self.config_error) if self.config_error else None,
+            counts={"actions": dict(self.actuator.counts), "starts": dict(self._starts)},
+            decided_at=self._decided_at,
+            decision_seconds=self._decision_seconds,
+            watchdog_at=self._pinged_at,
         )
         try:
-            self.publisher.publish(state)
+            written = self.publisher.publish(state)
         except OSError as e:
             self.log.debug("state-unwritten", error=str(e), msg=f"cannot publish state: {e}")
+            return
+        if written is not None and self.metrics.wanted:
+            self._write_metrics(written)
+
+    def _write_metrics(self, state: dict[str, Any]) -> None:
+        root = v2_root(self.config.cgroup)
+        cpu = {
+            ld["unit"]: used
+            for ld in state["loaders"]
+            if ld["cgroup"] and (used := cpu_seconds(root, ld["cgroup"])) is not None
+        }
+        try:
+            self.metrics.write(state, cpu)
+        except OSError as e:
+            self.metrics.problem = f"{self.metrics.path}: {e.strerror}"
+        if self.metrics.problem and self.metrics.problem != self._metrics_problem:
+            self.log.warning(
+                "metrics-off",
+                error=self.metrics.problem,
+                msg=f"Prometheus metrics not written: {self.metrics.problem}",
+            )
+        self._metrics_problem = self.metrics.problem
 
     def _full_look_due(
         self, snapshot: Snapshot | None, decision: Decision | None, now: float
@@ -242,6 +286,7 @@ class Guard:
         if now - self._pinged >= self._watchdog_every:
             self.notifier.notify("WATCHDOG=1")
             self._pinged = now
+            self._pinged_at = time.time()
 
     def _wait(self, timeout: float) -> bool:
         """Sleep until the next pass; True when a memory pressure event ended it."""
@@ -304,6 +349,7 @@ class Guard:
             self.enforcer.config = new  # timeouts; its paths keep their start-up values
             self.dry_run = self.dry_run or new.dry_run
             self.actuator.dry_run = self.dry_run
+            self.metrics = TextfileWriter(new.metrics_textfile)
             self._force_full = True
             self.log.info(
                 "config-reloaded",

@@ -35,4 +35,5 @@ MESSAGE_IDS: dict[str, str] = {
     "banner-failed": "207ebaccb9e84fdda1a859a2242a75b1",
     "unit-released": "9fcd4780bf5842c78919f0d3599374b2",
     "footprint-unknown": "a33da9a96833480f84e35b39ca9edd11",
+    "metrics-off": "4f76fb80581c4fd68ec441a08693e7b4",
 }

@@ -29,6 +29,10 @@ def build(
     dry_run: bool,
     last_action: str,
     config_error: str | None,
+    counts: dict[str, dict[str, int]] | None = None,
+    decided_at: float = 0.0,
+    decision_seconds: float = 0.0,
+    watchdog_at: float = 0.0,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -53,6 +57,7 @@ def build(
                 "gpu": ld.usage.gpu,
                 "evidence": list(ld.evidence),
                 "models": list(ld.models),
+                "cgroup": ld.usage.cgroup,
             }
             for ld in decision.loaders
         ],
@@ -65,6 +70,7 @@ def build(
                 "unit": str(r.ref),
                 "step": r.step,
                 "reason": r.reason,
+                "phase": r.phase,
                 "detail": r.detail,
                 "at": r.at,
                 "problem": r.problem or None,
@@ -73,6 +79,10 @@ def build(
             for r in sorted(records, key=lambda r: str(r.ref))
         ],
         "last_action": last_action,
+        "counts": counts or {"actions": {}, "starts": {}},
+        "decided_at": decided_at,
+        "decision_seconds": decision_seconds,
+        "watchdog_at": watchdog_at,
     }
 
 
@@ -83,17 +93,20 @@ class Publisher:
         self._last: dict[str, Any] | None = None
         self._at = 0.0
 
-    def publish(self, state: dict[str, Any]) -> None:
+    def publish(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Writes state.json when due; returns what it wrote (None when it was not due)."""
         now = self.clock()
         if state == self._last and now - self._at < REFRESH:
-            return
+            return None
         os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.tmp"
+        written = {**state, "written_at": time.time()}
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({**state, "written_at": time.time()}, f, indent=1)
+            json.dump(written, f, indent=1)
         os.chmod(tmp, 0o644)  # status runs as any user
         os.replace(tmp, self.path)
         self._last, self._at = state, now
+        return written
 
 
 def read(directory: str) -> dict[str, Any]:
