@@ -1,89 +1,94 @@
-"""The guard in a real 2 GiB VM, where MemAvailable is real: two loaders that cannot both fit.
+"""The rescue window never closes: the wedge layout booted in a real 2 GiB VM with the guard.
 
-A first step of the boot test (issue 7): the package installed with dpkg,
-two enabled loader units (Restart=on-failure) that allocate 1.1 GiB of
-anonymous memory each at 200 MiB/s, the same model on both. Together they
-would take more than the machine has. The guard must let one load, stop,
-mask and disable the other before it allocates, keep sshd reachable, and
-keep MemAvailable above the reserve.
+tests/wedge.py lays out what wedges real machines: llama-server as a system
+unit, the same loader and model as a linger user's unit, an idle server
+holding memory, Restart=on-failure on all, loaders allocating anonymous
+memory for real at 100 MiB/s. Together they want more than the VM has. The
+guard is installed from the .deb with its budget in /etc/spark-guard.toml.
+
+The bound on fork latency: under qemu's software emulation a fork+exec+wait
+of /bin/true from the probe takes about 60 ms when the guest is calm, and
+boot itself (systemd starting ~100 units on 2 emulated CPUs) pushes it to
+0.5-0.75 s (benchmarks/boot_wedge.py, every protection, before any loader
+starts). Emulation speed varies up to 2x between hosts. A guest out of
+memory stalls a fork for seconds to tens of seconds (the same benchmark: 39 s
+with no guard, 9 s with systemd-oomd). FORK_BOUND_MS sits between: 2 s,
+above emulated boot noise on a slow host, and an order of magnitude under a
+real memory stall.
+
+The tolerance on MemAvailable: the guard polls every 0.5 s in the strict
+phase, and a loader it has not judged yet can allocate one poll's worth at
+100 MiB/s; 64 MiB covers that and the page cache the kernel counts in and out.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
-from pathlib import Path
-
 import pytest
 
 from vm import VM
+from wedge import LOADERS, RESERVE_MIB, MiB, Run, collect, observe, prepare
 
 pytestmark = pytest.mark.vm
 
-REPO = Path(__file__).parent.parent
-MiB = 1024**2
-
-CONFIG = """
-[budget]
-reserve = "256MiB"
-reserve_percent = 5
-[boot]
-grace = "10min"
-[loaders.footprint]
-"llama-*" = "1200MiB"
-"""
-
-LOADER = """[Unit]
-Description=model server {n}
-[Service]
-ExecStart=/usr/bin/python3 /opt/fake-loader.py -m /srv/models/ds4.gguf --alloc 1100 --rate 200
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-"""
+FORK_BOUND_MS = 2000
+TOLERANCE = 64 * MiB
+WANTS = {
+    "system": "/etc/systemd/system/multi-user.target.wants/llama-server.service",
+    "user": "/home/alice/.config/systemd/user/default.target.wants/llama-server.service",
+}
 
 
-def test_in_a_real_vm_one_loader_loads_the_other_is_blocked_and_ssh_stays_up(deb):
+def _why(run: Run) -> str:
+    return (
+        f"units={run.units} kills={run.kills}\nguard:\n{run.guard_log[-3000:]}\n"
+        f"console:\n{run.console_tail[-1500:]}"
+    )
+
+
+def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_window_stays_open(
+    deb,
+):
+    run = Run("spark-guard")
     with VM(memory_mib=2048) as vm:
-        vm.install(deb)
-        vm.path("/etc/spark-guard.toml").write_text(CONFIG)
-        shutil.copy(REPO / "tests" / "fake_loader.py", vm.path("/opt/fake-loader.py"))
-        vm.path("/srv/models").mkdir(parents=True)
-        vm.path("/srv/models/ds4.gguf").write_bytes(b"GGUF" + b"\0" * 4096)
-        wants = vm.path("/etc/systemd/system/multi-user.target.wants")
-        wants.mkdir(exist_ok=True)
-        for n in ("a", "b"):
-            vm.path(f"/etc/systemd/system/llama-{n}.service").write_text(LOADER.format(n=n))
-            (wants / f"llama-{n}.service").symlink_to(f"/etc/systemd/system/llama-{n}.service")
-        vm.boot()
-        # The load window: give the admitted loader time to allocate all of it.
-        deadline = time.monotonic() + 120
-        states: dict[str, dict[str, str]] = {}
-        while time.monotonic() < deadline:
-            for n in "ab":
-                out = vm.ssh(
-                    f"systemctl show llama-{n} -p LoadState -p ActiveState -p NRestarts",
-                    check=False,
-                ).stdout
-                states[n] = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-            loads = {states[n].get("LoadState") for n in "ab"}
-            actives = {states[n].get("ActiveState") for n in "ab"}
-            if "masked" in loads and "active" in actives:
-                break
-            time.sleep(2)
-        # One loads (whichever systemd started first), the other is blocked for good.
-        blocked = [n for n in "ab" if states[n].get("LoadState") == "masked"]
-        running = [n for n in "ab" if states[n].get("ActiveState") == "active"]
-        assert len(blocked) == 1 and len(running) == 1, (states, vm.console_text()[-2000:])
-        b = blocked[0]
-        assert states[b]["ActiveState"] in ("inactive", "failed"), states
-        assert states[b]["NRestarts"] == "0", states
-        enabled = vm.ssh(f"systemctl is-enabled llama-{b}.service", check=False).stdout
-        assert enabled.strip() in ("masked-runtime", "masked"), enabled
-        time.sleep(8)  # the admitted loader has finished allocating
-        available = int(vm.ssh("grep MemAvailable /proc/meminfo").stdout.split()[1]) * 1024
-        assert available > 256 * MiB, available
-        assert vm.ssh(f"systemctl show llama-{b} -p NRestarts --value").stdout.strip() == "0"
+        prepare(vm, "spark-guard", deb)
+        observe(vm, run, seconds=60, snapshot=False)
+        collect(vm, run)
+        assert run.ssh_at_end, _why(run)
+
+        # One llama-server loads (whichever its manager started first); the duplicate is
+        # stopped, masked and disabled, and never restarted. The idle server stays.
+        loaders = {level: run.units[f"{level}:llama-server.service"] for level, _ in LOADERS}
+        blocked = [lv for lv, u in loaders.items() if u.get("LoadState") == "masked"]
+        loaded = [lv for lv, u in loaders.items() if u.get("ActiveState") == "active"]
+        assert len(blocked) == 1 and len(loaded) == 1, _why(run)
+        offender = loaders[blocked[0]]
+        assert offender["ActiveState"] in ("inactive", "failed"), _why(run)
+        assert offender["UnitFileState"] == "masked-runtime", _why(run)
+        assert offender["NRestarts"] == "0", _why(run)
+        assert vm.ssh(f"test -e {WANTS[blocked[0]]}", check=False).returncode == 1  # disabled
+        assert run.units["system:ollama.service"]["ActiveState"] == "active", _why(run)
+        assert run.restarts == 0, _why(run)
+        assert run.kills["kernel"] == 0, _why(run)
+
+        # The rescue window: every login from the first one on worked, some while loading.
+        assert run.ssh_failures == 0, run.logins
+        assert run.logins_in_load_window >= 1, (run.load_window, run.logins)
+        assert len(run.samples) > 300, "the probe ran from early boot"
+        assert run.worst_fork_ms < FORK_BOUND_MS, sorted(s.fork_ms for s in run.samples)[-5:]
+        assert run.min_available >= RESERVE_MIB * MiB - TOLERANCE, run.min_available / MiB
         status = vm.ssh("spark-guard status").stdout
-        assert f"llama-{b}.service: blocked" in status and "llama-" in status
-        assert vm.ssh("true", check=False).returncode == 0  # sshd still lets us in
+        assert "llama-server.service: blocked" in status, status
+
+        # Second boot of the same disk: the offender stays down, the admitted one loads again.
+        assert vm.poweroff(), "the guest did not shut down by itself"
+        again = Run("spark-guard, second boot")
+        observe(vm, again, seconds=30, snapshot=False)
+        collect(vm, again)
+        offender = again.units[f"{blocked[0]}:llama-server.service"]
+        assert offender["ActiveState"] == "inactive", _why(again)
+        assert offender["ExecMainStartTimestampMonotonic"] == "0", _why(again)  # never ran
+        assert offender["LoadState"] == "masked", _why(again)
+        assert again.units[f"{loaded[0]}:llama-server.service"]["ActiveState"] == "active"
+        # The mask lived in /run: the guard laid it again from its record before the unit ran.
+        assert "laying the mask on " in again.guard_log, _why(again)
+        assert again.ssh_failures == 0, again.logins

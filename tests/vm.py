@@ -37,6 +37,9 @@ PACKAGES = (
     "python3-systemd",
     "python3-sdnotify",
     "python3-structlog",
+    # the comparison runs (benchmarks/boot_wedge.py): installed, enabled per run
+    "earlyoom",
+    "systemd-oomd",
 )
 INTERFACES = "auto lo\niface lo inet loopback\nauto eth0\niface eth0 inet dhcp\n"
 
@@ -86,8 +89,10 @@ class VM:
         self.disk = self.base / "disk.img"
         self.key = self.base / "key"
         self.console = self.base / "console.log"
+        self.probe_log = self.base / "probe.log"  # the guest's /dev/ttyS1
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
 
     def __enter__(self) -> VM:
         subprocess.run(
@@ -107,6 +112,10 @@ class VM:
     def path(self, inside: str) -> Path:
         return self.root / inside.lstrip("/")
 
+    def chroot(self, *argv: str) -> None:
+        """Run a command of the guest's tree on it (useradd and the like), before boot."""
+        subprocess.run(["chroot", str(self.root), *argv], check=True, capture_output=True)
+
     def install(self, deb: Path) -> None:
         """dpkg into the tree: its maintainer scripts run chrooted, systemd is not running."""
         subprocess.run(
@@ -118,6 +127,11 @@ class VM:
 
     def boot(self, *, snapshot: bool = True, timeout: float = 300) -> float:
         """Boot; returns the seconds it took until sshd let us in."""
+        self.start(snapshot=snapshot)
+        return self.wait_for_ssh(timeout)
+
+    def start(self, *, snapshot: bool = True) -> None:
+        """Start qemu and return at once; snapshot=False keeps what the guest writes."""
         if not self.disk.exists():
             subprocess.run(
                 ["mkfs.ext4", "-q", "-F", "-d", str(self.root), "-L", "root", str(self.disk), "3G"],
@@ -152,16 +166,24 @@ class VM:
             "virtio-net-pci,netdev=n0",
             "-serial",
             f"file:{self.console}",
+            "-serial",
+            f"file:{self.probe_log}",
         ]
-        start = time.monotonic()
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
+
+    def wait_for_ssh(self, timeout: float = 300) -> float:
+        """Seconds from start() until sshd let us in."""
+        assert self.proc is not None, "start() first"
+        start = self.started
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"qemu exited: {self.console_text()[-2000:]}")
-            if self.ssh("true", check=False, timeout=10).returncode == 0:
-                return time.monotonic() - start
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a slow sshd, still booting
+                if self.ssh("true", check=False, timeout=10).returncode == 0:
+                    return time.monotonic() - start
             time.sleep(2)
         raise RuntimeError(f"no ssh after {timeout:g}s: {self.console_text()[-2000:]}")
 
@@ -169,7 +191,7 @@ class VM:
         return self.console.read_text(errors="replace") if self.console.exists() else ""
 
     def ssh(
-        self, command: str, *, check: bool = True, timeout: float = 60
+        self, command: str, *, check: bool = True, timeout: float = 60, connect: int = 5
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
@@ -182,7 +204,7 @@ class VM:
                 "-o",
                 "UserKnownHostsFile=/dev/null",
                 "-o",
-                "ConnectTimeout=5",
+                f"ConnectTimeout={connect}",
                 "-i",
                 str(self.key),
                 "-p",
@@ -196,16 +218,20 @@ class VM:
             timeout=timeout,
         )
 
-    def poweroff(self, timeout: float = 60) -> None:
+    def poweroff(self, timeout: float = 180) -> bool:
+        """Shut the guest down; True when it did so itself (False: qemu had to be killed)."""
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return True
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.ssh("systemctl poweroff", check=False, timeout=10)
+            # sync first: a guest that takes too long to stop must not lose what it wrote
+            self.ssh("sync; systemctl poweroff", check=False, timeout=30)
         try:
             self.proc.wait(timeout=timeout)
+            return True
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            return False
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(Exception):

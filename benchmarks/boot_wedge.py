@@ -1,0 +1,108 @@
+"""The wedge at boot, four ways: no guard, earlyoom, systemd-oomd, spark-guard.
+
+    .venv/bin/python benchmarks/boot_wedge.py [--seconds 180] [--only spark-guard ...]
+
+As root, after `scripts/deps --test` (qemu, mmdebstrap). Each protection
+gets a fresh copy of the same Debian 12 image (tests/vm.py), the same
+layout (tests/wedge.py: a system loader, the same loader as a linger user's
+unit, an idle server; Restart=on-failure on all), the same 2 GiB of memory,
+and is watched for --seconds after sshd first lets the host in. The VM's
+memory is the cap that keeps the unguarded run from touching the host; qemu
+is killed at the end of every run. Prints the table for docs/benchmarks.md
+and writes every sample to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from vm import VM  # noqa: E402
+from wedge import PROTECTIONS, UNITS, MiB, Run, collect, observe, prepare  # noqa: E402
+
+
+def build_deb() -> Path:
+    out = subprocess.run(
+        [str(ROOT / "packaging" / "build-deb.sh")], capture_output=True, text=True, check=True
+    )
+    return ROOT / out.stdout.strip().splitlines()[-1]
+
+
+def one(protection: str, deb: Path, seconds: float) -> Run:
+    run = Run(protection)
+    with VM(memory_mib=2048) as vm:
+        prepare(vm, protection, deb)
+        observe(vm, run, seconds)
+        collect(vm, run)
+    return run
+
+
+def state(unit: dict[str, str]) -> str:
+    if not unit:
+        return "?"
+    return "/".join(unit.get(k, "?") for k in ("ActiveState", "LoadState", "UnitFileState"))
+
+
+def table(runs: list[Run]) -> str:
+    rows = [
+        "| | " + " | ".join(r.protection for r in runs) + " |",
+        "|---" * (len(runs) + 1) + "|",
+    ]
+
+    def row(name: str, cells: list[str]) -> None:
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    row(
+        "ssh logins failed / tried, after the first",
+        [f"{r.ssh_failures} / {len(r.logins_after_up)}" for r in runs],
+    )
+    row("longest time without a login", [f"{r.longest_ssh_gap:.1f} s" for r in runs])
+    row("logins during the load window", [str(r.logins_in_load_window) for r in runs])
+    row("ssh at the end", ["yes" if r.ssh_at_end else "no" for r in runs])
+    row("worst fork+exec+wait", [f"{r.worst_fork_ms:.0f} ms" for r in runs])
+    row("worst probe stall (fork or late)", [f"{r.worst_stall_ms:.0f} ms" for r in runs])
+    row("median fork+exec+wait", [f"{r.median_fork_ms:.0f} ms" for r in runs])
+    row("min MemAvailable", [f"{r.min_available / MiB:.0f} MiB" for r in runs])
+    row(
+        "kills (kernel OOM / earlyoom / oomd)",
+        [
+            "/".join(
+                str(n) if (n := r.kills.get(k, -1)) >= 0 else "?"  # ?: the guest did not answer
+                for k in ("kernel", "earlyoom", "systemd-oomd")
+            )
+            for r in runs
+        ],
+    )
+    row("units stopped by spark-guard", [str(r.guard_stops) for r in runs])
+    row("loader restarts (NRestarts, all units)", [str(r.restarts) for r in runs])
+    for level, unit in UNITS:
+        key = f"{level}:{unit}"
+        row(f"`{key}` active/load/file state", [state(r.units.get(key, {})) for r in runs])
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=180)
+    ap.add_argument("--only", nargs="*", choices=PROTECTIONS, default=list(PROTECTIONS))
+    ap.add_argument("--json", type=Path, default=Path("/var/tmp/boot_wedge.json"))
+    args = ap.parse_args()
+    deb = build_deb()
+    runs = []
+    for protection in args.only:
+        print(f"== {protection}", file=sys.stderr, flush=True)
+        runs.append(one(protection, deb, args.seconds))
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,374 @@
+"""The layout that wedges real machines, in a 2 GiB VM, and what an admin would measure of it.
+
+Laid out before boot (issue 7, after the incident in ../shared/seeds/):
+
+- `llama-server.service` in /etc/systemd/system, enabled;
+- the same loader, same model, as alice's user unit; alice lingers, so her
+  manager starts it at boot too;
+- `ollama.service`, a server that loads a smaller model at once and then
+  holds it at idle;
+- Restart=on-failure on all three; the loaders allocate anonymous memory
+  for real at LOAD_RATE, as a GPU load on unified memory does.
+
+Together they want more than the VM has. `prepare()` installs one of the
+compared protections; `observe()` boots, logs in over ssh every second from
+the host, and reads the in-guest probe (tests/probe.py) from the second
+serial port; `collect()` asks the guest what happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vm import VM
+
+HERE = Path(__file__).parent
+MiB = 1024**2
+
+LOADER_MIB = 900  # each llama-server
+SERVER_MIB = 200  # ollama at idle
+LOAD_RATE = 100  # MiB/s, anonymous and touched: a 10 s load, as 100 GB in 30 s on a Spark
+RESERVE_MIB = 200
+PROTECTIONS = ("none", "earlyoom", "systemd-oomd", "spark-guard")
+UID = 1000
+
+# What each holds, as an admin who measured them would write it, with 50 MiB to spare for
+# the interpreter (a loader that outgrows its figure is fair game for the trend rule). At
+# boot, while the loaders start, about 1.5-1.75 GiB is available: one loader, the server
+# and the reserve fit (1400 MiB); a second loader does not, and without a guard the three
+# (2000 MiB) do not fit at all.
+GUARD_CONFIG = f"""
+[budget]
+reserve = "{RESERVE_MIB}MiB"
+[loaders.footprint]
+"llama-server.service" = "{LOADER_MIB + 50}MiB"
+"ollama.service" = "{SERVER_MIB + 50}MiB"
+"""
+
+UNIT = """[Unit]
+Description={description}
+After=network.target
+[Service]
+ExecStart=/usr/bin/python3 /opt/fake-loader.py -m {model} --alloc {mib} --rate {rate}
+Restart=on-failure
+[Install]
+WantedBy={target}
+"""
+
+PROBE_UNIT = """[Unit]
+Description=fork latency and MemAvailable probe (benchmark)
+DefaultDependencies=no
+[Service]
+ExecStart=/usr/bin/python3 /opt/probe.py
+OOMScoreAdjust=-1000
+[Install]
+WantedBy=sysinit.target
+"""
+
+# What systemd-oomd's own documentation suggests: pressure-based killing on the
+# slices that hold the workloads (system services, and each user's manager as
+# distributions ship for user@.service), with the documented 60 % default limit
+# spelled out; swap-based killing needs swap, which this VM, like a Spark, has not.
+OOMD_DROPINS = {
+    "system.slice.d/50-oomd.conf": "[Slice]\nManagedOOMMemoryPressure=kill\n"
+    "ManagedOOMMemoryPressureLimit=60%\n",
+    "user@.service.d/50-oomd.conf": "[Service]\nManagedOOMMemoryPressure=kill\n"
+    "ManagedOOMMemoryPressureLimit=60%\n",
+    "-.slice.d/50-oomd.conf": "[Slice]\nManagedOOMSwap=kill\n",
+}
+
+LOADERS = (("system", "llama-server.service"), ("user", "llama-server.service"))
+UNITS = (*LOADERS, ("system", "ollama.service"))
+
+
+def _enable(vm: VM, wants_dir: str, unit_path: str, *, owner: int = 0) -> None:
+    wants = vm.path(wants_dir)
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / Path(unit_path).name
+    link.symlink_to(unit_path)
+    if owner:
+        shutil.chown(wants, owner, owner)
+        subprocess.run(["chown", "-h", f"{owner}:{owner}", str(link)], check=True)
+
+
+def prepare(vm: VM, protection: str, deb: Path | None) -> None:
+    """Lay the wedge out in vm.root and install one protection (or none)."""
+    assert protection in PROTECTIONS, protection
+    shutil.copy(HERE / "fake_loader.py", vm.path("/opt/fake-loader.py"))
+    shutil.copy(HERE / "probe.py", vm.path("/opt/probe.py"))
+    vm.path("/etc/systemd/system/probe.service").write_text(PROBE_UNIT)
+    _enable(vm, "/etc/systemd/system/sysinit.target.wants", "/etc/systemd/system/probe.service")
+    vm.path("/srv/models").mkdir(parents=True)
+    for name in ("qwen3-coder.gguf", "gemma-small.gguf"):
+        vm.path(f"/srv/models/{name}").write_bytes(b"GGUF" + b"\0" * 4096)
+
+    system = "/etc/systemd/system"
+    vm.path(f"{system}/llama-server.service").write_text(
+        UNIT.format(
+            description="llama.cpp server (system)",
+            model="/srv/models/qwen3-coder.gguf",
+            mib=LOADER_MIB,
+            rate=LOAD_RATE,
+            target="multi-user.target",
+        )
+    )
+    _enable(vm, f"{system}/multi-user.target.wants", f"{system}/llama-server.service")
+    vm.path(f"{system}/ollama.service").write_text(
+        UNIT.format(
+            description="Ollama-style server, idle with its model loaded",
+            model="/srv/models/gemma-small.gguf",
+            mib=SERVER_MIB,
+            rate=0,
+            target="multi-user.target",
+        )
+    )
+    _enable(vm, f"{system}/multi-user.target.wants", f"{system}/ollama.service")
+
+    # alice: the same loader as her own unit, started at boot because she lingers.
+    vm.chroot("useradd", "--create-home", "--uid", str(UID), "--shell", "/bin/bash", "alice")
+    user_dir = "/home/alice/.config/systemd/user"
+    vm.path(user_dir).mkdir(parents=True)
+    vm.path(f"{user_dir}/llama-server.service").write_text(
+        UNIT.format(
+            description="llama.cpp server (alice)",
+            model="/srv/models/qwen3-coder.gguf",
+            mib=LOADER_MIB,
+            rate=LOAD_RATE,
+            target="default.target",
+        )
+    )
+    _enable(vm, f"{user_dir}/default.target.wants", f"{user_dir}/llama-server.service", owner=UID)
+    subprocess.run(["chown", "-R", f"{UID}:{UID}", str(vm.path("/home/alice"))], check=True)
+    vm.path("/var/lib/systemd/linger").mkdir(parents=True, exist_ok=True)
+    vm.path("/var/lib/systemd/linger/alice").touch()
+
+    # The comparison daemons are in the image; each run enables only its own.
+    for link in (
+        f"{system}/multi-user.target.wants/earlyoom.service",
+        f"{system}/multi-user.target.wants/systemd-oomd.service",
+        f"{system}/sockets.target.wants/systemd-oomd.socket",
+        f"{system}/dbus-org.freedesktop.oom1.service",
+    ):
+        vm.path(link).unlink(missing_ok=True)
+    if protection == "earlyoom":
+        _enable(vm, f"{system}/multi-user.target.wants", "/lib/systemd/system/earlyoom.service")
+    elif protection == "systemd-oomd":
+        _enable(vm, f"{system}/multi-user.target.wants", "/lib/systemd/system/systemd-oomd.service")
+        _enable(vm, f"{system}/sockets.target.wants", "/lib/systemd/system/systemd-oomd.socket")
+        vm.path(f"{system}/dbus-org.freedesktop.oom1.service").symlink_to(
+            "/lib/systemd/system/systemd-oomd.service"
+        )
+        for name, text in OOMD_DROPINS.items():
+            vm.path(f"{system}/{name}").parent.mkdir(parents=True, exist_ok=True)
+            vm.path(f"{system}/{name}").write_text(text)
+    elif protection == "spark-guard":
+        assert deb is not None
+        vm.install(deb)
+        vm.path("/etc/spark-guard.toml").write_text(GUARD_CONFIG)
+
+
+@dataclass
+class Login:
+    at: float  # host monotonic, seconds from qemu's start
+    ok: bool
+    uptime: float | None  # the guest's CLOCK_BOOTTIME when it answered
+
+
+@dataclass
+class Sample:
+    uptime: float
+    fork_ms: float
+    late_ms: float
+    available: int  # bytes
+
+
+@dataclass
+class Run:
+    protection: str
+    logins: list[Login] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    units: dict[str, dict[str, str]] = field(default_factory=dict)
+    kills: dict[str, int] = field(default_factory=dict)
+    guard_stops: int = 0
+    load_window: tuple[float, float] | None = None  # guest uptime
+    ssh_at_end: bool = False
+    console_tail: str = ""
+    guard_log: str = ""
+
+    # --- the figures of the comparison table ---
+
+    @property
+    def logins_after_up(self) -> list[Login]:
+        first = next((i for i, lg in enumerate(self.logins) if lg.ok), None)
+        return [] if first is None else self.logins[first:]
+
+    @property
+    def ssh_failures(self) -> int:
+        return sum(not lg.ok for lg in self.logins_after_up)
+
+    @property
+    def longest_ssh_gap(self) -> float:
+        """Longest time between two logins that worked, once sshd had first let us in."""
+        ok = [lg.at for lg in self.logins_after_up if lg.ok]
+        return max((b - a for a, b in itertools.pairwise(ok)), default=0.0)
+
+    @property
+    def logins_in_load_window(self) -> int:
+        if self.load_window is None:
+            return 0
+        start, end = self.load_window
+        return sum(1 for lg in self.logins if lg.ok and lg.uptime and start <= lg.uptime <= end)
+
+    @property
+    def worst_fork_ms(self) -> float:
+        return max((s.fork_ms for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_stall_ms(self) -> float:
+        """The worst of: a fork+exec+wait, or the probe itself not running on time."""
+        return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
+
+    @property
+    def median_fork_ms(self) -> float:
+        return statistics.median(s.fork_ms for s in self.samples) if self.samples else 0.0
+
+    @property
+    def min_available(self) -> int:
+        return min((s.available for s in self.samples), default=0)
+
+    @property
+    def restarts(self) -> int:
+        return sum(int(u.get("NRestarts", "0") or 0) for u in self.units.values())
+
+
+def read_probe(vm: VM) -> list[Sample]:
+    samples = []
+    for line in vm.probe_log.read_text(errors="replace").splitlines():
+        parts = line.strip().split()
+        if len(parts) == 5 and parts[0] == "P":
+            try:
+                samples.append(
+                    Sample(float(parts[1]), float(parts[2]), float(parts[3]), int(parts[4]) * 1024)
+                )
+            except ValueError:
+                continue  # a line torn by the serial port
+    return samples
+
+
+class _Logins(threading.Thread):
+    """From the host, a fresh ssh login every second, as an admin trying to get in would."""
+
+    def __init__(self, vm: VM) -> None:
+        super().__init__(daemon=True)
+        self.vm, self.logins, self.stop = vm, list[Login](), threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            began = time.monotonic()
+            try:
+                out = self.vm.ssh("cat /proc/uptime", check=False, timeout=15, connect=10)
+                ok = out.returncode == 0
+                uptime = float(out.stdout.split()[0]) if ok else None
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                ok, uptime = False, None
+            self.logins.append(Login(began - self.vm.started, ok, uptime))
+            self.stop.wait(max(1.0 - (time.monotonic() - began), 0.0))
+
+
+def observe(vm: VM, run: Run, seconds: float, *, snapshot: bool = True) -> None:
+    """Boot, then watch for `seconds` after sshd first let us in (or after 300 s without)."""
+    vm.start(snapshot=snapshot)
+    logins = _Logins(vm)
+    logins.start()  # before sshd is up they fail fast; only failures after the first login count
+    try:
+        deadline = time.monotonic() + 300
+        while not any(lg.ok for lg in logins.logins) and time.monotonic() < deadline:
+            if vm.proc is not None and vm.proc.poll() is not None:
+                raise RuntimeError(f"qemu exited: {vm.console_text()[-2000:]}")
+            time.sleep(1)
+        time.sleep(seconds)
+    finally:
+        logins.stop.set()
+        if logins.is_alive():
+            logins.join(timeout=30)
+        run.logins = logins.logins
+        run.samples = read_probe(vm)
+        run.console_tail = vm.console_text()[-3000:]
+
+
+def _show(vm: VM, level: str, unit: str) -> dict[str, str]:
+    props = "-p LoadState -p ActiveState -p UnitFileState -p NRestarts"
+    props += " -p ExecMainStartTimestampMonotonic"
+    cmd = f"systemctl show {unit} {props}"
+    if level == "user":  # `systemctl --user -M alice@` needs machined, which the image has not
+        as_alice = f"runuser -u alice -- env XDG_RUNTIME_DIR=/run/user/{UID}"
+        cmd = f"{as_alice} systemctl --user show {unit} {props}"
+    out = vm.ssh(cmd, check=False, timeout=60).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _count(vm: VM, command: str) -> int:
+    out = vm.ssh(command + " | wc -l", check=False, timeout=60).stdout.strip()
+    return int(out) if out.isdigit() else -1
+
+
+def collect(vm: VM, run: Run) -> None:
+    """Ask the guest (over ssh, with patience) for unit states, kills and the load window."""
+    for _ in range(10):
+        if vm.ssh("true", check=False, timeout=60, connect=20).returncode == 0:
+            run.ssh_at_end = True
+            break
+        time.sleep(5)
+    if not run.ssh_at_end:
+        return
+    for level, unit in UNITS:
+        run.units[f"{level}:{unit}"] = _show(vm, level, unit)
+    run.kills = {
+        "kernel": _count(vm, "journalctl -b -k -q --no-pager | grep 'Out of memory: Killed'"),
+        "earlyoom": _count(vm, "journalctl -b -q -u earlyoom --no-pager | grep -i 'sending SIG'"),
+        "systemd-oomd": _count(
+            vm, "journalctl -b -q -u systemd-oomd --no-pager | grep -i 'killed'"
+        ),
+    }
+    run.guard_log = vm.ssh(
+        "journalctl -b -q -u spark-guard -o cat --no-pager", check=False, timeout=60
+    ).stdout
+    run.guard_stops = _count(
+        vm, "journalctl -b -q -o cat MESSAGE_ID=068574cbf2c74b65a6744f41ff55b762 --no-pager"
+    )
+    # The load window: from the first loader start to the last loader done (or now).
+    out = vm.ssh(
+        "journalctl -b -q -o json --no-pager --output-fields=MESSAGE,_SYSTEMD_UNIT,"
+        "_SYSTEMD_USER_UNIT,UNIT,USER_UNIT",
+        check=False,
+        timeout=120,
+    ).stdout
+    starts, done = [], []
+    for line in out.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        msg = entry.get("MESSAGE")
+        if not isinstance(msg, str):
+            continue
+        t = int(entry.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6
+        units = {entry.get(k) for k in ("_SYSTEMD_UNIT", "_SYSTEMD_USER_UNIT", "UNIT", "USER_UNIT")}
+        if "llama-server.service" not in units:
+            continue
+        if msg.startswith("Started "):
+            starts.append(t)
+        elif msg.startswith("fake loader holding"):
+            done.append(t)
+    if starts:
+        now = float(vm.ssh("cat /proc/uptime", check=False).stdout.split()[0] or 0)
+        restarting = run.restarts > 0
+        run.load_window = (min(starts), now if restarting or not done else max(done))
