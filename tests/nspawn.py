@@ -62,16 +62,17 @@ def _ubuntu_keyring() -> Path:
     return keyring
 
 
-def rootfs(suite: str = "bookworm") -> Path:
-    """The cached rootfs of `suite`, built on first use (about 20-50 s)."""
+def rootfs(suite: str = "bookworm", extra: tuple[str, ...] = ()) -> Path:
+    """The cached rootfs of `suite` (plus `extra` packages), built on first use (20-50 s)."""
     components, mirror = SUITES[suite]
-    key = hashlib.sha256(f"{suite} {' '.join(PACKAGES)}".encode()).hexdigest()[:12]
+    packages = PACKAGES + extra
+    key = hashlib.sha256(f"{suite} {' '.join(packages)}".encode()).hexdigest()[:12]
     image = CACHE / f"{suite}-{key}"
     if (image / "etc" / "os-release").exists():
         return image
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f"{image.name}.", dir=CACHE))
-    extra = [f"--keyring={_ubuntu_keyring()}"] if mirror == UBUNTU else []
+    keyring = [f"--keyring={_ubuntu_keyring()}"] if mirror == UBUNTU else []
     try:
         subprocess.run(
             [
@@ -79,8 +80,8 @@ def rootfs(suite: str = "bookworm") -> Path:
                 "--quiet",
                 "--variant=minbase",
                 f"--components={components}",
-                f"--include={','.join(PACKAGES)}",
-                *extra,
+                f"--include={','.join(packages)}",
+                *keyring,
                 suite,
                 str(partial),
                 *([mirror] if mirror else []),
@@ -99,8 +100,9 @@ def rootfs(suite: str = "bookworm") -> Path:
 class Container:
     """`with Container() as c:`, then c.boot(), c.run(...), c.reboot()."""
 
-    def __init__(self, suite: str = "bookworm") -> None:
+    def __init__(self, suite: str = "bookworm", extra: tuple[str, ...] = ()) -> None:
         self.suite = suite
+        self.extra = extra
         self.base = Path(tempfile.mkdtemp(prefix="sg-ns.", dir="/var/tmp"))
         self.root = self.base / "root"
         self.name = f"sg{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
@@ -111,7 +113,8 @@ class Container:
 
     def __enter__(self) -> Container:
         subprocess.run(
-            ["cp", "-a", "--reflink=auto", str(rootfs(self.suite)), str(self.root)], check=True
+            ["cp", "-a", "--reflink=auto", str(rootfs(self.suite, self.extra)), str(self.root)],
+            check=True,
         )
         # A machine-id of its own: no first-boot presets rewriting /etc/systemd.
         (self.root / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -125,11 +128,12 @@ class Container:
     def boot(self, timeout: float = 60) -> None:
         moves = "; ".join(f"echo $$ > {r}/{self.cgroup}/cgroup.procs" for r in CGROUP_ROOTS)
         # nspawn keeps its locks and propagation dirs under /run/systemd/nspawn:
-        # a tmpfs in its private mount namespace keeps the host's /run clean.
+        # a tmpfs in its private mount namespace keeps the host's /run clean. A network
+        # namespace of its own: its sshd must not meet the host's on port 22.
         script = (
             f"{moves}; exec unshare --mount --propagation private sh -c '"
             f"mount -t tmpfs tmpfs /run/systemd && exec systemd-nspawn --quiet --register=no "
-            f"--keep-unit --console=pipe -D {self.root} -M {self.name} -b'"
+            f"--keep-unit --console=pipe --private-network -D {self.root} -M {self.name} -b'"
         )
         with open(self.console, "ab") as out:
             self.proc = subprocess.Popen(

@@ -1,0 +1,260 @@
+"""The incident in a box: a wedge-prone model-serving machine booted with systemd as PID 1.
+
+Run by demo/run (which installs what is missing and builds the .deb). Lays
+out, in a Debian 12 container (tests/nspawn.py), what ../shared/seeds'
+incident report describes: llama-server on both levels (one a linger
+user's), the same model twice, an idle server holding memory, and a loader
+of a model far bigger than the machine (a sparse GGUF with DeepSeek-V3's
+real metadata: a few kB on disk, 200+ GiB as far as any reader can tell).
+Boots it, shows what an admin would see, releases one unit, and removes
+everything it started. Exit 0 when the guard did what it should.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from nspawn import Container  # noqa: E402
+from synth import SPECS, Spec, write  # noqa: E402
+
+ALICE = 1000
+LOADER = """[Unit]
+Description={what}
+After=network.target
+[Service]
+ExecStart={exec_start}
+Restart=on-failure
+[Install]
+WantedBy={target}
+"""
+CONFIG = """# The demo's budget: a 2 GiB reserve (a Spark's default is 8 GiB or 7 %).
+[budget]
+reserve = "2GiB"
+reserve_percent = 0
+[loaders.footprint]
+"ollama.service" = "600MiB"
+"""
+# Always blocked: the model that cannot fit. Of the two copies of one model, the one
+# whose manager started it second is blocked, whichever that is.
+BIG = "llama-deepseek.service"
+COPIES = ("llama-qwen.service", "user:1000:llama-qwen.service")
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def step(text: str) -> None:
+    say(f"\n==> {text}")
+
+
+def show(c: Container, title: str, *cmd: str, user: int | None = None) -> str:
+    out = c.run(*cmd, check=False, user=user, timeout=120)
+    say(f"\n$ {title}")
+    text = (out.stdout + out.stderr).rstrip()
+    say("\n".join("  " + line for line in text.splitlines()))
+    return text
+
+
+def lay_out(c: Container, deb: Path) -> None:
+    models = c.path("/srv/models")
+    models.mkdir(parents=True)
+    big = write(SPECS["deepseek-v3"], models)
+    big.rename(models / "deepseek-v3-q2_k.gguf")
+    small = Spec("Qwen3-0.6B", "qwen3", 28, 1024, 16, 8, 128, 128, 40960, 151936, n_ff=3072)
+    write(small, models).rename(models / "qwen3-0.6b-q4_k.gguf")
+    for name in ("llama-server", "ollama"):
+        dest = c.path(f"/usr/local/bin/{name}")
+        shutil.copy(REPO / "tests" / "fake_loader.py", dest)
+        text = dest.read_text()
+        dest.write_text("#!/usr/bin/python3\n" + text)
+        dest.chmod(0o755)
+    system = c.path("/etc/systemd/system")
+    wants = system / "multi-user.target.wants"
+    wants.mkdir(exist_ok=True)
+    units = {
+        "llama-qwen.service": (
+            "llama.cpp server: Qwen3-0.6B",
+            "/usr/local/bin/llama-server -m /srv/models/qwen3-0.6b-q4_k.gguf -c 4096 "
+            "--alloc 300 --rate 150",
+        ),
+        "llama-deepseek.service": (
+            "llama.cpp server: DeepSeek-V3 (Q2_K)",
+            "/usr/local/bin/llama-server -m /srv/models/deepseek-v3-q2_k.gguf -c 8192 "
+            "--alloc 300 --rate 150",
+        ),
+        "ollama.service": ("Ollama: idle, its model loaded", "/usr/local/bin/ollama --alloc 400"),
+    }
+    for name, (what, exec_start) in units.items():
+        (system / name).write_text(
+            LOADER.format(what=what, exec_start=exec_start, target="multi-user.target")
+        )
+        (wants / name).symlink_to(f"/etc/systemd/system/{name}")
+    # alice lingers: her manager starts at boot and with it her copy of the same model.
+    for name, line in (
+        ("passwd", f"alice:x:{ALICE}:{ALICE}:Alice:/home/alice:/bin/sh"),
+        ("group", f"alice:x:{ALICE}:"),
+        ("shadow", "alice:!:20000:0:99999:7:::"),
+    ):
+        with open(c.path(f"/etc/{name}"), "a") as f:
+            f.write(line + "\n")
+    user_dir = c.path("/home/alice/.config/systemd/user")
+    (user_dir / "default.target.wants").mkdir(parents=True)
+    (user_dir / "llama-qwen.service").write_text(
+        LOADER.format(
+            what="alice's llama.cpp server: Qwen3-0.6B",
+            exec_start=units["llama-qwen.service"][1],
+            target="default.target",
+        )
+    )
+    (user_dir / "default.target.wants" / "llama-qwen.service").symlink_to(
+        "/home/alice/.config/systemd/user/llama-qwen.service"
+    )
+    for dirpath, dirs, files in os.walk(c.path("/home/alice")):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
+            os.lchown(name, ALICE, ALICE)
+    c.path("/var/lib/systemd/linger").mkdir(parents=True, exist_ok=True)
+    c.path("/var/lib/systemd/linger/alice").touch()
+
+
+def wait_blocked(c: Container, timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = c.run("ls", "/var/lib/spark-guard/blocked", check=False).stdout.split()
+        if f"{BIG}.json" in found and any(f"{unit}.json" in found for unit in COPIES):
+            return True
+        time.sleep(1)
+    return False
+
+
+def states(c: Container) -> dict[str, dict[str, str]]:
+    props = ("LoadState", "ActiveState", "UnitFileState", "NRestarts")
+    out = {
+        name: c.show(name, *props)
+        for name in ("llama-qwen.service", "llama-deepseek.service", "ollama.service")
+    }
+    out["user:1000:llama-qwen.service"] = c.show("llama-qwen.service", *props, user=ALICE)
+    return out
+
+
+def main() -> int:
+    deb = Path(sys.argv[1])
+    started = time.monotonic()
+    with Container("bookworm", extra=("openssh-server",)) as c:
+        step("laying out a wedge-prone model-serving machine")
+        lay_out(c, deb)
+        say("  system: llama-qwen (Qwen3-0.6B), llama-deepseek (DeepSeek-V3 Q2_K, sparse")
+        say("          GGUF of 200+ GiB: real header, no data on disk), ollama (idle, 400 MiB)")
+        say("  alice (linger): llama-qwen, the same Qwen3-0.6B again")
+        say("  all enabled, Restart=on-failure")
+
+        step("installing spark-guard from the .deb (dpkg, its maintainer scripts run)")
+        out = subprocess.run(
+            ["dpkg", "--root", str(c.root), "-i", str(deb)], capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            say(out.stdout[-2000:] + out.stderr[-2000:])
+            return 1
+        c.path("/etc/spark-guard.toml").write_text(CONFIG)
+        say("  enabled at install; ordered before basic.target, so before every loader")
+        say("  its budget (/etc/spark-guard.toml): reserve 2 GiB")
+
+        step("booting it: systemd as PID 1, the loaders start as on the day of the incident")
+        c.boot()
+        blocked = wait_blocked(c)
+
+        step("what an admin sees")
+        show(
+            c,
+            "systemctl status spark-guard",
+            "systemctl",
+            "status",
+            "--no-pager",
+            "-n",
+            "0",
+            "spark-guard",
+        )
+        show(
+            c,
+            "journalctl -u spark-guard -o cat",
+            "journalctl",
+            "-u",
+            "spark-guard",
+            "--no-pager",
+            "-o",
+            "cat",
+        )
+        verbose = c.run(
+            "journalctl", "--no-pager", "-o", "verbose", "SG_EVENT=unit-blocked", check=False
+        ).stdout
+        say("\n$ journalctl SG_EVENT=unit-blocked -o verbose   (their fields)")
+        for line in verbose.splitlines():
+            if line.strip().startswith(("MESSAGE=", "MESSAGE_ID=", "SG_", "PRIORITY=")):
+                say("  " + line.strip())
+        show(c, "spark-guard status", "spark-guard", "status")
+        show(c, "spark-guard audit", "spark-guard", "audit")
+        ssh = show(c, "systemctl is-active ssh", "systemctl", "is-active", "ssh")
+        unit_states = states(c)
+        say("\n$ the loaders (systemctl show: LoadState ActiveState UnitFileState NRestarts)")
+        for unit, s in unit_states.items():
+            say(
+                f"  {unit:32} {s.get('LoadState')} {s.get('ActiveState')} "
+                f"{s.get('UnitFileState')} restarts={s.get('NRestarts')}"
+            )
+
+        step("releasing one unit: spark-guard release llama-deepseek.service")
+        show(
+            c,
+            "spark-guard release llama-deepseek.service",
+            "spark-guard",
+            "release",
+            "llama-deepseek.service",
+        )
+        released = c.show("llama-deepseek.service", "LoadState", "UnitFileState")
+        say(
+            f"  llama-deepseek.service is now {released.get('LoadState')}, "
+            f"{released.get('UnitFileState')} (not started: that is the admin's call)"
+        )
+        reasons = (
+            c.run("journalctl", "--no-pager", "-o", "cat", "SG_EVENT=decision", check=False)
+            .stdout.strip()
+            .splitlines()
+        )
+
+        step("shutting down and removing everything the demo started")
+
+    copies = [unit_states[u] for u in COPIES]
+    stopped = [s for s in [unit_states[BIG], *copies] if s["LoadState"] == "masked"]
+    ok = (
+        blocked
+        and ssh.strip() == "active"
+        and unit_states[BIG]["LoadState"] == "masked"
+        and sorted(s["ActiveState"] for s in copies) == ["active", "inactive"]
+        and len(stopped) == 2
+        and all(s["ActiveState"] in ("inactive", "failed") for s in stopped)
+        and all(s["NRestarts"] == "0" and s["UnitFileState"] == "masked-runtime" for s in stopped)
+        and unit_states["ollama.service"]["ActiveState"] == "active"
+        and released.get("LoadState") == "loaded"
+    )
+    step(f"summary (booted, judged, shown and removed in {time.monotonic() - started:.0f} s)")
+    say("  spark-guard started before the loaders and acted while the machine booted:")
+    for line in reasons:
+        say(f"  - {line}")
+    say("  Each one was stopped, masked (in the manager's runtime control directory) and")
+    say("  disabled, and stayed down: Restart= could not bring it back. The one Qwen3 copy")
+    say("  that fits and the idle ollama were left running; sshd stayed reachable.")
+    say("  `spark-guard release` undid a block exactly.")
+    say("  result: " + ("as expected" if ok else "NOT as expected: see above"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
