@@ -64,10 +64,17 @@ def table(runs: list[Run]) -> str:
         [f"{r.ssh_failures} / {len(r.logins_after_up)}" for r in runs],
     )
     row("longest time without a login", [f"{r.longest_ssh_gap:.1f} s" for r in runs])
-    row("logins during the load window", [str(r.logins_in_load_window) for r in runs])
+    row(
+        "logins during the load window",
+        [str(r.logins_in_load_window) if r.load_window else "?" for r in runs],
+    )
     row("ssh at the end", ["yes" if r.ssh_at_end else "no" for r in runs])
     row("worst fork+exec+wait", [f"{r.worst_fork_ms:.0f} ms" for r in runs])
     row("worst probe stall (fork or late)", [f"{r.worst_stall_ms:.0f} ms" for r in runs])
+    row(
+        "worst fork+exec+wait in the load window",
+        [f"{r.worst_fork_in_window_ms:.0f} ms" if r.load_window else "?" for r in runs],
+    )
     row("median fork+exec+wait", [f"{r.median_fork_ms:.0f} ms" for r in runs])
     row("min MemAvailable", [f"{r.min_available / MiB:.0f} MiB" for r in runs])
     row(

@@ -11,8 +11,8 @@ of /bin/true from the probe takes about 60 ms when the guest is calm, and
 boot itself (systemd starting ~100 units on 2 emulated CPUs) pushes it to
 0.5-0.75 s (benchmarks/boot_wedge.py, every protection, before any loader
 starts). Emulation speed varies up to 2x between hosts. A guest out of
-memory stalls a fork for seconds to tens of seconds (the same benchmark: 39 s
-with no guard, 9 s with systemd-oomd). FORK_BOUND_MS sits between: 2 s,
+memory stalls a fork for seconds to tens of seconds (the same benchmark: 52 s
+with no guard, 22 s with systemd-oomd). FORK_BOUND_MS sits between: 2 s,
 above emulated boot noise on a slow host, and an order of magnitude under a
 real memory stall.
 

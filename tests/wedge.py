@@ -232,6 +232,14 @@ class Run:
         return max((s.fork_ms for s in self.samples), default=float("nan"))
 
     @property
+    def worst_fork_in_window_ms(self) -> float:
+        if self.load_window is None:
+            return float("nan")
+        start, end = self.load_window
+        inside = [s.fork_ms for s in self.samples if start <= s.uptime <= end]
+        return max(inside, default=float("nan"))
+
+    @property
     def worst_stall_ms(self) -> float:
         """The worst of: a fork+exec+wait, or the probe itself not running on time."""
         return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))

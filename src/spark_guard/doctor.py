@@ -413,7 +413,7 @@ def application_findings(
                 "oom-kill",
                 f"{unit}: killed by the kernel's OOM killer ({len(records)} record(s))",
                 (records[-1],),
-                "spark-guard preflight UNIT: the load does not fit next to what runs"
+                f"spark-guard preflight {unit}: the load did not fit next to what ran"
                 if loader
                 else "",
             )
@@ -422,7 +422,7 @@ def application_findings(
     for kind, line in cuda:
         by_kind[(line.unit or line.identifier, kind)].append(line)
     nexts = {
-        "out-of-memory": "spark-guard preflight UNIT; smaller -c/--ctx-size or fewer -ngl",
+        "out-of-memory": "spark-guard preflight {unit}; a smaller -c/--ctx-size, or fewer -ngl",
         "init": "nvidia-smi; the driver/CUDA versions above; is the GPU held or gone?",
         "error": "the loader's log around it; the Xid findings above",
     }
@@ -435,7 +435,7 @@ def application_findings(
                 f"{unit}: {len(lines)} CUDA {kind.replace('-', ' ')} line(s), last "
                 f"{_when(lines[-1].at)}",
                 (lines[-1].message,),
-                nexts[kind],
+                nexts[kind].format(unit=unit),
             )
         )
     budget = ev.mem_total - ev.reserve
