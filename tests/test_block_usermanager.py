@@ -200,9 +200,21 @@ def test_a_mask_that_disappears_is_laid_again(um):
     mask = um.runtime / "systemd" / "user.control" / "llama-again.service"
     mask.unlink()
     um.systemctl("daemon-reload")
-    wait_log(um, r"^warning block-renewed: laying the mask on user:0:llama-again", after=offset)
+    renewed = wait_log(
+        um, r"^warning block-renewed: laying the mask on user:0:llama-again", after=offset
+    )
     assert mask.is_symlink() and os.readlink(mask) == "/dev/null"
     um.wait_for("llama-again.service", "LoadState", "masked")
+    time.sleep(0.5)
+    # The unit was not running: renewing its mask stops nothing and says so in the record.
+    after = log_text(um)[offset + renewed.end() :]
+    assert "stopping user:0:llama-again" not in after and "stopped after" not in after
+    record = json.loads(
+        (um.base / "state" / "blocked" / "user:0:llama-again.service.json").read_text()
+    )
+    notes = [what for _, what in record["history"]]
+    renewal = max(i for i, what in enumerate(notes) if what.startswith("mask gone"))
+    assert "not running" in notes[renewal:], notes
     assert guard_cli(um, "release", "llama-again").returncode == 0
     assert "block-failed" not in log_text(um)[offset:]
 

@@ -146,6 +146,7 @@ class Enforcer:
                     record.step = "mask"
                     record.mask_made = True
                     record.note("mask gone (reboot or manager restart): laying it again")
+                    self._stop_sent.pop(str(record.ref), None)  # that stop was for an old run
                     self._event("block-renewed", record, f"laying the mask on {record.ref} again")
             for record in batch:
                 self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
@@ -252,8 +253,9 @@ class Enforcer:
         """Wait for each unit to be inactive; escalate on those that will not stop."""
         if not batch:
             return
-        for record in batch:
-            if str(record.ref) not in self._stop_sent:  # resumed after a restart of the guard
+        resumed = [r for r in batch if str(r.ref) not in self._stop_sent]
+        for record in resumed:  # resumed after a restart of the guard, or a renewed mask
+            if self._running(record):
                 self._request_stop(record)
         start = min(self._stop_sent.get(str(r.ref), self.clock()) for r in batch)
         pending = {str(r.ref): r for r in batch}
@@ -272,9 +274,13 @@ class Enforcer:
                     st = states.get(name)
                     if st is None or st.active_state in SETTLED or st.load_state == "not-found":
                         record = pending.pop(str(UnitRef(key, name)))
-                        waited = self.clock() - self._stop_sent.get(str(record.ref), start)
-                        record.note(f"stopped after {waited:.2f}s")
                         record.step = "verify"
+                        if str(record.ref) not in self._stop_sent:
+                            record.note("not running")  # a renewed mask: nothing to stop
+                            self._save(record)
+                            continue
+                        waited = self.clock() - self._stop_sent[str(record.ref)]
+                        record.note(f"stopped after {waited:.2f}s")
                         self.log.info(
                             "unit-stopped",
                             unit=str(record.ref),
@@ -300,6 +306,17 @@ class Enforcer:
                 return
             self.tick()
             self.sleep(POLL)
+
+    def _running(self, record: Record) -> bool:
+        """Whether the unit has anything to stop; True when its manager cannot say (stop it)."""
+        manager = self.managers.get(record.manager)
+        if manager is None:
+            return True
+        try:
+            state = manager.unit_states([record.unit]).get(record.unit)
+        except ManagerError:
+            return True
+        return state is not None and state.active_state not in SETTLED
 
     def _kill_unit(self, record: Record) -> None:
         manager = self.managers.get(record.manager)
