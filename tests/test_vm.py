@@ -91,4 +91,5 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         assert again.units[f"{loaded[0]}:llama-server.service"]["ActiveState"] == "active"
         # The mask lived in /run: the guard laid it again from its record before the unit ran.
         assert "laying the mask on " in again.guard_log, _why(again)
+        assert again.guard_stops == 0, _why(again)  # it was not running: nothing to stop
         assert again.ssh_failures == 0, again.logins
