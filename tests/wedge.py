@@ -111,41 +111,29 @@ def prepare(vm: VM, protection: str, deb: Path | None) -> None:
         vm.path(f"/srv/models/{name}").write_bytes(b"GGUF" + b"\0" * 4096)
 
     system = "/etc/systemd/system"
-    vm.path(f"{system}/llama-server.service").write_text(
-        UNIT.format(
-            description="llama.cpp server (system)",
-            model="/srv/models/qwen3-coder.gguf",
-            mib=LOADER_MIB,
-            rate=LOAD_RATE,
-            target="multi-user.target",
-        )
-    )
-    _enable(vm, f"{system}/multi-user.target.wants", f"{system}/llama-server.service")
-    vm.path(f"{system}/ollama.service").write_text(
-        UNIT.format(
-            description="Ollama-style server, idle with its model loaded",
-            model="/srv/models/gemma-small.gguf",
-            mib=SERVER_MIB,
-            rate=0,
-            target="multi-user.target",
-        )
-    )
-    _enable(vm, f"{system}/multi-user.target.wants", f"{system}/ollama.service")
-
+    user_dir = "/home/alice/.config/systemd/user"
     # alice: the same loader as her own unit, started at boot because she lingers.
     vm.chroot("useradd", "--create-home", "--uid", str(UID), "--shell", "/bin/bash", "alice")
-    user_dir = "/home/alice/.config/systemd/user"
     vm.path(user_dir).mkdir(parents=True)
-    vm.path(f"{user_dir}/llama-server.service").write_text(
-        UNIT.format(
-            description="llama.cpp server (alice)",
-            model="/srv/models/qwen3-coder.gguf",
-            mib=LOADER_MIB,
-            rate=LOAD_RATE,
-            target="default.target",
+    for directory, name, what, model, mib, rate, target, owner in (
+        (system, "llama-server", "llama.cpp server (system)", "qwen3-coder", LOADER_MIB,
+         LOAD_RATE, "multi-user.target", 0),
+        (system, "ollama", "Ollama-style server, idle with its model loaded", "gemma-small",
+         SERVER_MIB, 0, "multi-user.target", 0),
+        (user_dir, "llama-server", "llama.cpp server (alice)", "qwen3-coder", LOADER_MIB,
+         LOAD_RATE, "default.target", UID),
+    ):  # fmt: skip
+        unit = f"{directory}/{name}.service"
+        vm.path(unit).write_text(
+            UNIT.format(
+                description=what,
+                model=f"/srv/models/{model}.gguf",
+                mib=mib,
+                rate=rate,
+                target=target,
+            )
         )
-    )
-    _enable(vm, f"{user_dir}/default.target.wants", f"{user_dir}/llama-server.service", owner=UID)
+        _enable(vm, f"{directory}/{target}.wants", unit, owner=owner)
     subprocess.run(["chown", "-R", f"{UID}:{UID}", str(vm.path("/home/alice"))], check=True)
     vm.path("/var/lib/systemd/linger").mkdir(parents=True, exist_ok=True)
     vm.path("/var/lib/systemd/linger/alice").touch()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -113,6 +114,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# The admin's tools, each a module imported only when it runs (the daemon needs none).
+_TOOLS = {
+    "status": "status_cli",
+    "harden": "harden_cli",
+    "rescue": "rescue_cli",
+    "audit": "audit_cli",
+    "doctor": "doctor_cli",
+    "preflight": "preflight_cli",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
@@ -126,30 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         return _dump(args.config, args.json)
     if args.command == "release":
         return _release(args.config, args.units, args.all)
-    if args.command == "status":
-        from .status_cli import run as status
-
-        return status(args)
-    if args.command == "harden":
-        from .harden_cli import run as harden
-
-        return harden(args)
-    if args.command == "rescue":
-        from .rescue_cli import run as rescue
-
-        return rescue(args)
-    if args.command == "audit":
-        from .audit_cli import run as audit
-
-        return audit(args)
-    if args.command == "doctor":
-        from .doctor_cli import run as doctor
-
-        return doctor(args)
-    if args.command == "preflight":
-        from .preflight_cli import run as preflight
-
-        return preflight(args)
+    if args.command in _TOOLS:
+        module = importlib.import_module(f".{_TOOLS[args.command]}", __package__)
+        return int(module.run(args))
     return 2
 
 

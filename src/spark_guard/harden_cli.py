@@ -22,7 +22,7 @@ from .classify import expected_footprint
 from .config import Config, ConfigError, format_size
 from .foresight import Predictor, parse_environment
 from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
-from .managers import Manager, ManagerError, discover
+from .managers import Manager, ManagerError, command_manager, connect_to
 from .procfs import ProcError, ProcFS
 from .snapshot import UnitRef, parse_ref
 
@@ -32,15 +32,10 @@ class HardenError(RuntimeError):
 
 
 def _connect(ref: UnitRef, config: Config) -> Manager:
-    socket = discover(config.system_manager, config.user_runtime).get(ref.manager)
-    if socket is None:
-        raise HardenError(f"{ref}: the {ref.manager} manager is not running here")
-    manager = Manager(ref.manager, socket)
     try:
-        manager.connect()
+        return connect_to(ref.manager, config.system_manager, config.user_runtime)
     except ManagerError as e:
-        raise HardenError(str(e)) from None
-    return manager
+        raise HardenError(f"{ref}: {e}") from None
 
 
 def _record_path(config: Config, ref: UnitRef) -> str:
@@ -50,7 +45,7 @@ def _record_path(config: Config, ref: UnitRef) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_mod.load(args.config)
-        ref = parse_ref(args.unit, "system" if os.geteuid() == 0 else f"user:{os.geteuid()}")
+        ref = parse_ref(args.unit, command_manager())
         manager = _connect(ref, config)
     except (ConfigError, HardenError) as e:
         print(f"spark-guard: {e}", file=sys.stderr)

@@ -278,6 +278,29 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
     return found
 
 
+class ManagerNotRunning(ManagerError):
+    """No private socket for that manager: it is not running (a user not logged in)."""
+
+
+def connect_to(key: str, system_socket: str, user_runtime: str) -> Manager:
+    """A connected Manager for `key` ('system', 'user:UID'); ManagerError if it cannot be."""
+    socket = discover(system_socket, user_runtime).get(key)
+    if socket is None:
+        raise ManagerNotRunning(f"the {key} manager is not running here")
+    manager = Manager(key, socket)
+    try:
+        manager.connect()
+    except ManagerError:
+        manager.close()
+        raise
+    return manager
+
+
+def command_manager() -> str:
+    """Whose units a bare name means on a command line: root's are PID 1's, a user's their own."""
+    return SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}"
+
+
 def unit_cgroup(cgroup: str, unit: str) -> str:
     """The unit's own cgroup in a process's path: '/a.slice/u.service/x' -> '/a.slice/u.service'."""
     parts = cgroup.split("/")

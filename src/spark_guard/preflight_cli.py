@@ -23,9 +23,9 @@ from .config import Config, format_size
 from .estimate import Estimate, Settings
 from .foresight import Prediction, Predictor, parse_environment
 from .loadspec import LoadSpec, SpecError, first_spec
-from .managers import Manager, ManagerError, discover
+from .managers import ManagerError, command_manager, connect_to
 from .preflight import Verdict, verdict
-from .snapshot import SYSTEM, UnitRef, parse_ref
+from .snapshot import UnitRef, parse_ref
 
 
 class PreflightError(RuntimeError):
@@ -53,19 +53,18 @@ def _settings(args: argparse.Namespace, base: Settings) -> Settings:
 
 def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
     # Run by a user, a bare name is one of the user's own units.
-    ref = parse_ref(target, SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}")
+    ref = parse_ref(target, command_manager())
     if own_unit is not None and own_unit.name == ref.name and not target.startswith("user:"):
         return own_unit  # ExecStartPre= of that very unit: whichever manager runs it
     return ref
 
 
 def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dict[str, str]]:
-    socket = discover(config.system_manager, config.user_runtime).get(ref.manager)
-    if socket is None:
-        raise PreflightError(f"{ref}: the {ref.manager} manager is not running here")
-    manager = Manager(ref.manager, socket)
     try:
-        manager.connect()
+        manager = connect_to(ref.manager, config.system_manager, config.user_runtime)
+    except ManagerError as e:
+        raise PreflightError(f"{ref}: {e}") from None
+    try:
         state = manager.unit_states([ref.name]).get(ref.name)
         if state is None or state.load_state == "not-found":
             raise PreflightError(f"{ref}: no such unit")

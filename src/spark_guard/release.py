@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .managers import Manager, ManagerError, discover
+from .managers import ManagerError, ManagerNotRunning, connect_to
 from .records import Record, RecordStore
 from .snapshot import SYSTEM, parse_ref
 from .unitfiles import UnitFileError, remove_mask, restore_conflict, restore_link
@@ -74,16 +74,19 @@ def release(record: Record, store: RecordStore, system_socket: str, user_runtime
         )
         archived = store.retire(current)
     done = Released(current, archived, mask_removed, restored)
-    socket = discover(system_socket, user_runtime).get(current.manager)
-    if socket is not None:
-        manager = Manager(current.manager, socket)
-        try:
-            manager.connect()
-            manager.reload()  # LoadState flips back from masked
-        except ManagerError as e:
-            done.reload_error = str(e)
-        finally:
-            manager.close()
+    try:
+        manager = connect_to(current.manager, system_socket, user_runtime)
+    except ManagerNotRunning:
+        return done  # it reads the unit files afresh when it starts
+    except ManagerError as e:
+        done.reload_error = str(e)
+        return done
+    try:
+        manager.reload()  # LoadState flips back from masked
+    except ManagerError as e:
+        done.reload_error = str(e)
+    finally:
+        manager.close()
     return done
 
 
