@@ -46,6 +46,8 @@ def _nvidia_pci(sysfs: str) -> int:
 
 
 def _persistenced() -> str:
+    # systemctl, over the system bus, not the Manager class: PID 1's private socket is
+    # root's, and doctor must work for any user.
     try:
         out = subprocess.run(
             [
