@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from users import User
+
 SYSTEMD = next(
     (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
     "/lib/systemd/systemd",
@@ -33,22 +35,36 @@ JOURNALD = next(
     "/lib/systemd/systemd-journald",
 )
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
+# The files Delegate= hands to a user along with their cgroup directory (cgroup v2 and v1).
+_DELEGATED = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads", "tasks")
 
 
 class UserManager:
     """Start with `with UserManager() as um:`; um.systemctl(...) runs inside its namespace."""
 
     def __init__(
-        self, uid_dir: str = "0", user_runtime: Path | None = None, *, journald: bool = False
+        self,
+        uid_dir: str = "0",
+        user_runtime: Path | None = None,
+        *,
+        journald: bool = False,
+        user: User | None = None,
     ) -> None:
+        # user: the manager runs as that real unprivileged account (tests/users.py), with
+        # its passwd home, its own runtime dir and a cgroup delegated to it, named as
+        # PID 1 names it (user@UID.service), the way logind and user@.service set it up.
+        self.user = user
+        if user is not None:
+            uid_dir = str(user.uid)
         self.base = Path(tempfile.mkdtemp(prefix="sg-um."))
+        os.chmod(self.base, 0o755)
         # journald=True: a systemd-journald of its own in the namespace, units log to it,
         # its files land in self.journal_dir, and records written to the FIFO self.kmsg
         # reach it as kernel messages (it is bound over /dev/kmsg in there).
         self.journald = journald
         self.journal_dir = self.base / "log" / "journal"
         self.kmsg = self.base / "kmsg"
-        self.home = self.base / "home"
+        self.home = user.home if user is not None else self.base / "home"
         # Managers sharing one runtime root look like several users' managers.
         self.user_runtime = user_runtime or self.base / "run-user"
         self.runtime = self.user_runtime / uid_dir
@@ -56,7 +72,7 @@ class UserManager:
         self.data_unit_dir = self.home / ".local" / "share" / "systemd" / "user"
         self.log = self.base / "manager.log"
         self.cgroup = f"sg-test-{os.getpid()}-{int(time.monotonic() * 1000) % 100000}"
-        if journald:
+        if journald or user is not None:
             # Named as a real user manager's, so journald tags lines with their unit
             # (_SYSTEMD_USER_UNIT), as it does on a real machine.
             self.cgroup += f".slice/user@{uid_dir}.service"
@@ -80,7 +96,8 @@ class UserManager:
     def __enter__(self) -> UserManager:
         for d in (self.unit_dir, self.data_unit_dir, self.base / "runsd" / "system"):
             d.mkdir(parents=True, exist_ok=True)
-        self.runtime.mkdir(parents=True, mode=0o700)
+        self.user_runtime.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.runtime.mkdir(mode=0o700)
         if not self.journald:
             # No journald here: units write to the manager's own stdout, our log file.
             (self.home / ".config" / "systemd" / "user.conf").write_text(
@@ -88,6 +105,8 @@ class UserManager:
             )
         for root in CGROUP_ROOTS:
             os.makedirs(f"{root}/{self.cgroup}")
+        if self.user is not None:
+            self._hand_over(self.user)
         moves = "; ".join(f"echo $$ > {r}/{self.cgroup}/cgroup.procs" for r in CGROUP_ROOTS)
         # A fresh /run in its namespace: the guard under test falls back to default
         # paths (/run/spark-guard, /run/motd.d) when a test hands it a broken config.
@@ -115,7 +134,14 @@ class UserManager:
             ]
             # As user@.service runs it: its own messages go to the journal.
             inner.append("export SYSTEMD_LOG_TARGET=journal")
-        inner.append(f"exec {SYSTEMD} --user")
+        drop = ""
+        if self.user is not None:
+            u = self.user
+            drop = (
+                f"setpriv --reuid={u.uid} --regid={u.gid} --clear-groups "
+                "--inh-caps=-all --bounding-set=-all "
+            )
+        inner.append(f"exec {drop}{SYSTEMD} --user")
         (self.base / "start.sh").write_text("\n".join(inner) + "\n")
         script = f"{moves}; exec unshare --mount --propagation private sh {self.base}/start.sh"
         with open(self.log, "wb") as out:
@@ -137,8 +163,13 @@ class UserManager:
 
     def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert self.proc is not None
-        # systemctl finds /run/systemd/system only inside the manager's namespace.
-        cmd = ["nsenter", "-t", str(self.proc.pid), "-m", "systemctl", "--user", *args]
+        # systemctl finds /run/systemd/system only inside the manager's namespace; a
+        # user's manager answers only that user (root gets "Operation not permitted").
+        drop = []
+        if self.user is not None:
+            u = self.user
+            drop = ["setpriv", f"--reuid={u.uid}", f"--regid={u.gid}", "--clear-groups"]
+        cmd = ["nsenter", "-t", str(self.proc.pid), "-m", *drop, "systemctl", "--user", *args]
         return subprocess.run(
             cmd, env=self.env, text=True, capture_output=True, check=check, timeout=60
         )
@@ -162,8 +193,23 @@ class UserManager:
     def write_unit(self, name: str, text: str, data_dir: bool = False) -> Path:
         path = (self.data_unit_dir if data_dir else self.unit_dir) / name
         path.write_text(text)
+        if self.user is not None:
+            os.chown(path, self.user.uid, self.user.gid)
         self.systemctl("daemon-reload")
         return path
+
+    def _hand_over(self, user: User) -> None:
+        """What logind and PID 1 give a user: their runtime dir, their config, and the
+        delegated cgroup their manager needs to make cgroups for its units."""
+        for top in (self.home / ".config", self.home / ".local", self.runtime):
+            for d, _dirs, files in os.walk(top):
+                for p in [d, *(os.path.join(d, f) for f in files)]:
+                    os.chown(p, user.uid, user.gid)
+        for root in CGROUP_ROOTS:
+            cg = Path(root) / self.cgroup
+            for p in [cg, *(cg / name for name in _DELEGATED)]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chown(p, user.uid, user.gid)
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -175,7 +221,7 @@ class UserManager:
                 self.proc.wait()
         for root in CGROUP_ROOTS:
             _kill_and_remove(Path(root) / self.cgroup)
-            if self.journald:
+            if self.journald or self.user is not None:
                 with contextlib.suppress(OSError):
                     (Path(root) / self.cgroup).parent.rmdir()
         shutil.rmtree(self.runtime, ignore_errors=True)

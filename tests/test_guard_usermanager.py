@@ -28,6 +28,7 @@ from guardunit import (
     write_config,
 )
 from harness import UserManager
+from users import unprivileged_user
 
 pytestmark = pytest.mark.systemd
 
@@ -169,18 +170,21 @@ def test_sigterm_stops_cleanly(um):
 def test_user_managers_that_come_and_go_are_followed(um):
     write_config(um)
     offset = restart_guard(um)
-    # A second user's manager appears (a login, or linger at boot), then goes.
-    with UserManager(uid_dir="1000", user_runtime=um.user_runtime) as other:
-        wait_log(um, r"^info manager-connected: watching user:1000 manager", after=offset)
+    # A second user's manager appears (a login, or linger at boot), then goes: a real
+    # unprivileged account, its manager in a cgroup named as PID 1 names it.
+    with (
+        unprivileged_user() as user,
+        UserManager(user=user, user_runtime=um.user_runtime) as other,
+    ):
+        key = f"user:{user.uid}"
+        wait_log(um, rf"^info manager-connected: watching {key} manager", after=offset)
         loader_unit(other, "lmstudio-server.service", 120)
         other.systemctl("start", "lmstudio-server.service")
         m = wait_log(
-            um,
-            r"^info loader-seen: model loader user:1000:lmstudio-server.service.*$",
-            after=offset,
+            um, rf"^info loader-seen: model loader {key}:lmstudio-server.service.*$", after=offset
         )
-        assert "manager=user:1000" in m.group(0)
-    wait_log(um, r"^info manager-lost: user:1000 manager", after=offset)
+        assert f"manager={key}" in m.group(0)
+    wait_log(um, rf"^info manager-lost: {key} manager", after=offset)
     assert um.show(GUARD, "ActiveState")["ActiveState"] == "active"
 
 

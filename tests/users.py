@@ -42,8 +42,13 @@ class User:
         ]
         base = {"HOME": str(self.home), "PATH": "/usr/bin:/bin", "USER": self.name}
         return subprocess.run(
-            cmd, env={**base, **(env or {})}, text=True, capture_output=True, check=check,
-            timeout=60, **kw,  # type: ignore[call-overload]
+            cmd,
+            env={**base, **(env or {})},
+            text=True,
+            capture_output=True,
+            check=check,
+            timeout=60,
+            **kw,  # type: ignore[call-overload]
         )
 
     def sh(self, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -72,9 +77,20 @@ def unprivileged_user(parent: Path | None = None) -> Iterator[User]:
     name = f"{PREFIX}{uid}"
     home = base / name
     subprocess.run(
-        ["useradd", "--no-create-home", "--home-dir", str(home), "--uid", str(uid),
-         "--user-group", "--shell", "/bin/sh", name],
-        check=True, capture_output=True,
+        [
+            "useradd",
+            "--no-create-home",
+            "--home-dir",
+            str(home),
+            "--uid",
+            str(uid),
+            "--user-group",
+            "--shell",
+            "/bin/sh",
+            name,
+        ],
+        check=True,
+        capture_output=True,
     )
     try:
         entry = pwd.getpwnam(name)

@@ -10,17 +10,22 @@ every load()).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib
 import importlib.util
 import os
+import socket
+import struct
 import sys
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .snapshot import SYSTEM
+from .procfs import ProcFS
+from .safefs import Tree, UnsafePath
+from .snapshot import SYSTEM, valid_unit_name
 
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"
@@ -45,6 +50,10 @@ _AUDIT_PROPS = (
 
 class ManagerError(RuntimeError):
     """A manager could not be reached or refused a call; str() says which and why."""
+
+
+class ManagerUntrusted(ManagerError):
+    """What listens on a user's socket is not that user's systemd (a fake, or a redirect)."""
 
 
 # A manager busy past this answers nothing useful in time: the guard moves on
@@ -92,27 +101,109 @@ class UnitDetails:
 class Manager:
     """One systemd manager: 'system' or 'user:UID', reached on `socket_path`."""
 
-    def __init__(self, key: str, socket_path: str) -> None:
+    def __init__(self, key: str, socket_path: str, proc_root: str = "/proc") -> None:
         self.key = key
         self.socket_path = socket_path
+        self.proc_root = proc_root
         self._bus: Any = None
+        # The manager's own cgroup: for a user manager, what /proc says its process runs
+        # in (never what it claims); only units below it are attributed to it.
         self.root_cgroup = "/"
+        self.pid = 0
         # The manager's unit search path, highest priority first.
         self.unit_path_dirs: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"Manager({self.key}, {self.socket_path})"
 
-    def connect(self) -> None:
-        bus = _dbuslib().DBusAddress(f"unix:path={self.socket_path}".encode(), peer_to_peer=True)
-        try:
-            bus.open()
-        except Exception as e:
-            raise ManagerError(f"{self.key}: cannot connect to {self.socket_path}: {e}") from None
+    def connect(self, system: Manager | None = None) -> None:
+        """Connect, and believe a user manager only once it is shown to be that user's
+        systemd: see `_verify`. `system`: PID 1's connected manager, when there is one."""
+        with self._socket_dir() as address:
+            bus = _dbuslib().DBusAddress(f"unix:path={address}".encode(), peer_to_peer=True)
+            try:
+                bus.open()
+            except Exception as e:
+                raise ManagerError(
+                    f"{self.key}: cannot connect to {self.socket_path}: {e}"
+                ) from None
         self._bus = bus
-        root = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s"))
-        self.root_cgroup = root.rstrip("/") or "/"
-        self.unit_path_dirs = tuple(_s(d) for d in self._get(_PATH, _MANAGER, b"UnitPath", b"as"))
+        try:
+            # The peer is checked before the first call: a fake that never answers
+            # must not hold the guard for the bus timeout.
+            self._verify(system)
+            claimed = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s")).rstrip("/") or "/"
+            if self.key == SYSTEM:
+                self.root_cgroup = claimed
+            elif claimed != self.root_cgroup:
+                raise ManagerUntrusted(
+                    f"{self.key}: claims cgroup {claimed} but runs in {self.root_cgroup}"
+                )
+            dirs = self._get(_PATH, _MANAGER, b"UnitPath", b"as")
+            self.unit_path_dirs = tuple(_s(d) for d in dirs)
+        except ManagerError:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def _socket_dir(self) -> Any:
+        """The socket's address, reached without following a user's symlinks.
+
+        A user owns /run/user/UID/systemd: the directory is walked from the
+        root-owned runtime root with O_NOFOLLOW and connected to through
+        /proc/self/fd, so a symlink to PID 1's socket (or anyone else's) is refused.
+        """
+        if not self.uid:
+            yield self.socket_path
+            return
+        directory, name = os.path.split(self.socket_path)
+        # <user_runtime>/UID/systemd/private: the anchor is the root-owned runtime root.
+        tree = Tree(os.path.dirname(os.path.dirname(directory)), self.uid)
+        try:
+            with tree.directory(directory) as fd:
+                yield f"/proc/self/fd/{fd}/{name}"
+        except UnsafePath as e:
+            raise ManagerUntrusted(f"{self.key}: {e}") from None
+
+    def _verify(self, system: Manager | None) -> None:
+        """The peer must be uid UID, running as the manager of user@UID.service.
+
+        SO_PEERCRED names the process that listens; /proc/PID/cgroup (the kernel's
+        word, not the manager's) must be <...>/user@UID.service/init.scope, where
+        systemd --user puts itself; where PID 1 answers, it must also name that
+        process as user@UID.service's main process. The manager's root cgroup is
+        taken from there, so whatever it reports, it can claim only its own units.
+        """
+        pid, uid, _gid = peer_credentials(self._bus.get_fd())
+        if uid != self.uid:
+            raise ManagerUntrusted(
+                f"{self.key}: the process on {self.socket_path} is uid {uid}, not {self.uid}"
+            )
+        self.pid = pid
+        if self.key == SYSTEM:
+            return
+        own = ProcFS(self.proc_root).cgroup(pid) or ""
+        root, _, leaf = own.rpartition("/")
+        expected = f"user@{self.uid}.service"
+        if leaf != "init.scope" or (self.uid and os.path.basename(root) != expected):
+            raise ManagerUntrusted(
+                f"{self.key}: pid {pid} on {self.socket_path} runs in {own or '?'}, "
+                f"not {expected}/init.scope: not this user's systemd"
+            )
+        self.root_cgroup = root or "/"
+        if system is None or not self.uid:
+            return
+        unit = system.unit_path(expected)
+        try:
+            main = int(system._get(unit, _SERVICE, b"MainPID", b"u"))
+            cgroup = _s(system._get(unit, _SERVICE, b"ControlGroup", b"s"))
+        except ManagerError as e:
+            raise ManagerUntrusted(f"{self.key}: PID 1 cannot vouch for it: {e}") from None
+        if main != pid or cgroup.rstrip("/") != root:
+            raise ManagerUntrusted(
+                f"{self.key}: pid {pid} in {root} is not {expected} "
+                f"(PID 1 says main pid {main}, cgroup {cgroup or '-'})"
+            )
 
     @property
     def persistent_config_dir(self) -> str | None:
@@ -180,7 +271,11 @@ class Manager:
         if not wanted:
             return {}
         rows = self._call(b"ListUnitsByNames", b"as", [n.encode() for n in wanted])
-        return {_s(r[0]): UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4])) for r in rows}
+        return {
+            _s(r[0]): UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4]))
+            for r in rows
+            if _s(r[0]) in wanted
+        }
 
     def unit_details(self, name: str) -> UnitDetails:
         path = self.unit_path(name)
@@ -198,12 +293,17 @@ class Manager:
     def list_units(self) -> list[UnitState]:
         """Every unit loaded in this manager, with its states."""
         rows = self._call(b"ListUnits", b"")
-        return [UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4])) for r in rows]
+        return [
+            UnitState(_s(r[0]), _s(r[2]), _s(r[3]), _s(r[4]))
+            for r in rows
+            if valid_unit_name(_s(r[0]))
+        ]
 
     def list_unit_files(self) -> dict[str, str]:
         """Unit name -> unit file state (enabled, disabled, static, masked...)."""
         rows = self._call(b"ListUnitFiles", b"")
-        return {os.path.basename(_s(path)): _s(state) for path, state in rows}
+        names = ((os.path.basename(_s(path)), _s(state)) for path, state in rows)
+        return {name: state for name, state in names if valid_unit_name(name)}
 
     def unit_settings(self, name: str) -> dict[str, Any]:
         """What an audit reads of a service: its limits, ordering and restart policy."""
@@ -226,7 +326,11 @@ class Manager:
     def start_jobs(self) -> list[str]:
         """Units with a start job queued or running: loaders about to start."""
         jobs = self._call(b"ListJobs", b"")
-        return [_s(unit) for _id, unit, kind, *_ in jobs if _s(kind) in _START_JOBS]
+        return [
+            _s(unit)
+            for _id, unit, kind, *_ in jobs
+            if _s(kind) in _START_JOBS and valid_unit_name(_s(unit))
+        ]
 
     def default_target(self) -> str:
         return _s(self._call(b"GetDefaultTarget", b""))
@@ -260,8 +364,10 @@ class Manager:
         return removed
 
     def unit_control_group(self, name: str) -> str:
-        """A service's cgroup ('' when it has none); the property lives on Service, not Unit."""
-        return _s(self._get(self.unit_path(name), _SERVICE, b"ControlGroup", b"s"))
+        """A service's cgroup ('' when it has none, or when it is not below the manager's
+        own: a manager can name no one else's processes); the property lives on Service."""
+        cgroup = _s(self._get(self.unit_path(name), _SERVICE, b"ControlGroup", b"s"))
+        return cgroup if cgroup_within(cgroup, self.root_cgroup) else ""
 
 
 def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
@@ -282,18 +388,43 @@ class ManagerNotRunning(ManagerError):
     """No private socket for that manager: it is not running (a user not logged in)."""
 
 
-def connect_to(key: str, system_socket: str, user_runtime: str) -> Manager:
-    """A connected Manager for `key` ('system', 'user:UID'); ManagerError if it cannot be."""
-    socket = discover(system_socket, user_runtime).get(key)
-    if socket is None:
+def connect_to(
+    key: str, system_socket: str, user_runtime: str, proc_root: str = "/proc"
+) -> Manager:
+    """A connected, verified Manager for `key` ('system', 'user:UID'); ManagerError if not."""
+    found = discover(system_socket, user_runtime)
+    path = found.get(key)
+    if path is None:
         raise ManagerNotRunning(f"the {key} manager is not running here")
-    manager = Manager(key, socket)
+    system = None
+    if key != SYSTEM and SYSTEM in found:
+        system = Manager(SYSTEM, found[SYSTEM], proc_root)
+        with contextlib.suppress(ManagerError):
+            system.connect()
+    manager = Manager(key, path, proc_root)
     try:
-        manager.connect()
-    except ManagerError:
-        manager.close()
-        raise
+        manager.connect(system if system is not None and system._bus is not None else None)
+    finally:
+        if system is not None:
+            system.close()
     return manager
+
+
+def peer_credentials(fd: int) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a connected unix socket."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    finally:
+        sock.close()
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def cgroup_within(cgroup: str, root: str) -> bool:
+    """Whether `cgroup` is `root` or below it."""
+    root = root.rstrip("/")
+    return bool(cgroup) and (not root or cgroup == root or cgroup.startswith(root + "/"))
 
 
 def command_manager() -> str:
@@ -319,5 +450,5 @@ def unit_of_cgroup(cgroup: str, root: str) -> str | None:
         return None
     for part in cgroup[len(prefix) :].split("/"):
         if part and not part.endswith(".slice"):
-            return part
+            return part if valid_unit_name(part) else None
     return None

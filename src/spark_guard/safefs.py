@@ -90,7 +90,9 @@ def read_regular(fd_or_path: str, limit: int, *, dir_fd: int | None = None) -> b
 
     O_NONBLOCK makes the open of a FIFO return at once; fstat then says what it is.
     """
-    fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
+    fd = os.open(
+        fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd
+    )
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -129,7 +131,9 @@ def _open_trusted(path: str) -> int:
             st = os.lstat(part, dir_fd=fd)
             if stat.S_ISLNK(st.st_mode):
                 if st.st_uid != 0 or links >= _MAX_LINKS:
-                    raise UnsafePath(errno.ELOOP, f"{path}: {part!r} is a symlink not owned by root")
+                    raise UnsafePath(
+                        errno.ELOOP, f"{path}: {part!r} is a symlink not owned by root"
+                    )
                 links += 1
                 target = os.readlink(part, dir_fd=fd)
                 if target.startswith("/"):
@@ -257,7 +261,9 @@ class Tree:
                 if found is not None and found[0] == target:
                     return False
                 what = found[0] if found is not None else "not a symlink"
-                raise UnsafePath(errno.EEXIST, f"{path}: something else is there ({what})") from None
+                raise UnsafePath(
+                    errno.EEXIST, f"{path}: something else is there ({what})"
+                ) from None
             os.fsync(fd)
             return True
 
@@ -296,7 +302,9 @@ class Tree:
         with self.directory(parent, create=create) as fd:
             tmp = f".{name}.{secrets.token_hex(6)}.tmp"
             tfd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                mode,
                 dir_fd=fd,
             )
             try:

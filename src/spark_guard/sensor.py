@@ -16,7 +16,15 @@ from .classify import is_protected
 from .config import Config
 from .foresight import Prediction, Predictor, parse_environment
 from .gpu import GpuUnavailable, Nvml
-from .managers import Manager, ManagerError, UnitDetails, discover, unit_cgroup, unit_of_cgroup
+from .managers import (
+    Manager,
+    ManagerError,
+    ManagerUntrusted,
+    UnitDetails,
+    discover,
+    unit_cgroup,
+    unit_of_cgroup,
+)
 from .procfs import ProcFS
 from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
 
@@ -24,6 +32,7 @@ GPU_RETRY = 60.0  # seconds between attempts to find a driver that was missing
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 HISTORY_MAX = 600
+UNTRUSTED_RETRY = 30.0  # seconds before a manager that failed verification is tried again
 
 
 @dataclass
@@ -52,6 +61,7 @@ class Sensor:
         self.clock = clock
         self.proc = ProcFS(config.proc)
         self.managers: dict[str, Manager] = {}
+        self._untrusted: dict[str, tuple[float, str]] = {}  # key -> (retry at, why)
         self.gpu = Nvml()
         self.predictor = Predictor()
         self._gpu_next_try = 0.0
@@ -83,15 +93,25 @@ class Sensor:
         before = set(self.managers)
         for key in [k for k in self.managers if k not in found]:
             self._drop(key, "socket gone")
+        now = self.clock()
         for key, sock in found.items():
-            if key in self.managers:
+            if key in self.managers or now < self._untrusted.get(key, (0.0, ""))[0]:
                 continue
-            m = Manager(key, sock)
+            m = Manager(key, sock, self.config.proc)
             try:
-                m.connect()
+                m.connect(self.managers.get(SYSTEM))
+            except ManagerUntrusted as e:
+                # Said once per reason, then asked again only now and then.
+                if self._untrusted.get(key, (0.0, ""))[1] != str(e):
+                    self.log.warning(
+                        "manager-untrusted", manager=key, error=str(e), msg=f"not believed: {e}"
+                    )
+                self._untrusted[key] = (now + UNTRUSTED_RETRY, str(e))
+                continue
             except ManagerError as e:
                 self.log.debug("manager-lost", manager=key, error=str(e), msg=str(e))
                 continue
+            self._untrusted.pop(key, None)
             self.managers[key] = m
             self.log.info(
                 "manager-connected",

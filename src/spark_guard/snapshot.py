@@ -7,9 +7,35 @@ clock systemd's *TimestampMonotonic properties use.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 SYSTEM = "system"
+
+# systemd's unit name grammar (systemd.unit(5)): at most 255 bytes of ASCII
+# letters, digits and ":-_.\\", one "@" for a template instance, a known type.
+UNIT_TYPES = (
+    "service",
+    "socket",
+    "device",
+    "mount",
+    "automount",
+    "swap",
+    "target",
+    "path",
+    "timer",
+    "slice",
+    "scope",
+)
+_UNIT_NAME = re.compile(
+    r"[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.(" + "|".join(UNIT_TYPES) + r")"
+)
+
+
+def valid_unit_name(name: str) -> bool:
+    """Whether `name` is a unit name systemd itself would accept; anything else a manager
+    reports (a user's, or a fake one) is not believed."""
+    return len(name) <= 255 and _UNIT_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, order=True)
