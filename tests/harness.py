@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from users import User
+from accounts import User
 
 SYSTEMD = next(
     (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from accounts import unprivileged_user
+
 from guardunit import (
     GUARD,
     PY,
@@ -28,7 +30,6 @@ from guardunit import (
     write_config,
 )
 from harness import UserManager
-from users import unprivileged_user
 
 pytestmark = pytest.mark.systemd
 
