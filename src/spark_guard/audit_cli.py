@@ -13,6 +13,7 @@ from . import log as log_mod
 from .audit import Finding, loader_findings, memory_findings, reconcile, worst
 from .config import format_size
 from .inventory import INFINITY, Inventory, collect
+from .text import printable as p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,12 +70,14 @@ def _table(rows: list[list[str]]) -> None:
 
 
 def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> None:
-    print(f"managers: {', '.join(inv.managers) or 'none reachable'}")
+    # Unit names, states, model paths and the findings built from them can hold a user's
+    # text: everything shown goes through p(), so nothing of theirs acts on the terminal.
+    print(f"managers: {p(', '.join(inv.managers) or 'none reachable')}")
     if inv.lingering:
         print(
             "linger: "
             + ", ".join(
-                f"{x.user} ({'manager running' if x.running else 'manager not running'})"
+                f"{p(x.user)} ({'manager running' if x.running else 'manager not running'})"
                 for x in inv.lingering
             )
         )
@@ -87,12 +90,12 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
             models = model_files(u.exec_start)
             rows.append(
                 [
-                    str(u.ref) + (" (files)" if u.from_files else ""),
-                    u.file_state or "-",
-                    u.active_state,
+                    p(u.ref) + (" (files)" if u.from_files else ""),
+                    p(u.file_state or "-"),
+                    p(u.active_state),
                     "-" if u.memory_max >= INFINITY else format_size(u.memory_max),
-                    u.restart,
-                    models[0] if models else "-",
+                    p(u.restart),
+                    p(models[0]) if models else "-",
                 ]
             )
         _table(rows)
@@ -102,11 +105,11 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
         f" + unaccounted {format_size(memory.gap)} ({memory.probably})"
     )
     if holders:
-        print("GPU holders: " + ", ".join(f"{u} {format_size(b)}" for u, b in holders))
+        print("GPU holders: " + ", ".join(f"{p(u)} {format_size(b)}" for u, b in holders))
     if not findings:
         print("\nno findings")
         return
     print(f"\nfindings ({len(findings)}):")
     for f in sorted(findings, key=lambda f: ("critical", "warning", "info").index(f.severity)):
-        print(f"  {f.severity.upper():8} {f.code:18} {f.unit}: {f.message}")
-        print(f"  {'':8} {'':18} fix: {f.fix}")
+        print(f"  {f.severity.upper():8} {f.code:18} {p(f.unit)}: {p(f.message)}")
+        print(f"  {'':8} {'':18} fix: {p(f.fix)}")

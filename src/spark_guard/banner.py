@@ -13,6 +13,10 @@ import os
 from collections.abc import Iterable
 
 from .records import Record
+from .text import printable
+
+# Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.
+FIELD_LIMIT = 300
 
 
 def render(records: Iterable[Record]) -> str:
@@ -21,10 +25,14 @@ def render(records: Iterable[Record]) -> str:
         return ""
     lines = ["spark-guard blocked model loaders to keep this machine reachable:"]
     for r in rows:
-        state = "blocked" if r.step == "blocked" else f"blocking ({r.step})"
-        lines.append(f"  {r.ref}  {state} since {r.at}: {r.reason}: {r.detail}")
+        # Every field can hold a user's text (a unit name, a model path): one line each, inert.
+        ref, step, at, reason, detail = (
+            printable(v, FIELD_LIMIT) for v in (r.ref, r.step, r.at, r.reason, r.detail)
+        )
+        state = "blocked" if r.step == "blocked" else f"blocking ({step})"
+        lines.append(f"  {ref}  {state} since {at}: {reason}: {detail}")
         if r.problem:
-            lines.append(f"      problem: {r.problem}")
+            lines.append(f"      problem: {printable(r.problem, FIELD_LIMIT)}")
     lines += [
         "They are stopped, masked until reboot and disabled.",
         "  details:  spark-guard status; journalctl -t spark-guard",

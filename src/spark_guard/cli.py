@@ -8,12 +8,16 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from . import config as config_mod
 from . import log as log_mod
 from .config import format_size
+from .text import printable as p
+
+if TYPE_CHECKING:
+    from .snapshot import Decision, Snapshot
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,23 +200,28 @@ def _dump(path: Path, as_json: bool) -> int:
         )
         print()
         return 0
+    _print_dump(snapshot, decision)
+    return 0
+
+
+def _print_dump(snapshot: Snapshot, decision: Decision) -> None:
     m = snapshot.memory
     print(
         f"phase {decision.phase}; MemAvailable {format_size(m.available)} of "
         f"{format_size(m.total)}; reserve {format_size(decision.reserve)}; "
         f"GPU accounting {'on' if snapshot.gpu_accounting else 'off'}"
     )
+    # Unit names, evidence and details can hold a user's text: printed inert.
     for loader in decision.loaders:
         u = loader.usage
         print(
-            f"loader {loader.ref}: {u.active_state}, rss {format_size(u.rss)}, "
+            f"loader {p(loader.ref)}: {p(u.active_state)}, rss {format_size(u.rss)}, "
             f"gpu {format_size(u.gpu)}, expected "
             f"{format_size(loader.expected) if loader.expected else '-'}; "
-            f"{', '.join(loader.evidence)}"
+            f"{p(', '.join(loader.evidence))}"
         )
     for action in decision.actions:
-        print(f"would {action.kind} {action.unit}: {action.reason}: {action.detail}")
-    return 0
+        print(f"would {action.kind} {p(action.unit)}: {p(action.reason)}: {p(action.detail)}")
 
 
 def _release(path: Path, names: list[str], everything: bool) -> int:
@@ -226,9 +235,9 @@ def _release(path: Path, names: list[str], everything: bool) -> int:
     store = RecordStore(config.state)
     records, errors = store.all()
     for error in errors:
-        print(f"spark-guard: {error}", file=sys.stderr)
+        print(f"spark-guard: {p(error)}", file=sys.stderr)
     if everything == bool(names):
-        blocked = ", ".join(str(r.ref) for r in records) or "nothing"
+        blocked = p(", ".join(str(r.ref) for r in records) or "nothing")
         print(
             f"spark-guard: name the units to release, or --all (blocked: {blocked})",
             file=sys.stderr,
@@ -237,7 +246,7 @@ def _release(path: Path, names: list[str], everything: bool) -> int:
     try:
         chosen = records if everything else select(records, names, store)
     except ReleaseError as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+        print(f"spark-guard: {p(e)}", file=sys.stderr)
         return 1
     _configure_audit_log()
     log = log_mod.get_logger()
@@ -246,15 +255,15 @@ def _release(path: Path, names: list[str], everything: bool) -> int:
         try:
             done = release(record, store, config.system_manager, config.user_runtime)
         except ReleaseError as e:
-            print(f"spark-guard: {e}", file=sys.stderr)
+            print(f"spark-guard: {p(e)}", file=sys.stderr)
             status = 1
             continue
         log_release(log, done)
         print(
-            f"released {record.ref}: "
+            f"released {p(record.ref)}: "
             + ("mask removed" if done.mask_removed else "no mask of ours left")
             + f", {len(done.restored)} link(s) restored"
-            + (f"; reload failed ({done.reload_error})" if done.reload_error else "")
+            + (f"; reload failed ({p(done.reload_error)})" if done.reload_error else "")
         )
     remaining, _ = store.all()
     try:

@@ -25,6 +25,7 @@ from .foresight import Predictor, parse_environment
 from .inventory import Inventory, collect
 from .managers import unit_of_cgroup
 from .procfs import ProcError, ProcFS
+from .text import printable
 
 MARK = {"ok": "ok  ", "info": "info", "warning": "WARN", "critical": "CRIT"}
 AUTOSTART = ("enabled", "enabled-runtime", "linked", "alias")
@@ -127,18 +128,20 @@ def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evid
 
 
 def _print(report: Report) -> None:
-    print(f"classification: {report.kind}")
+    print(f"classification: {printable(report.kind)}")
     for step in STEPS:
         findings = [f for f in report.findings if f.step == step]
         if not findings:
             continue
         print(f"\n{step}:")
         for f in findings:
-            print(f"  {MARK[f.severity]}  {f.message}")
+            # Evidence quotes the journal and the kernel log (any user's text), messages name
+            # units: all shown inert, one line each.
+            print(f"  {MARK[f.severity]}  {printable(f.message)}")
             for line in f.evidence:
-                print(f"          | {line}")
+                print(f"          | {printable(line)}")
             if f.next_step:
-                print(f"          next: {f.next_step}")
+                print(f"          next: {printable(f.next_step)}")
 
 
 def run(args: argparse.Namespace) -> int:

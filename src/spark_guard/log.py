@@ -17,6 +17,7 @@ import structlog
 from structlog.processors import CallsiteParameter, CallsiteParameterAdder
 
 from .events import MESSAGE_IDS
+from .text import printable
 
 EventDict = MutableMapping[str, Any]
 
@@ -28,6 +29,20 @@ def add_message_id(_logger: Any, _name: str, event: EventDict) -> EventDict:
     message_id = MESSAGE_IDS.get(str(event.get("event")))
     if message_id:
         event["message_id"] = message_id
+    return event
+
+
+# The longest value one field or the message keeps; a user's 1 MiB argument is cut here.
+FIELD_LIMIT = 2048
+
+
+def make_printable(_logger: Any, _name: str, event: EventDict) -> EventDict:
+    """Every field but numbers as printable, capped text: no terminal escape, CR, newline or
+    bidi override from a unit name, model path or command line reaches root's screen."""
+    for key, value in event.items():
+        if value is None or isinstance(value, bool | int | float):
+            continue
+        event[key] = printable(_field_value(value), FIELD_LIMIT)
     return event
 
 
@@ -116,6 +131,7 @@ def configure(mode: str = "auto", stream: TextIO | None = None, level: str = "in
                 [CallsiteParameter.PATHNAME, CallsiteParameter.LINENO, CallsiteParameter.FUNC_NAME]
             ),
             add_message_id,
+            make_printable,
             sink,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_level_number(level)),

@@ -26,6 +26,7 @@ from .loadspec import LoadSpec, SpecError, first_spec
 from .managers import ManagerError, command_manager, connect_to
 from .preflight import Verdict, verdict
 from .snapshot import UnitRef, parse_ref
+from .text import printable as p
 
 
 class PreflightError(RuntimeError):
@@ -124,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
         snapshot, own_unit = sense_once(config, log_mod.get_logger())
         what, prediction, itself = _predict(args, config, snapshot.memory.total, own_unit)
     except (ProcError, PreflightError, SpecError) as e:
-        print(f"spark-guard: {e}", file=sys.stderr)
+        # The message can quote the unit's command line: a user's text, shown inert.
+        print(f"spark-guard: {p(e)}", file=sys.stderr)
         return 2
     if prediction.bytes is None:
-        print(f"spark-guard: {what}: footprint unknown: {prediction.source}", file=sys.stderr)
+        print(f"spark-guard: {p(what)}: footprint unknown: {p(prediction.source)}", file=sys.stderr)
         return 2
     result = verdict(prediction.bytes, snapshot, decide(snapshot, config), itself)
     if args.json:
@@ -146,13 +148,13 @@ def _terms(est: Estimate | None) -> list[dict[str, Any]]:
     ] + [{"name": "margin", "bytes": est.margin, "exact": False, "detail": ""}]
 
 
-def _as_json(what: str, p: Prediction, v: Verdict) -> dict[str, Any]:
+def _as_json(what: str, pred: Prediction, v: Verdict) -> dict[str, Any]:
     return {
         "target": what,
-        "source": p.source,
-        "terms": _terms(p.estimate),
-        "total": p.bytes,
-        "n_ctx": p.estimate.n_ctx if p.estimate else None,
+        "source": pred.source,
+        "terms": _terms(pred.estimate),
+        "total": pred.bytes,
+        "n_ctx": pred.estimate.n_ctx if pred.estimate else None,
         "mem_available": v.available,
         "reserve": v.reserve,
         "pending": v.pending,
@@ -162,18 +164,19 @@ def _as_json(what: str, p: Prediction, v: Verdict) -> dict[str, Any]:
     }
 
 
-def _print(what: str, p: Prediction, v: Verdict) -> None:
-    print(f"{what}: {p.source}")
-    for t in _terms(p.estimate):
+def _print(what: str, pred: Prediction, v: Verdict) -> None:
+    # The target, the source and the terms' details name model paths and units: shown inert.
+    print(f"{p(what)}: {p(pred.source)}")
+    for t in _terms(pred.estimate):
         kind = "" if t["name"] == "margin" else ("exact" if t["exact"] else "approx")
-        print(f"  {t['name']:<8} {format_size(t['bytes']):>9}  {kind:<6} {t['detail']}")
-    print(f"  {'total':<8} {format_size(p.bytes or 0):>9}")
+        print(f"  {t['name']:<8} {format_size(t['bytes']):>9}  {kind:<6} {p(t['detail'])}")
+    print(f"  {'total':<8} {format_size(pred.bytes or 0):>9}")
     print(
         f"MemAvailable {format_size(v.available)} - reserve {format_size(v.reserve)}"
         f" - other loaders still loading {format_size(v.pending)} = room {format_size(v.room)}"
     )
     if v.gpu_holders:
-        held = ", ".join(f"{u} {format_size(b)}" for u, b in v.gpu_holders)
+        held = ", ".join(f"{p(u)} {format_size(b)}" for u, b in v.gpu_holders)
         print(f"GPU memory held by: {held}")
     if v.fits:
         print(f"verdict: fits ({format_size(v.room - v.need)} to spare)")

@@ -21,6 +21,7 @@ from .inventory import UnitInfo, collect
 from .managers import Manager, ManagerError, discover
 from .procfs import ProcError, ProcFS
 from .snapshot import Action, Decision
+from .text import printable as p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             m.connect()
             managers[key] = m
         except ManagerError as e:
-            print(f"spark-guard: {e}", file=sys.stderr)
+            print(f"spark-guard: {p(e)}", file=sys.stderr)
     try:
         memory = proc.memory()
         figures: dict[str, int | float] = {"mem_available": memory.available}
@@ -82,10 +83,11 @@ def _report(
         step = record.step if record else "not recorded"
         held = bool(st and st.load_state == "masked" and st.active_state in ("inactive", "failed"))
         ok = ok and held
+        # The unit name and the record's problem can hold a user's text: shown inert.
         print(
-            f"{u.ref!s:40} {st.load_state if st else '?':10} "
-            f"{st.active_state if st else '?':10} {step}"
-            + (f"  ({record.problem})" if record and record.problem else "")
+            f"{p(u.ref):40} {p(st.load_state) if st else '?':10} "
+            f"{p(st.active_state) if st else '?':10} {p(step)}"
+            + (f"  ({p(record.problem)})" if record and record.problem else "")
         )
     if not loaders:
         print("no model loaders found on any running manager")

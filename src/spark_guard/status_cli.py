@@ -16,6 +16,7 @@ from typing import Any
 from . import config as config_mod
 from .config import format_size
 from .state import read
+from .text import printable as p
 
 STALE = 180.0
 
@@ -56,13 +57,15 @@ def _alive(pid: int) -> bool:
 
 
 def _print(s: dict[str, Any], age: float, alive: bool) -> None:
+    # Units, reasons, details, predictions and problems can hold a user's text: each is
+    # printed through p() so no escape sequence or line break of theirs reaches the terminal.
     head = f"running (pid {s['pid']})" if alive else f"NOT RUNNING (last state from pid {s['pid']})"
     print(
-        f"spark-guard: {head}, state {age:.0f}s old; phase {s['phase']}"
+        f"spark-guard: {head}, state {age:.0f}s old; phase {p(s['phase'])}"
         + (" (dry run)" if s.get("dry_run") else "")
     )
     if s.get("config_error"):
-        print(f"CONFIG ERROR, built-in defaults in use: {s['config_error']}")
+        print(f"CONFIG ERROR, built-in defaults in use: {p(s['config_error'])}")
     print(
         f"MemAvailable {format_size(s['mem_available'])} of {format_size(s['mem_total'])}, "
         f"reserve {format_size(s['reserve'])}, trend {format_size(s['slope'])}/s, "
@@ -72,21 +75,24 @@ def _print(s: dict[str, Any], age: float, alive: bool) -> None:
     print(f"\nloaders ({len(loaders)}):")
     for ld in loaders:
         expected = (
-            f"{format_size(ld['expected'])} ({ld['expected_from']})"
+            f"{format_size(ld['expected'])} ({p(ld['expected_from'])})"
             if ld.get("expected") is not None
-            else f"unknown ({ld.get('prediction') or 'no size'})"
+            else f"unknown ({p(ld.get('prediction') or 'no size')})"
         )
-        state = "starting" if ld.get("starting") else ld["active_state"]
+        state = "starting" if ld.get("starting") else p(ld["active_state"])
         print(
-            f"  {ld['unit']}: {state}; expected {expected}; holds "
+            f"  {p(ld['unit'])}: {state}; expected {expected}; holds "
             f"{format_size(ld['rss'])} RSS + {format_size(ld['gpu'])} GPU"
         )
     blocked = s.get("blocked", [])
     print(f"\nblocked ({len(blocked)}):")
     for b in blocked:
-        print(f"  {b['unit']}: {b['step']} since {b['at']}: {b['reason']}: {b['detail']}")
+        print(
+            f"  {p(b['unit'])}: {p(b['step'])} since {p(b['at'])}: "
+            f"{p(b['reason'])}: {p(b['detail'])}"
+        )
         if b.get("problem"):
-            print(f"    problem: {b['problem']}")
+            print(f"    problem: {p(b['problem'])}")
     if blocked:
         print("  undo: spark-guard release UNIT (or --all)")
-    print(f"\nlast action: {s.get('last_action', 'none')}")
+    print(f"\nlast action: {p(s.get('last_action', 'none'))}")
