@@ -1,5 +1,7 @@
 """Which units are model loaders, from plain data."""
 
+import os
+
 from spark_guard.classify import canonical_model, classify, model_files
 from spark_guard.config import Config, parse
 from spark_guard.snapshot import UnitRef, UnitUsage
@@ -104,3 +106,59 @@ def test_model_paths():
     assert model_files([("x", "--model", "/srv/llama/model")]) == ["/srv/llama/model"]
     assert model_files([("x", "-m", "rel/../m.GGUF")]) == ["m.GGUF"]
     assert canonical_model("/a/b-00002-of-00004.gguf") == "/a/b.gguf"
+
+
+def test_named_is_not_loaded():
+    from spark_guard.classify import CommandLine, loaded_models
+
+    sleeper = CommandLine(("sleep", "infinity", "/srv/models/qwen.gguf"))
+    assert sleeper.named == ("/srv/models/qwen.gguf",) and sleeper.loads is None
+    llama = CommandLine(("sh", "-c", "exec llama-server -m '/srv/My Model-00001-of-00002.gguf'"))
+    assert llama.loads == "/srv/My Model.gguf"
+    assert llama == ("sh", "-c", "exec llama-server -m '/srv/My Model-00001-of-00002.gguf'")
+    spaced = CommandLine(("llama-server", "-m", "/srv/DeepSeek V4.gguf", "--mmproj=/p q.gguf"))
+    assert spaced.named == ("/srv/DeepSeek V4.gguf", "/p q.gguf")
+    assert spaced.loads == "/srv/DeepSeek V4.gguf"
+    broken = CommandLine(("llama-server", "-m", "/m.gguf", "-c", "lots"))  # would not start
+    assert broken.loads is None and broken.named == ("/m.gguf",)
+    u = usage(
+        "x.service",
+        exec_start=(("sleep", "infinity", "/a.gguf"),),
+        cmdlines=(("llama-server", "--model", "/b.gguf"),),
+        mapped_models=("/c-00002-of-00003.gguf",),
+    )
+    assert loaded_models(u) == ("/b.gguf", "/c.gguf")
+    loader = classify(u, C)
+    assert loader.models == ("/a.gguf", "/b.gguf", "/c.gguf")  # for display: all of them
+    assert [e for e in loader.evidence if ":/" in e] == [
+        "model-arg:/a.gguf",
+        "loads:/b.gguf",
+        "mapped:/c-00002-of-00003.gguf",
+    ]
+
+
+def test_command_lines_are_bounded_and_read_once():
+    from spark_guard.classify import ARGV_MAX_ARGS, ARGV_MAX_BYTES, CommandLine, command_line
+
+    many = CommandLine(("llama-server", *(["-v"] * 5000)))
+    assert len(many) == ARGV_MAX_ARGS
+    huge = CommandLine(("llama-server", "-m", "/m.gguf", "x" * ARGV_MAX_BYTES))
+    assert huge == ("llama-server", "-m", "/m.gguf")  # the argument past the limit is left out
+    assert command_line(huge) is huge
+    # A 60 kB shell script: split on whitespace past the shell budget, read by loadspec.
+    script = "exec llama-server -m /m.gguf " + "'a b' " * 10_000
+    line = CommandLine(("sh", "-c", script))
+    assert line.loads == "/m.gguf" and ("llama-server", False) in line.programs
+
+
+def test_evidence_shows_hostile_paths_inert():
+    evil = "/srv/x\x1b[2J\r\n\u202e" + "a" * 5000 + ".gguf"
+    loader = classify(
+        usage("x.service", exec_start=(("llama-server", "-m", evil),), mapped_models=(evil,)), C
+    )
+    shown = [e for e in loader.evidence if e.startswith(("model-arg:", "loads:", "mapped:"))]
+    assert len(shown) == 3
+    for e in shown:
+        assert e.split(":", 1)[1].startswith("/srv/x\\x1b[2J\\x0d\\x0a\\u202eaaa")
+        assert e.endswith("more chars]") and len(e) < 600
+    assert loader.models[0] == os.path.normpath(evil)  # the data itself stays exact

@@ -1,5 +1,7 @@
 """decide(): plain snapshots in, plain actions out."""
 
+from dataclasses import replace
+
 from spark_guard.config import Config, parse
 from spark_guard.policy import STEADY, STRICT, decide, phase, slope
 from spark_guard.snapshot import Memory, RescueGroup, Snapshot, UnitRef, UnitUsage
@@ -128,6 +130,126 @@ def test_duplicate_model_is_refused_and_the_first_kept():
         ("user:1000:llama-ds4-0731.service", "duplicate")
     ]
     assert "already loaded by llama-ds4-0731.service" in d.actions[0].detail
+
+
+# --- the duplicate rule, as transcripts: who runs what, then who is refused ---------------
+
+QWEN = "/srv/models/qwen.gguf"
+LLAMA_QWEN = ("/usr/bin/llama-server", "-m", QWEN, "-c", "8192")
+
+
+def unit(ref, since, *argvs, mapped=(), state="active"):
+    manager, name = ref.rsplit(":", 1) if ref.startswith("user:") else ("system", ref)
+    return UnitUsage(
+        UnitRef(manager, name),
+        state,
+        pids=(100,),
+        exec_start=argvs,
+        mapped_models=mapped,
+        active_since=since,
+    )
+
+
+def refused(*units):
+    d = decide(snap(100 * GiB, *units, rescue=SSH_UP, now=1000.0), Config())
+    return [(str(a.unit), a.reason, a.detail) for a in d.actions]
+
+
+def test_duplicate_system_unit_first_user_copy_refused():
+    assert refused(
+        unit("llama.service", 10.0, LLAMA_QWEN),
+        unit("user:1000:llama.service", 20.0, LLAMA_QWEN),
+    ) == [
+        (
+            "user:1000:llama.service",
+            "duplicate",
+            f"{QWEN} is already loaded by llama.service; root's unit keeps it over a user's copy",
+        )
+    ]
+
+
+def test_duplicate_user_first_system_second_the_system_unit_stays():
+    # The abuse: a user's unit up before PID 1's loader used to get the system unit stopped,
+    # masked and disabled. Across levels the system unit keeps the model whatever the order.
+    assert [
+        (u, r)
+        for u, r, _ in refused(
+            unit("user:1000:mine.service", 1.0, LLAMA_QWEN),
+            unit("llama.service", 30.0, LLAMA_QWEN),
+        )
+    ] == [("user:1000:mine.service", "duplicate")]
+    # Root's own user manager is root's too (the test harness runs root's units there).
+    assert [
+        u
+        for u, _, _ in refused(
+            unit("user:1000:mine.service", 1.0, LLAMA_QWEN),
+            unit("user:0:llama.service", 30.0, LLAMA_QWEN),
+        )
+    ] == ["user:1000:mine.service"]
+    # ...also while the system unit is still only a start job, with no process yet.
+    starting = replace(unit("llama.service", None, LLAMA_QWEN), pids=(), starting=True)
+    assert [
+        u for u, _, _ in refused(unit("user:1000:mine.service", 1.0, LLAMA_QWEN), starting)
+    ] == ["user:1000:mine.service"]
+
+
+def test_a_path_merely_named_is_not_a_load():
+    # `sleep infinity /srv/models/qwen.gguf`: the file need not even exist. Named, not loaded.
+    sleeper = unit("user:1000:qwen-nap.service", 1.0, ("sleep", "infinity", QWEN))
+    system = unit("llama.service", 30.0, LLAMA_QWEN)
+    assert refused(sleeper, system) == []
+    assert refused(system, sleeper) == []
+    # An unknown program given the path after -m is named too, not loaded.
+    mine = unit("user:1000:srv.service", 1.0, ("/home/u/bin/myserver", "-m", QWEN))
+    assert refused(mine, system) == []
+    # Two users' sleepers naming one path: nothing either.
+    other = unit("user:1001:qwen-nap.service", 2.0, ("sleep", "infinity", QWEN))
+    assert refused(sleeper, other) == []
+
+
+def test_a_load_is_a_mapped_file_or_a_known_loader_behind_a_wrapper():
+    system = unit("llama.service", 30.0, LLAMA_QWEN)
+    # Mapped by its process (a program the classifier knows nothing of): a load.
+    mapper = unit("user:1000:py.service", 1.0, ("python3", "serve.py"), mapped=(QWEN,))
+    assert [u for u, _, _ in refused(mapper, system)] == ["user:1000:py.service"]
+    # llama-server behind env and sh -c, a split GGUF named by its first shard: a load.
+    shard = "/srv/models/qwen-00001-of-00002.gguf"
+    wrapped = ("env", "A=1", "sh", "-c", f"exec nice -n 5 llama-server -m {shard} -ngl 99")
+    user = unit("user:1000:wrapped.service", 1.0, wrapped)
+    assert [u for u, _, _ in refused(user, system)] == ["user:1000:wrapped.service"]
+
+
+def test_duplicate_between_two_users_the_first_started_stays():
+    a = unit("user:1000:llama.service", 5.0, LLAMA_QWEN)
+    b = unit("user:1001:llama.service", 6.0, LLAMA_QWEN)
+    assert refused(a, b) == [
+        (
+            "user:1001:llama.service",
+            "duplicate",
+            f"{QWEN} is already loaded by user:1000:llama.service",
+        )
+    ]
+    later_a = replace(a, active_since=7.0)
+    assert [u for u, _, _ in refused(later_a, b)] == ["user:1000:llama.service"]
+
+
+def test_duplicate_within_one_manager_the_first_started_stays():
+    a = unit("llama-a.service", 5.0, LLAMA_QWEN)
+    b = unit("llama-b.service", 4.0, LLAMA_QWEN)
+    assert [u for u, _, _ in refused(a, b)] == ["llama-a.service"]
+    ua = unit("user:1000:a.service", 5.0, LLAMA_QWEN)
+    ub = unit("user:1000:b.service", 4.0, LLAMA_QWEN)
+    assert [u for u, _, _ in refused(ua, ub)] == ["user:1000:a.service"]
+
+
+def test_duplicate_reason_shows_a_hostile_path_inert():
+    evil = "/srv/q\x1b[2J\r\nRun as root: curl x | sh\u202e.gguf"
+    argv = ("llama-server", "-m", evil)
+    [(_, _, detail)] = refused(unit("a.service", 1.0, argv), unit("b.service", 2.0, argv))
+    assert detail == (
+        "/srv/q\\x1b[2J\\x0d\\x0aRun as root: curl x | sh\\u202e.gguf"
+        " is already loaded by a.service"
+    )
 
 
 def test_inactive_units_are_not_acted_on():

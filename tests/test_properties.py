@@ -102,7 +102,9 @@ units = st.builds(
     rss=st.integers(0, 200 * GiB),
     gpu=st.integers(0, 200 * GiB),
     gpu_pids=st.sampled_from([(), (1,)]),
-    exec_start=st.sampled_from([(), (("llama-server", "-m", "/m/a.gguf"),)]),
+    exec_start=st.sampled_from(
+        [(), (("llama-server", "-m", "/m/a.gguf"),), (("sleep", "infinity", "/m/a.gguf"),)]
+    ),
     mapped_models=st.sampled_from([(), ("/m/a.gguf",)]),
     active_since=st.one_of(st.none(), st.floats(0, 100)),
     growth=st.floats(-1e10, 1e10),
@@ -138,3 +140,8 @@ def test_decide_never_touches_protected_units_and_acts_only_on_live_loaders(
         assert d.actions == ()
     if available >= d.reserve and d.phase == "steady":
         assert all(a.reason == "duplicate" for a in d.actions)
+    # A user's unit never gets a system unit refused as a duplicate: only another system
+    # unit that loads the same model can.
+    for action in d.actions:
+        if action.reason == "duplicate" and action.unit.manager == "system":
+            assert "already loaded by user:" not in action.detail

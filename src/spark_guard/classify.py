@@ -1,19 +1,39 @@
-"""Which units are model loaders, and which must never be touched. Pure."""
+"""Which units are model loaders, and which must never be touched. Pure.
+
+A command line is read once (CommandLine: bounded, split, and asked what it
+names and what it loads) by whoever reads it: the sensor keeps one per process
+and one per ExecStart= of a unit run, so no pass splits a command line again.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
 from .config import Config
+from .loadspec import SpecError, parse
 from .snapshot import Loader, UnitRef, UnitUsage
+from .text import printable
 
 MODEL_SUFFIXES = (".gguf", ".safetensors")
 _MODEL_FLAGS = {"-m", "--model", "--model-path", "--mmproj", "-md", "--model-draft"}
 _SHARD = re.compile(r"-\d{5}-of-\d{5}(\.gguf)$", re.IGNORECASE)
+
+# What of one command line is looked at. A loader's command line, every flag spelled out,
+# is under 2 KiB and under 100 arguments; a model path is at most PATH_MAX (4 KiB). 64 KiB
+# holds sixteen such paths, and 1024 arguments ten times any real loader's. The kernel
+# allows 2 MiB and more (ARG_MAX): a process could otherwise make every pass read and
+# split megabytes, and the watchdog fires after 20 s.
+ARGV_MAX_BYTES = 64 * 1024
+ARGV_MAX_ARGS = 1024
+# Shell words (sh -c '...') are split by shlex, about 35 ms per 64 KiB in Python; past
+# this many characters of one command line, arguments are split on whitespace only.
+SHELL_SPLIT_MAX = 8 * 1024
+# A model path inside evidence and reasons (shown in the login note and the journal).
+SHOWN_PATH_MAX = 512
 
 
 def matches_any(name: str, globs: Iterable[str]) -> bool:
@@ -27,11 +47,38 @@ def is_protected(ref: UnitRef, config: Config, guard_unit: UnitRef | None = None
     return matches_any(ref.name, config.protected_units)
 
 
-def _tokens(argv: tuple[str, ...]) -> list[str]:
+def canonical_model(path: str) -> str:
+    """One name per model: split GGUF shards collapse to their common stem."""
+    return _SHARD.sub(r"\1", os.path.normpath(path))
+
+
+def bounded(argv: Iterable[str]) -> tuple[str, ...]:
+    """The first ARGV_MAX_ARGS arguments within ARGV_MAX_BYTES; an argument cut by the
+    byte limit is left out (a cut path would name a file nobody gave)."""
+    out: list[str] = []
+    size = 0
+    for arg in argv:
+        size += len(arg) + 1
+        if len(out) >= ARGV_MAX_ARGS or size > ARGV_MAX_BYTES:
+            break
+        out.append(arg)
+    return tuple(out)
+
+
+def _tokens(argv: Sequence[str]) -> list[str]:
     """Arguments, with shell-wrapped command strings (sh -c '...') split too."""
     out: list[str] = []
+    budget = SHELL_SPLIT_MAX
+    prev = ""
     for arg in argv:
-        if " " in arg:
+        # The value of -m/--model is one path, spaces and all ("DeepSeek V4.gguf").
+        value = prev in _MODEL_FLAGS or arg.partition("=")[0] in _MODEL_FLAGS
+        prev = arg
+        if not value and (" " in arg or "\t" in arg or "\n" in arg):
+            if len(arg) > budget:
+                out.extend(arg.split())  # past the budget: whitespace, at C speed
+                continue
+            budget -= len(arg)
             try:
                 out.extend(shlex.split(arg))
                 continue
@@ -41,34 +88,85 @@ def _tokens(argv: tuple[str, ...]) -> list[str]:
     return out
 
 
-def canonical_model(path: str) -> str:
-    """One name per model: split GGUF shards collapse to their common stem."""
-    return _SHARD.sub(r"\1", os.path.normpath(path))
-
-
-def model_files(argvs: Iterable[tuple[str, ...]]) -> list[str]:
-    """Model paths named on command lines: *.gguf / *.safetensors or after -m/--model."""
+def _named(tokens: Sequence[str]) -> list[str]:
+    """Model paths named: *.gguf / *.safetensors, or any path after -m/--model."""
     found: list[str] = []
-    for argv in argvs:
-        tokens = _tokens(argv)
-        for i, tok in enumerate(tokens):
-            value = tok.split("=", 1)[1] if tok.startswith("--") and "=" in tok else tok
-            after_flag = i > 0 and tokens[i - 1] in _MODEL_FLAGS
-            if value.lower().endswith(MODEL_SUFFIXES) or (after_flag and "/" in value):
-                found.append(canonical_model(value))
+    for i, tok in enumerate(tokens):
+        value = tok.split("=", 1)[1] if tok.startswith("--") and "=" in tok else tok
+        after_flag = i > 0 and tokens[i - 1] in _MODEL_FLAGS
+        if value.lower().endswith(MODEL_SUFFIXES) or (after_flag and "/" in value):
+            found.append(canonical_model(value))
     return found
 
 
-def _binary_evidence(argvs: Iterable[tuple[str, ...]], binaries: tuple[str, ...]) -> str | None:
+def _programs(tokens: Sequence[str]) -> tuple[tuple[str, bool], ...]:
+    """(name, is a python -m module) of every word that could name a loader, in order."""
+    found: dict[tuple[str, bool], None] = {}
+    for i, tok in enumerate(tokens):
+        found[(os.path.basename(tok), False)] = None
+        # `python -m vllm.entrypoints...` names the loader as a module.
+        if i > 0 and tokens[i - 1] == "-m":
+            found[(tok.split(".", 1)[0], True)] = None
+    return tuple(found)
+
+
+def _loads(argv: Sequence[str]) -> str | None:
+    """The model a known loader's command line loads (llama.cpp's -m), by loadspec's reading."""
+    try:
+        spec = parse(argv)
+    except SpecError:
+        return None  # a loader that cannot start loads nothing
+    return canonical_model(spec.model) if spec is not None and spec.model else None
+
+
+class CommandLine(tuple[str, ...]):
+    """One command line, bounded, read once: a tuple of its arguments (so it stands wherever
+    an argv does) that also knows what it names and what it loads.
+
+    `named`: model paths it mentions, for display and for telling loaders apart; a path
+    after `sleep infinity` is named too. `loads`: the model a known loader's command line
+    (loadspec: llama-server -m, behind env/nice/sh -c) would load; None for anything else.
+    """
+
+    named: tuple[str, ...]
+    loads: str | None
+    programs: tuple[tuple[str, bool], ...]
+
+    def __new__(cls, argv: Iterable[str]) -> CommandLine:
+        args = bounded(argv)
+        line = super().__new__(cls, args)
+        tokens = _tokens(args)
+        line.named = tuple(_named(tokens))
+        line.programs = _programs(tokens)
+        line.loads = _loads(args)  # loadspec unwraps wrappers and shells from the raw words
+        return line
+
+
+def command_line(argv: Sequence[str]) -> CommandLine:
+    """`argv` read once; one the sensor already read is returned as it is."""
+    return argv if isinstance(argv, CommandLine) else CommandLine(argv)
+
+
+def model_files(argvs: Iterable[Sequence[str]]) -> list[str]:
+    """Model paths named on command lines: *.gguf / *.safetensors or after -m/--model."""
+    return [m for argv in argvs for m in command_line(argv).named]
+
+
+def loaded_models(usage: UnitUsage) -> tuple[str, ...]:
+    """Models the unit loads on real evidence: mapped by its processes, or given to a known
+    loader on its command line. A path merely named (`sleep infinity /m.gguf`) is not."""
+    lines = (command_line(a) for a in usage.exec_start + usage.cmdlines)
+    found = [line.loads for line in lines if line.loads]
+    found += [canonical_model(m) for m in usage.mapped_models]
+    return tuple(dict.fromkeys(found))
+
+
+def _binary_evidence(lines: Iterable[CommandLine], binaries: tuple[str, ...]) -> str | None:
     wanted = set(binaries)
-    for argv in argvs:
-        tokens = _tokens(argv)
-        for i, tok in enumerate(tokens):
-            base = os.path.basename(tok)
-            # `python -m vllm.entrypoints...` names the loader as a module.
-            module = tok.split(".", 1)[0] if i > 0 and tokens[i - 1] == "-m" else None
-            if base in wanted or module in wanted:
-                return base if base in wanted else f"python -m {module}"
+    for line in lines:
+        for name, module in line.programs:
+            if name in wanted:
+                return f"python -m {name}" if module else name
     return None
 
 
@@ -98,20 +196,25 @@ def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None
         if pattern.lower() in lowered:
             evidence.append(f"name:{pattern}")
             break
-    argvs = usage.exec_start + usage.cmdlines
-    binary = _binary_evidence(argvs, config.loader_binaries)
+    lines = [command_line(a) for a in usage.exec_start + usage.cmdlines]
+    binary = _binary_evidence(lines, config.loader_binaries)
     if binary:
         evidence.append(f"exec:{binary}")
-    named = model_files(argvs)
+    # Evidence is shown (journal, status, login note): paths in it are a user's text.
+    named = [m for line in lines for m in line.named]
     if named:
-        evidence.append(f"model-arg:{named[0]}")
+        evidence.append(f"model-arg:{printable(named[0], SHOWN_PATH_MAX)}")
+    loads = [line.loads for line in lines if line.loads]
+    if loads:
+        evidence.append(f"loads:{printable(loads[0], SHOWN_PATH_MAX)}")
     if usage.gpu_pids:
         evidence.append(f"gpu-process:{len(usage.gpu_pids)}")
     if usage.mapped_models:
-        evidence.append(f"mapped:{usage.mapped_models[0]}")
+        evidence.append(f"mapped:{printable(usage.mapped_models[0], SHOWN_PATH_MAX)}")
     if not evidence:
         return None
-    models = tuple(dict.fromkeys(named + [canonical_model(m) for m in usage.mapped_models]))
+    # Every model it names or loads, for display; the duplicate rule asks loaded_models().
+    models = tuple(dict.fromkeys(named + loads + [canonical_model(m) for m in usage.mapped_models]))
     # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
     expected = expected_footprint(ref, config)
     if expected is not None:

@@ -4,16 +4,18 @@ Strict phase (boot, until the way in is up plus a grace period): a loader is
 stopped before it can take MemAvailable below the reserve, by its expected
 footprint or by the trend. Steady phase: act only once MemAvailable is below
 the reserve, and only if the config says 'guard'. In every phase a second
-loader of a model that is already loaded is refused.
+loader of a model that is already loaded is refused: a user's copy of a
+model root's unit loads, or else the later started of the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .classify import classify
+from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config, format_size
-from .snapshot import Action, Decision, Loader, Memory, Snapshot
+from .snapshot import SYSTEM, Action, Decision, Loader, Memory, Snapshot
+from .text import printable
 
 STRICT = "strict"
 STEADY = "steady"
@@ -53,6 +55,16 @@ def slope(history: Iterable[tuple[float, int]], window: float, now: float) -> fl
 def _start_order(loader: Loader) -> tuple[float, str]:
     since = loader.usage.active_since
     return (since if since is not None else float("inf"), str(loader.ref))
+
+
+# Managers whose units are root's: PID 1 and root's own user manager.
+_ROOTS = (SYSTEM, "user:0")
+
+
+def _keep_order(loader: Loader) -> tuple[bool, float, str]:
+    """Who keeps a model loaded twice: root's unit before any other user's (the admin's
+    loader is not taken over by a user who started first), then the one that started first."""
+    return (loader.ref.manager not in _ROOTS, *_start_order(loader))
 
 
 def _figures(
@@ -102,13 +114,22 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     if current_phase == STEADY and config.steady == "off":
         return Decision(current_phase, reserve, loaders, (), rate)
 
-    # The same model twice: keep the one that started first.
+    # The same model loaded twice: root's unit (system, or root's user manager) keeps it
+    # over another user's, else the first started does. Loaded means mapped, or given to a
+    # known loader: a path merely named (`sleep infinity /srv/models/x.gguf`) is no load.
     by_model: dict[str, Loader] = {}
-    for loader in sorted(loaders, key=_start_order):
-        for model in loader.models:
+    for loader in sorted(loaders, key=_keep_order):
+        for model in loaded_models(loader.usage):
             first = by_model.setdefault(model, loader)
             if first is not loader:
-                act(loader, "duplicate", f"{model} is already loaded by {first.ref}")
+                over = first.ref.manager in _ROOTS and loader.ref.manager not in _ROOTS
+                act(
+                    loader,
+                    "duplicate",
+                    f"{printable(model, SHOWN_PATH_MAX)} is already loaded by "
+                    f"{printable(first.ref)}"
+                    + ("; root's unit keeps it over a user's copy" if over else ""),
+                )
 
     if current_phase == STRICT:
         # Admit loaders oldest first while their remaining growth fits above the reserve.
