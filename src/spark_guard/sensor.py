@@ -32,7 +32,7 @@ GPU_RETRY = 60.0  # seconds between attempts to find a driver that was missing
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 HISTORY_MAX = 600
-UNTRUSTED_RETRY = 30.0  # seconds before a manager that failed verification is tried again
+UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 
 
 @dataclass
