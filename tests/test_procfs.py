@@ -98,3 +98,27 @@ def test_real_proc_self():
     me = p.process(os.getpid())
     assert me is not None and me.rss > 0
     assert p.cmdline(os.getpid())
+
+
+def test_cmdline_is_read_bounded(tmp_path):
+    from spark_guard.classify import ARGV_MAX_ARGS, ARGV_MAX_BYTES
+
+    huge = b"x" * (1 << 20)
+    p = make_proc(
+        tmp_path / "proc",
+        {
+            # llama-server, its model, then a 1 MiB argument: cut at the limit, so left out.
+            1: {"cmdline": b"llama-server\0-m\0/m.gguf\0" + huge + b"\0"},
+            # 5000 small arguments: the first ARGV_MAX_ARGS.
+            2: {"cmdline": b"".join(b"a%d\0" % i for i in range(5000))},
+            # An argument that ends right at the limit is kept whole.
+            3: {"cmdline": b"a\0" + b"y" * (ARGV_MAX_BYTES - 3) + b"\0tail\0"},
+            # One argument longer than the limit: nothing is left.
+            4: {"cmdline": huge},
+        },
+    )
+    assert p.cmdline(1) == ("llama-server", "-m", "/m.gguf")
+    many = p.cmdline(2)
+    assert len(many) == ARGV_MAX_ARGS and many[-1] == f"a{ARGV_MAX_ARGS - 1}"
+    assert p.cmdline(3) == ("a", "y" * (ARGV_MAX_BYTES - 3))
+    assert p.cmdline(4) == ()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from itertools import islice
 
-from .classify import MODEL_SUFFIXES
+from .classify import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES
 from .snapshot import Memory, Pressure
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -136,12 +137,20 @@ class ProcFS:
         return ProcessInfo(pid, cgroup, rss)
 
     def cmdline(self, pid: int) -> tuple[str, ...] | None:
+        """The process's arguments, bounded: the first ARGV_MAX_ARGS non-empty ones within
+        the first ARGV_MAX_BYTES bytes (classify.py says why those figures). The kernel
+        allows megabytes; a process must not make each look read and split them. An
+        argument cut by the byte limit is left out: a cut path would name a file nobody
+        gave."""
         try:
             with open(self._path(str(pid), "cmdline"), "rb") as f:
-                raw = f.read()
+                raw = f.read(ARGV_MAX_BYTES + 1)
         except OSError:
             return None
-        return tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        if len(raw) > ARGV_MAX_BYTES:
+            raw = raw[: raw.rfind(b"\0", 0, ARGV_MAX_BYTES) + 1]
+        args = (a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        return tuple(islice(args, ARGV_MAX_ARGS))
 
     def mapped_models(self, pid: int) -> tuple[str, ...] | None:
         """Model files (*.gguf, *.safetensors) the process has mapped."""

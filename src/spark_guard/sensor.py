@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .classify import is_protected
+from .classify import CommandLine, is_protected
 from .config import Config
 from .foresight import Prediction, Predictor, parse_environment
 from .gpu import GpuUnavailable, Nvml
@@ -43,11 +43,13 @@ class _UnitCache:
     pids: frozenset[int] = frozenset()
     used: int = 0
     at: float = 0.0
+    # ExecStart= read once per run (bounded, split): no pass splits it again.
+    commands: tuple[CommandLine, ...] | None = None
 
 
 @dataclass
 class _ProcCache:
-    cmdline: tuple[str, ...] | None = None
+    cmdline: CommandLine | None = None  # read and split once per process
     models: tuple[str, ...] = ()
     maps_at: float = -MAPS_RECHECK
 
@@ -322,12 +324,14 @@ class Sensor:
             cache.prediction = self.predictor.predict(
                 cache.details.exec_start, parse_environment(cache.details.environment), mem_total
             )
-        cmdlines: list[tuple[str, ...]] = []
+        if cache.commands is None:
+            cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
+        cmdlines: list[CommandLine] = []
         models: list[str] = []
         for pid, p_rss, p_gpu in procs:
             pc = self._procs.setdefault(pid, _ProcCache())
             if pc.cmdline is None:
-                pc.cmdline = self.proc.cmdline(pid) or ()
+                pc.cmdline = CommandLine(self.proc.cmdline(pid) or ())
             cmdlines.append(pc.cmdline)
             if (p_rss >= MAPS_MIN_RSS or p_gpu) and now - pc.maps_at >= MAPS_RECHECK:
                 pc.maps_at = now
@@ -340,7 +344,7 @@ class Sensor:
             rss,
             gpu_bytes,
             gpu_pids,
-            exec_start=cache.details.exec_start,
+            exec_start=cache.commands,
             cmdlines=tuple(cmdlines),
             mapped_models=tuple(dict.fromkeys(models)),
             active_since=cache.details.active_since,
