@@ -85,14 +85,16 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
         libc.setfsgid(old_gid)
 
 
-def read_regular(fd_or_path: str, limit: int, *, dir_fd: int | None = None) -> bytes:
+def read_regular(
+    fd_or_path: str, limit: int, *, dir_fd: int | None = None, nofollow: bool = False
+) -> bytes:
     """At most `limit` bytes of a regular file; anything else (FIFO, device, dir) is refused.
 
     O_NONBLOCK makes the open of a FIFO return at once; fstat then says what it is.
+    `nofollow`: a symlink is refused too (ELOOP) instead of read through.
     """
-    fd = os.open(
-        fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd
-    )
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    fd = os.open(fd_or_path, flags | (os.O_NOFOLLOW if nofollow else 0), dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -110,19 +112,67 @@ def read_regular(fd_or_path: str, limit: int, *, dir_fd: int | None = None) -> b
         os.close(fd)
 
 
+def _open_dir(part: str, fd: int, *, make: bool) -> int:
+    """Open directory `part` in `fd` (never through a symlink); `make`: create it if missing."""
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not make:
+            raise
+    made = True
+    try:
+        os.mkdir(part, 0o755, dir_fd=fd)
+    except FileExistsError:
+        made = False  # someone was quicker: it is checked like any other
+    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+    if made:
+        try:
+            os.fchmod(nfd, 0o755)  # as systemd makes it, whatever our umask
+        except OSError:
+            os.close(nfd)
+            raise
+    return nfd
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p and p != "."]
+
+
 def _split(path: str) -> list[str]:
     if not os.path.isabs(path):
         raise UnsafePath(errno.EINVAL, f"{path}: not an absolute path")
-    parts = [p for p in path.split("/") if p and p != "."]
+    parts = _parts(path)
     if ".." in parts:
         raise UnsafePath(errno.EINVAL, f"{path}: '..' is not followed")
     return parts
+
+
+def _root_link(part: str, fd: int) -> str | None:
+    """The target of `part` if it is a symlink root owns (root put it there), else None."""
+    try:
+        st = os.lstat(part, dir_fd=fd)
+    except OSError:
+        return None
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
+        return None
+    return os.readlink(part, dir_fd=fd)
+
+
+def _resolve(done: list[str], target: str, todo: list[str]) -> list[str]:
+    """What is left to walk from / once root's symlink in /done is replaced by `target`.
+
+    /done holds no symlink (each was resolved as it came), so '..' in the target
+    can be resolved as text.
+    """
+    where = os.path.normpath(os.path.join("/" + "/".join(done), target))
+    return _parts(where) + todo
 
 
 def _open_trusted(path: str) -> int:
     """An fd for `path`, every component owned by root; root's own symlinks are followed
     (/lib -> usr/lib, a /home on another disk), anyone else's are refused."""
     todo = _split(path)
+    done: list[str] = []
     fd = os.open("/", _DIR_FLAGS)
     links = 0
     try:
@@ -135,23 +185,49 @@ def _open_trusted(path: str) -> int:
                         errno.ELOOP, f"{path}: {part!r} is a symlink not owned by root"
                     )
                 links += 1
-                target = os.readlink(part, dir_fd=fd)
-                if target.startswith("/"):
-                    os.close(fd)
-                    fd = os.open("/", _DIR_FLAGS)
-                todo = [p for p in target.split("/") if p and p != "."] + todo
-                if ".." in todo:
-                    raise UnsafePath(errno.EINVAL, f"{path}: a symlink with '..' on the way")
+                todo = _resolve(done, os.readlink(part, dir_fd=fd), todo)
+                done = []
+                old, fd = fd, -1
+                os.close(old)
+                fd = os.open("/", _DIR_FLAGS)
                 continue
             nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nfd
+            done.append(part)
             if os.fstat(fd).st_uid != 0:
                 raise UnsafePath(errno.EPERM, f"{path}: {part!r} is not owned by root")
         return fd
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
+
+
+def anchor_stat(path: str) -> os.stat_result:
+    """fstat of directory `path` (itself not followed), reached through root's directories:
+    the owner and group of an anchor, such as a user's runtime dir, without a passwd lookup."""
+    parent, leaf = os.path.split(os.path.normpath(path))
+    try:
+        pfd = _open_trusted(parent)
+    except UnsafePath:
+        raise
+    except OSError as e:
+        raise UnsafePath(e.errno, f"{path}: {e.strerror}") from None
+    try:
+        fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd) if leaf else os.dup(pfd)
+    except OSError as e:
+        raise UnsafePath(e.errno, f"{path}: {e.strerror}") from None
+    finally:
+        os.close(pfd)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+# `create` for Tree.directory/write: every missing component may be made, as makedirs would.
+MAKEDIRS = 1 << 16
 
 
 class Tree:
@@ -160,12 +236,22 @@ class Tree:
     The anchor itself is reached through root-owned directories only; below
     it no symlink is followed and each directory must belong to `uid` or root.
     For a user, every call runs with that user's file rights.
+
+    Anchored at /, a symlink root owns is followed (root made it: /var/run,
+    a /home on another disk); anyone else's is refused there too.
+
+    `any_owner`: directories below the anchor may belong to anyone (a symlink is
+    still refused). Only for a root tree that makes new files (`write`): a
+    directory's owner can then swap in only a directory of their own, where an
+    O_EXCL temporary file and a rename harm nothing (node_exporter's textfile
+    directory sits in /var/lib/prometheus, which belongs to prometheus).
     """
 
-    def __init__(self, anchor: str, uid: int = 0, gid: int = 0) -> None:
+    def __init__(self, anchor: str, uid: int = 0, gid: int = 0, *, any_owner: bool = False) -> None:
         self.anchor = os.path.normpath(anchor)
         self.uid = uid
         self.gid = gid
+        self.any_owner = any_owner
 
     def __repr__(self) -> str:
         return f"Tree({self.anchor}, uid={self.uid})"
@@ -182,16 +268,21 @@ class Tree:
 
     def _open_anchor(self) -> int:
         parent, leaf = os.path.split(self.anchor)
+        try:
+            pfd = _open_trusted(parent if leaf else "/")
+        except UnsafePath:
+            raise
+        except OSError as e:
+            raise UnsafePath(e.errno, f"{self.anchor}: {e.strerror}") from None
         if not leaf:
-            return _open_trusted("/")
-        pfd = _open_trusted(parent)
+            return pfd
         try:
             fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd)
         except OSError as e:
             raise UnsafePath(e.errno, f"{self.anchor}: {e.strerror}") from None
         finally:
             os.close(pfd)
-        if os.fstat(fd).st_uid not in (0, self.uid):
+        if not self.any_owner and os.fstat(fd).st_uid not in (0, self.uid):
             os.close(fd)
             raise UnsafePath(errno.EPERM, f"{self.anchor}: not owned by root or uid {self.uid}")
         return fd
@@ -201,40 +292,62 @@ class Tree:
         """A pinned fd for directory `path`, with the owner's rights held while it is used.
 
         `create`: how many trailing components may be made if missing (mode 0755,
-        owned by the tree's owner because they are made with the owner's rights).
+        owned by the tree's owner because they are made with the owner's rights;
+        MAKEDIRS: any).
         """
-        parts = self._below(path)
+        todo = self._below(path)
         with as_user(self.uid, self.gid):
             fd = self._open_anchor()
             try:
-                for i, part in enumerate(parts):
+                done: list[str] = []  # walked below the anchor, no symlink among them
+                links = 0
+                while todo:
+                    part = todo.pop(0)
                     try:
-                        nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                        nfd = _open_dir(part, fd, make=len(todo) < create)
                     except FileNotFoundError:
-                        if i < len(parts) - create:
-                            raise UnsafePath(errno.ENOENT, f"{path}: no such directory") from None
-                        with contextlib.suppress(FileExistsError):
-                            os.mkdir(part, 0o755, dir_fd=fd)
-                        nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                        if self.uid == 0:
-                            os.fchmod(nfd, 0o755)  # as systemd makes it, whatever our umask
+                        raise UnsafePath(errno.ENOENT, f"{path}: no such directory") from None
                     except OSError as e:
-                        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                            raise UnsafePath(e.errno, f"{path}: {e.strerror} at {part!r}") from None
+                        target = _root_link(part, fd) if self.anchor == "/" else None
+                        if target is None or links >= _MAX_LINKS:
                             raise UnsafePath(
                                 e.errno, f"{path}: {part!r} is not a directory (a symlink?)"
                             ) from None
-                        raise UnsafePath(e.errno, f"{path}: {e.strerror} at {part!r}") from None
+                        links += 1
+                        todo = _resolve(done, target, todo)
+                        done = []
+                        old, fd = fd, -1
+                        os.close(old)
+                        fd = self._open_anchor()
+                        continue
                     os.close(fd)
                     fd = nfd
+                    done.append(part)
                     owner = os.fstat(fd).st_uid
-                    if owner not in (0, self.uid):
+                    if not self.any_owner and owner not in (0, self.uid):
                         raise UnsafePath(
                             errno.EPERM,
                             f"{path}: {part!r} belongs to uid {owner}, not root or {self.uid}",
                         )
                 yield fd
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
+
+    def lstat(self, path: str) -> os.stat_result | None:
+        """lstat of whatever is at `path` (not followed); None if nothing is there."""
+        parent, name = os.path.split(path)
+        try:
+            with self.directory(parent) as fd:
+                return os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        except UnsafePath as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
 
     # --- links -------------------------------------------------------------
 
@@ -290,7 +403,16 @@ class Tree:
         parent, name = os.path.split(path)
         try:
             with self.directory(parent) as fd:
-                return read_regular(name, limit, dir_fd=fd) if _exists(name, fd) else None
+                if not _exists(name, fd):
+                    return None
+                try:
+                    return read_regular(name, limit, dir_fd=fd, nofollow=True)
+                except OSError as e:
+                    if e.errno == errno.ELOOP:
+                        raise UnsafePath(
+                            e.errno, f"{path}: a symlink, not a regular file"
+                        ) from None
+                    raise
         except UnsafePath as e:
             if e.errno == errno.ENOENT:
                 return None
@@ -349,6 +471,13 @@ class Tree:
             if isinstance(e, UnsafePath) and e.errno != errno.ENOENT:
                 raise
             return False
+
+
+def own_tree(*, any_owner: bool = False) -> Tree:
+    """The guard's own files (records, the login note, state.json): from /, through
+    directories of root (or of the user running it, outside production), with its rights."""
+    uid = os.geteuid()
+    return Tree("/", uid, os.getegid() if uid else 0, any_owner=any_owner)
 
 
 def _exists(name: str, fd: int) -> bool:
