@@ -36,7 +36,16 @@ from .config import Config
 from .managers import Manager, ManagerError
 from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 from .snapshot import Action, Decision, UnitRef
-from .unitfiles import UnitFileError, lay_mask, read_link, shadowing_file
+from .unitfiles import (
+    Owner,
+    UnitFileError,
+    lay_mask,
+    mask_dir,
+    owner,
+    present,
+    read_link,
+    shadowing_file,
+)
 
 SETTLED = ("inactive", "failed")
 RETRY_AFTER = 5.0  # seconds between attempts to finish a block that did not complete
@@ -64,6 +73,7 @@ class Enforcer:
         # Paths keep their start-up values across a reload, like the sensor's.
         self.store = RecordStore(config.state)
         self.motd, self.issue = config.motd, config.issue
+        self.user_runtime = config.user_runtime
         self.cgroup_root = cgroupfs.v2_root(config.cgroup)
         self.boot_id = boot_id(config.proc)
         self.records: dict[str, Record] = {}
@@ -118,7 +128,7 @@ class Enforcer:
             if manager is None:
                 continue  # its manager is not running: nothing can start the unit
             if record.step == "blocked":
-                if record.mask_path and not os.path.lexists(record.mask_path):
+                if record.mask_path and not self._mask_present(record):
                     due.append(record)  # renewed in _run, once it is sure not released
             elif now >= self._retry_at.get(key, 0.0):
                 due.append(record)
@@ -222,13 +232,32 @@ class Enforcer:
         if record.step == "stop":
             record.step = "plan"
 
+    def _owner(self, record: Record) -> Owner:
+        return owner(record.manager, self.user_runtime)
+
+    def _mask_present(self, record: Record) -> bool:
+        try:
+            return present(record.mask_path, self._owner(record))
+        except UnitFileError:
+            return False  # not reachable safely: laying it again names the problem
+
     def _plan(self, record: Record, manager: Manager) -> None:
-        control = manager.runtime_control_dir
-        if control is None:
-            raise ManagerError(f"{record.manager}: no runtime control directory in its UnitPath")
+        # Where the mask goes is ours to say; the manager only has to read it from there.
+        control = mask_dir(record.manager, self.user_runtime)
+        if control not in {os.path.normpath(d) for d in manager.unit_path_dirs}:
+            raise UnitFileError(
+                f"{record.manager}: {control} is not in its UnitPath, so a mask there "
+                "would not hold"
+            )
+        who = self._owner(record)
         links = []
         for path in manager.unit_file_links(record.unit):
-            link = read_link(path, record.uid)
+            try:
+                link = read_link(path, who)
+            except UnitFileError as e:
+                # Not readable as its owner could: not recorded, so never put back.
+                record.note(f"plan: {path} left out ({e})")
+                continue
             if link is not None:
                 links.append(LinkRecord(link.path, link.target, link.uid, link.gid))
         record.links = links
@@ -238,14 +267,15 @@ class Enforcer:
                 record.cgroup = manager.unit_control_group(record.unit)
         record.mask_path = os.path.join(control, record.unit)
         # A mask someone else laid stays theirs: release leaves it.
-        record.mask_made = not os.path.lexists(record.mask_path)
+        record.mask_made = not present(record.mask_path, who)
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
         record.step = "disable"
 
     def _mask(self, record: Record, manager: Manager) -> None:
-        directory = os.path.dirname(record.mask_path)
-        gid = os.stat(os.path.dirname(directory)).st_gid if record.uid else 0
-        lay_mask(directory, record.unit, record.uid, gid)
+        expected = os.path.join(mask_dir(record.manager, self.user_runtime), record.unit)
+        if record.mask_path != expected:  # a record from before the guard chose it itself
+            raise UnitFileError(f"{record.mask_path}: not where a mask goes ({expected})")
+        lay_mask(record.mask_path, self._owner(record))
         record.note(f"masked: {record.mask_path} -> /dev/null")
         record.step = "settle"
 
@@ -357,11 +387,22 @@ class Enforcer:
     def _disable(self, record: Record, manager: Manager) -> None:
         if any(not lr.removed for lr in record.links):
             manager.disable_unit_files(record.unit)
+        who = self._owner(record)
+        left = []
         for lr in record.links:
-            if not lr.removed and not os.path.lexists(lr.path):
+            if lr.removed:
+                continue
+            try:
+                there = present(lr.path, who)
+            except UnitFileError as e:
+                # The way to it changed since the plan: not ours to check, nor to put back.
+                record.note(f"disable: {lr.path} cannot be checked ({e}); not restored")
+                continue
+            if there:
+                left.append(lr.path)
+            else:
                 lr.removed = True
                 record.note(f"disabled: removed {lr.path} -> {lr.target}")
-        left = [lr.path for lr in record.links if not lr.removed]
         if left:
             raise ManagerError(f"{record.manager} left {', '.join(left)} in place")
         record.step = "mask"
@@ -392,9 +433,15 @@ class Enforcer:
                     r.step = "settle"  # something started it again before the mask took
                     self._problem(r, f"verify: {r.ref} is {st.active_state} again")
                 else:
-                    shadow = shadowing_file(
-                        manager.unit_path_dirs, os.path.dirname(r.mask_path), r.unit
-                    )
+                    try:
+                        shadow = shadowing_file(
+                            manager.unit_path_dirs,
+                            os.path.dirname(r.mask_path),
+                            r.unit,
+                            self._owner(r),
+                        )
+                    except UnitFileError:
+                        shadow = None
                     why = f"{shadow} outranks the mask" if shadow else "LoadState is not masked"
                     self._problem(
                         r, f"verify: {r.ref}: {why} (LoadState={st.load_state if st else '?'})"

@@ -1,9 +1,13 @@
 """`spark-guard release`: undo exactly what the guard did to a unit, and nothing else.
 
 The mask is removed if it is still ours, each enablement link is put back
-with its old target and owner, the record moves to released/, and the
-unit's manager re-reads its units. If something else now sits where a link
-was, nothing is changed for that unit and the conflict is named.
+with its old target, the record moves to released/, and the unit's manager
+re-reads its units. For a user's manager all of it is done with that
+user's file rights, inside their runtime dir (the mask) and their home from
+passwd (the links): whatever they swapped for a symlink is refused, and what
+is made is theirs. If something else now sits where a link was, or the way
+to the mask or a link is no longer theirs, nothing is changed for that unit
+and the conflict is named.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from typing import Any
 from .managers import ManagerError, ManagerNotRunning, connect_to
 from .records import Record, RecordStore
 from .snapshot import SYSTEM, parse_ref
-from .unitfiles import UnitFileError, remove_mask, restore_conflict, restore_link
+from .unitfiles import (
+    UnitFileError,
+    mask_conflict,
+    owner,
+    remove_mask,
+    restore_conflict,
+    restore_link,
+)
 
 
 class ReleaseError(RuntimeError):
@@ -56,16 +67,20 @@ def release(record: Record, store: RecordStore, system_socket: str, user_runtime
         current = store.load(record.ref)
         if current is None:
             raise ReleaseError(f"{record.ref}: already released")
-        uid = current.uid
+        try:
+            who = owner(current.manager, user_runtime, home=True)
+        except UnitFileError as e:
+            raise ReleaseError(f"{current.ref}: not released, {e}") from None
         removed = [lr for lr in current.links if lr.removed]
-        conflicts = [c for lr in removed if (c := restore_conflict(lr.link, uid))]
+        ours = bool(current.mask_made and current.mask_path)
+        conflicts = [c for lr in removed if (c := restore_conflict(lr.link, who))]
+        if ours and (c := mask_conflict(current.mask_path, who)):
+            conflicts.insert(0, c)
         if conflicts:
             raise ReleaseError(f"{current.ref}: not released, " + "; ".join(conflicts))
         try:
-            mask_removed = bool(current.mask_made and current.mask_path) and remove_mask(
-                current.mask_path, uid
-            )
-            restored = [lr.path for lr in removed if restore_link(lr.link, uid)]
+            mask_removed = ours and remove_mask(current.mask_path, who)
+            restored = [lr.path for lr in removed if restore_link(lr.link, who)]
         except (UnitFileError, OSError) as e:
             raise ReleaseError(f"{current.ref}: {e}") from None
         current.note(
