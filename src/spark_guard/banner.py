@@ -8,11 +8,10 @@ the rescue instructions are on the machine exactly while they are needed.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable
 
 from .records import Record
+from .safefs import MAKEDIRS, own_tree
 from .text import printable
 
 # Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.
@@ -43,17 +42,15 @@ def render(records: Iterable[Record]) -> str:
 
 
 def write(path: str, text: str) -> None:
-    """Replace the note atomically, or remove it when there is nothing to say."""
+    """Replace the note atomically, or remove it when there is nothing to say.
+
+    Through safefs: never through a symlink, a random temporary name per writer
+    (the daemon and release both write it), parent directories made as needed.
+    """
     if not text:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        own_tree().unlink(path)
         return
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"  # two writers (daemon, release) never share one
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    own_tree().write(path, text.encode(), mode=0o644, create=MAKEDIRS)
 
 
 def publish(records: Iterable[Record], motd: str, issue: str) -> str:

@@ -2,9 +2,10 @@
 
 `registry(state, cpu)` turns what the daemon publishes for `spark-guard
 status` (state.py) into metrics: plain data in, a CollectorRegistry out.
-`TextfileWriter` writes it atomically (temporary file, then rename) where
-node_exporter reads `*.prom` files. Base units (bytes, seconds) and `_total`
-for counters, as Prometheus' naming conventions ask.
+`TextfileWriter` writes it atomically (safefs: temporary file, then rename,
+never through a symlink) where node_exporter reads `*.prom` files. Base
+units (bytes, seconds) and `_total` for counters, as Prometheus' naming
+conventions ask.
 
 prometheus_client is imported only when a textfile directory exists, so a
 machine without node_exporter pays nothing for this.
@@ -16,6 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .safefs import own_tree
 from .snapshot import SYSTEM, parse_ref
 
 PREFIX = "spark_guard"
@@ -154,13 +156,9 @@ class TextfileWriter:
             self.problem = "python module prometheus_client (python3-prometheus-client) missing"
             return False
         data = client.generate_latest(registry(state, cpu))
-        tmp = f"{self.path}.{os.getpid()}.tmp"  # not *.prom: node_exporter skips it
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, 0o644)  # node_exporter runs as its own user
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # The temporary name ends in .tmp (node_exporter skips it); 0644: node_exporter
+        # runs as its own user. /var/lib/prometheus belongs to prometheus on Debian:
+        # any owner on the way, never a symlink (see safefs.Tree's any_owner).
+        own_tree(any_owner=True).write(self.path, data, mode=0o644)
         self.problem = ""
         return True

@@ -1,7 +1,8 @@
 """What the guard did to each unit, kept on disk so it can be finished, shown and undone.
 
 One JSON file per blocked unit under <state>/blocked/, replaced atomically
-(write a temporary file, fsync, rename, fsync the directory) at every step,
+(safefs: a new file under a random name, fsync, rename, fsync the directory,
+never through a symlink) at every step,
 so a crash leaves either the old or the new record, never half of one. A
 record names its next step: the next start of the guard goes on from there.
 `spark-guard release` moves a record to <state>/released/, which keeps the
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .safefs import MAKEDIRS, own_tree
 from .snapshot import SYSTEM, UnitRef
 from .unitfiles import Link
 
@@ -155,24 +157,22 @@ class RecordStore:
         return records, errors
 
     def save(self, record: Record) -> None:
-        os.makedirs(self.blocked, mode=0o755, exist_ok=True)
         _write_atomic(self.path_of(record.ref), record.to_json())
 
     def retire(self, record: Record) -> str:
         """Move a released record into released/; returns its new path."""
-        os.makedirs(self.released, mode=0o755, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         dest = os.path.join(self.released, f"{stamp}-{record.ref}.json")
         _write_atomic(dest, record.to_json())
-        os.unlink(self.path_of(record.ref))
-        _fsync_dir(self.blocked)
+        own_tree().unlink(self.path_of(record.ref))  # fsyncs the directory
         return dest
 
     @contextlib.contextmanager
     def lock(self, wait: float | None = None) -> Iterator[bool]:
         """Hold the store's lock; with `wait`, give up after that many seconds (yields False)."""
-        os.makedirs(self.root, mode=0o755, exist_ok=True)
-        fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with own_tree().directory(self.root, create=MAKEDIRS) as dfd:
+            fd = os.open("lock", flags, 0o644, dir_fd=dfd)
         try:
             got = False
             deadline = None if wait is None else time.monotonic() + wait
@@ -190,23 +190,6 @@ class RecordStore:
             os.close(fd)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"  # two writers (daemon, release) never share one
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    # Directories made as makedirs made them; a random temporary name per writer.
+    own_tree().write(path, text.encode(), mode=0o644, create=MAKEDIRS)

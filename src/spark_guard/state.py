@@ -2,8 +2,8 @@
 
 The daemon writes <runtime>/state.json after a pass whenever its content
 changed, and at least every REFRESH seconds so a reader can tell a live guard
-from a dead one: write a temporary file, then rename (readers see the old or
-the new, never half).
+from a dead one: through safefs's atomic writer (readers see the old or the
+new, never half).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .records import Record
+from .safefs import MAKEDIRS, own_tree
 from .snapshot import Decision, Snapshot
 
 REFRESH = 60.0  # rewritten at least this often; status also checks the pid
@@ -98,13 +99,10 @@ class Publisher:
         now = self.clock()
         if state == self._last and now - self._at < REFRESH:
             return None
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
         written = {**state, "written_at": time.time()}
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(written, f, indent=1)
-        os.chmod(tmp, 0o644)  # status runs as any user
-        os.replace(tmp, self.path)
+        # 0644: status runs as any user; parent directories made as needed.
+        data = json.dumps(written, indent=1).encode()
+        own_tree().write(self.path, data, mode=0o644, create=MAKEDIRS)
         self._last, self._at = state, now
         return written
 
