@@ -1,21 +1,26 @@
 """`spark-guard harden UNIT`: write the hardening drop-in after showing it; `--undo` removes it.
 
 Never edits the unit file: the drop-in goes to UNIT.d/50-spark-guard.conf in
-the unit's manager's persistent config directory (/etc/systemd/system, or
-the user's ~/.config/systemd/user), owned as the manager's user would own
-it, and is recorded under <state>/hardened/ so --undo removes exactly it.
-A file there that spark-guard did not write is left alone.
+the unit's manager's persistent config directory: /etc/systemd/system, or
+~/.config/systemd/user in the user's home from passwd (never a directory
+the manager names: a user's manager could name any). It must be in the
+manager's UnitPath. A user's drop-in is written with that user's file
+rights through their home without following a symlink, so it is theirs and
+lands nowhere they could not write themselves. It is recorded under
+<state>/hardened/ so --undo removes exactly it. A file there that
+spark-guard did not write is left alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import json
 import os
+import pwd
 import sys
 import time
+from typing import Any
 
 from . import config as config_mod
 from .classify import expected_footprint
@@ -24,7 +29,11 @@ from .foresight import Predictor, parse_environment
 from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
 from .managers import Manager, ManagerError, command_manager, connect_to
 from .procfs import ProcError, ProcFS
-from .snapshot import UnitRef, parse_ref
+from .safefs import MAKEDIRS, Tree, UnsafePath, own_tree
+from .snapshot import SYSTEM, UnitRef, parse_ref
+
+SYSTEM_CONFIG = "/etc/systemd/system"
+READ_LIMIT = 1 << 20  # a drop-in or record of ours is a few hundred bytes
 
 
 class HardenError(RuntimeError):
@@ -52,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return _undo(ref, manager, config) if args.undo else _harden(args, ref, manager, config)
+    except UnsafePath as e:
+        print(f"spark-guard: {e.strerror}", file=sys.stderr)  # names the path already
+        return 2
     except (HardenError, ManagerError, ProcError, OSError) as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
@@ -63,14 +75,11 @@ def _harden(args: argparse.Namespace, ref: UnitRef, manager: Manager, config: Co
     state = manager.unit_states([ref.name]).get(ref.name)
     if state is None or state.load_state == "not-found":
         raise HardenError(f"{ref}: no such unit")
-    directory = manager.persistent_config_dir
-    if directory is None:
-        raise HardenError(f"{ref.manager}: no persistent config directory in its UnitPath")
-    path = os.path.join(directory, f"{ref.name}.d", DROP_IN)
+    path, tree = _place(ref, manager)
     old = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = f.read()
+    found = tree.read(path, READ_LIMIT)
+    if found is not None:
+        old = found.decode("utf-8", "replace")
         if not old.startswith(MARKER):
             raise HardenError(f"{path} exists and spark-guard did not write it; leaving it alone")
     memory = ProcFS(config.proc).memory()
@@ -97,7 +106,7 @@ def _harden(args: argparse.Namespace, ref: UnitRef, manager: Manager, config: Co
         if input(f"Write {path} and reload the {ref.manager} manager? [y/N] ").strip() != "y":
             print("left unchanged")
             return 1
-    _write(path, new, manager.uid, ref, config)
+    _write(path, new, tree, ref, config)
     manager.reload()
     print(f"wrote {path}; {ref.manager} manager reloaded")
     return 0
@@ -121,55 +130,74 @@ def _expected(ref: UnitRef, manager: Manager, config: Config, total: int) -> tup
     return None, "MemTotal minus the reserve (its footprint is unknown)"
 
 
-def _write(path: str, text: str, uid: int, ref: UnitRef, config: Config) -> None:
-    directory = os.path.dirname(path)
-    made_dir = not os.path.isdir(directory)
-    if made_dir:
-        os.mkdir(directory, 0o755)
-        if uid:
-            os.chown(directory, uid, uid_gid(directory))
-    tmp = f"{path}.{os.getpid()}.tmp"  # two writers (daemon, release) never share one
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    if uid:
-        os.chown(tmp, uid, uid_gid(directory))
-    os.replace(tmp, path)
-    record = _record_path(config, ref)
-    os.makedirs(os.path.dirname(record), exist_ok=True)
-    previous = {}
-    if os.path.exists(record):
-        with open(record) as f:
-            previous = json.load(f)
-    with open(record, "w") as f:
-        json.dump(
-            {"unit": str(ref), "path": path, "made_dir": previous.get("made_dir", made_dir)}, f
+def _place(ref: UnitRef, manager: Manager) -> tuple[str, Tree]:
+    """Where the unit's drop-in goes, and the tree it is read and written through."""
+    if ref.manager == SYSTEM:
+        directory, tree = SYSTEM_CONFIG, Tree("/")
+    elif manager.uid == 0:
+        # root's own user manager: where it reads units is root's to say, and every
+        # directory on the way must be root's.
+        found = manager.persistent_config_dir
+        if found is None:
+            raise HardenError(f"{ref.manager}: no persistent config directory in its UnitPath")
+        directory, tree = found, Tree("/")
+    else:
+        try:
+            entry = pwd.getpwuid(manager.uid)
+        except KeyError:
+            raise HardenError(f"{ref.manager}: no passwd entry for uid {manager.uid}") from None
+        directory = os.path.join(entry.pw_dir, ".config", "systemd", "user")
+        tree = Tree(entry.pw_dir, manager.uid, entry.pw_gid)
+    if os.path.normpath(directory) not in {os.path.normpath(d) for d in manager.unit_path_dirs}:
+        raise HardenError(
+            f"{ref.manager}: {directory} is not in its UnitPath, so a drop-in there would not load"
         )
+    return os.path.join(directory, f"{ref.name}.d", DROP_IN), tree
 
 
-def uid_gid(directory: str) -> int:
-    """The group of the directory's parent: the user's own group, as their manager would use."""
-    return os.stat(os.path.dirname(directory)).st_gid
+def _write(path: str, text: str, tree: Tree, ref: UnitRef, config: Config) -> None:
+    # UNIT.d is made if missing, by the unit's owner (their rights, their file).
+    made_dir = tree.lstat(os.path.dirname(path)) is None
+    tree.write(path, text.encode(), mode=0o644, create=1)
+    record = _record_path(config, ref)
+    previous = _read_record(record) or {}
+    data = {"unit": str(ref), "path": path, "made_dir": previous.get("made_dir", made_dir)}
+    own_tree().write(record, json.dumps(data).encode(), mode=0o644, create=MAKEDIRS)
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+    raw = own_tree().read(path, READ_LIMIT)
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+            raise ValueError("no path")
+    except ValueError as e:
+        raise HardenError(f"{path}: unreadable record: {e}") from None
+    return record
 
 
 def _undo(ref: UnitRef, manager: Manager, config: Config) -> int:
     record_path = _record_path(config, ref)
-    try:
-        with open(record_path) as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        raise HardenError(f"{ref}: not hardened by spark-guard (no {record_path})") from None
-    path = record["path"]
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            if not f.read().startswith(MARKER):
-                raise HardenError(f"{path} was changed by someone else; leaving it alone")
-        os.unlink(path)
+    record = _read_record(record_path)
+    if record is None:
+        raise HardenError(f"{ref}: not hardened by spark-guard (no {record_path})")
+    path, tree = _place(ref, manager)
+    if record["path"] != path:
+        raise HardenError(
+            f"{record_path} names {record['path']}, not {path}, where spark-guard writes; "
+            "leaving it alone"
+        )
+    found = tree.read(path, READ_LIMIT)
+    if found is not None:
+        if not found.startswith(MARKER.encode()):
+            raise HardenError(f"{path} was changed by someone else; leaving it alone")
+        tree.unlink(path)
     if record.get("made_dir"):
         # Not empty: someone put other drop-ins there since; theirs stay.
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(path))
-    os.unlink(record_path)
+        tree.rmdir(os.path.dirname(path))
+    own_tree().unlink(record_path)
     manager.reload()
     print(f"removed {path}; {ref.manager} manager reloaded")
     return 0
