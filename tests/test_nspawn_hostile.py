@@ -1,0 +1,178 @@
+"""The hostile-user attacks again, against the .deb as installed: systemd as PID 1, a linger user.
+
+A booted Debian 12 container, the package installed with apt and running
+with its shipped, hardened unit (its own capabilities, ProtectHome=read-only,
+the syscall filter). Mallory (uid 1000) lingers, so her manager is
+user@1000.service; Eve (uid 1001) has no manager, only a runtime dir, as a
+fresh login leaves it. Each attack is run inside as that uid.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import file_tree
+from nspawn import Container
+from test_nspawn import add_linger_user
+
+pytestmark = pytest.mark.nspawn
+
+TESTS = Path(__file__).parent
+MALLORY, EVE = 1000, 1001
+
+CONFIG = """
+[boot]
+grace = "1h"
+[loaders.footprint]
+"llama*" = "100TiB"
+"cron.service" = "100TiB"
+"""
+
+HER_LOADER = """[Service]
+ExecStart=/usr/bin/python3 /opt/fake-loader.py -m {model} --alloc 16
+Restart=always
+RestartSec=1s
+[Install]
+WantedBy=default.target
+"""
+
+
+def her(c: Container, script: str, uid: int = MALLORY) -> str:
+    out = c.run("sh", "-ec", script, user=uid, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def journal(c: Container, event: str) -> list[dict[str, str]]:
+    out = c.run("journalctl", "-o", "json", "-u", "spark-guard", f"SG_EVENT={event}").stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def wait_event(c: Container, event: str, unit: str = "", timeout: float = 60) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in journal(c, event) if unit in e.get("SG_UNIT", e.get("MESSAGE", ""))]
+        if found:
+            return found[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"no {event} {unit}: {c.run('journalctl', '-u', 'spark-guard').stdout}")
+
+
+@pytest.fixture(scope="module")
+def box(deb: Path):
+    with Container() as c:
+        shutil.copy(deb, c.path("/root/spark-guard.deb"))
+        shutil.copy(TESTS / "fake_loader.py", c.path("/opt/fake-loader.py"))
+        shutil.copy(TESTS / "fake_manager.py", c.path("/opt/fake-manager.py"))
+        server = c.path("/usr/local/bin/llama-server")  # a stand-in under the real name
+        server.write_text('#!/bin/sh\nexec python3 /opt/fake-loader.py --alloc 16 "$@"\n')
+        server.chmod(0o755)
+        c.path("/srv/models").mkdir(parents=True)
+        c.path("/srv/models/ds4.gguf").write_bytes(b"GGUF" + b"\0" * 4096)
+        c.path("/etc/spark-guard.toml").write_text(CONFIG)
+        # PID 1's cron.service, which Mallory will name her loader after.
+        c.path("/etc/systemd/system/cron.service").write_text(
+            "[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n"
+        )
+        wants = c.path("/etc/systemd/system/multi-user.target.wants")
+        wants.mkdir(parents=True, exist_ok=True)
+        (wants / "cron.service").symlink_to("/etc/systemd/system/cron.service")
+        add_linger_user(c, "mallory", MALLORY, "llama-m.service")
+        unit = c.path("/home/mallory/.config/systemd/user/llama-m.service")
+        unit.write_text(HER_LOADER.format(model="/srv/models/ds4.gguf"))
+        with open(c.path("/etc/passwd"), "a") as f:
+            f.write(f"eve:x:{EVE}:{EVE}::/home/eve:/bin/sh\n")
+        with open(c.path("/etc/group"), "a") as f:
+            f.write(f"eve:x:{EVE}:\n")
+        c.boot()
+        out = c.run(
+            "apt-get", "install", "-y", "-q", "/root/spark-guard.deb", timeout=300, check=False
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        c.wait_for("spark-guard.service", "ActiveState", "active")
+        # Installed after boot: her loader ran first; the guard blocks it now.
+        wait_event(c, "unit-blocked", f"user:{MALLORY}:llama-m.service")
+        yield c
+        props = c.show("spark-guard.service", "ActiveState", "NRestarts")
+        assert props == {"ActiveState": "active", "NRestarts": "0"}, props
+
+
+def test_release_as_installed_never_writes_through_her_symlink(box: Container) -> None:
+    c = box
+    etc = file_tree(c.path("/etc/systemd/system"))
+    wants = "/home/mallory/.config/systemd/user/default.target.wants"
+    her(c, f"rm -rf {wants}; ln -s /etc/systemd/system {wants}")
+    out = c.run("spark-guard", "release", "--all", check=False)
+    assert out.returncode != 0 and wants in out.stderr, out
+    assert file_tree(c.path("/etc/systemd/system")) == etc
+    her(c, f"rm {wants}; mkdir {wants}")
+    out = c.run("spark-guard", "release", "--all", check=False)
+    assert out.returncode == 0, out
+    link = c.path(f"{wants}/llama-m.service")
+    assert link.is_symlink() and link.lstat().st_uid == MALLORY
+    her(c, "systemctl --user disable --now llama-m.service")
+
+
+def test_her_mask_cannot_reach_pid1s_control_dir(box: Container) -> None:
+    c = box
+    control = "/run/user/1000/systemd/user.control"
+    her(c, f"rm -rf {control}; ln -s /run/systemd/system.control {control}")
+    her(c, "cd ~/.config/systemd/user && sed 's/llama-m/x/' llama-m.service > cron.service")
+    her(c, "systemctl --user daemon-reload; systemctl --user start --no-block cron.service")
+    failed = wait_event(c, "block-failed", f"user:{MALLORY}:cron.service")
+    assert control in failed["MESSAGE"]
+    c.run("systemctl", "daemon-reload")
+    assert c.show("cron.service", "LoadState", "ActiveState") == {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+    }
+    assert c.run("test", "-e", "/run/systemd/system.control/cron.service", check=False).returncode
+    c.run("spark-guard", "release", "--all")
+    her(c, f"rm {control}; mkdir {control}")
+    her(c, "systemctl --user stop cron.service; rm ~/.config/systemd/user/cron.service")
+
+
+def test_a_fake_manager_is_not_believed_as_installed(box: Container) -> None:
+    c = box
+    # Eve logged in once: logind made her runtime dir. She listens where systemd would.
+    c.run("install", "-d", "-o", str(EVE), "-g", str(EVE), "-m", "0700", f"/run/user/{EVE}")
+    her(c, f"mkdir /run/user/{EVE}/systemd", uid=EVE)
+    fake = (
+        f"nohup python3 /opt/fake-manager.py /run/user/{EVE}/systemd/private /system.slice "
+        f"/run/systemd/system.control cron.service > /run/user/{EVE}/fake.log 2>&1 &"
+    )
+    her(c, fake, uid=EVE)
+    event = wait_event(c, "manager-untrusted", f"user:{EVE}")
+    assert "user@1001.service" in event["MESSAGE"]
+    time.sleep(2)
+    state = json.loads(c.run("spark-guard", "status", "--json").stdout)
+    assert not [u for u in state["loaders"] if u["unit"].startswith(f"user:{EVE}:")]
+    assert "call " not in c.run("cat", f"/run/user/{EVE}/fake.log").stdout.replace(
+        "most recent call", ""
+    )
+    assert c.show("cron.service", "ActiveState", "NRestarts") == {
+        "ActiveState": "active",
+        "NRestarts": "0",
+    }
+    c.run("pkill", "-u", str(EVE), check=False)
+
+
+def test_a_fifo_model_does_not_hang_the_installed_guard(box: Container) -> None:
+    c = box
+    her(c, "mkfifo ~/fifo.gguf")
+    her(
+        c,
+        "cd ~/.config/systemd/user && "
+        "printf '[Service]\\nExecStart=/usr/local/bin/llama-server -m /home/mallory/fifo.gguf\\n' "
+        "> llama-fifo.service && systemctl --user daemon-reload && "
+        "systemctl --user start --no-block llama-fifo.service",
+    )
+    time.sleep(5)  # WatchdogSec=20s: a hung read would show as a restart soon after
+    her(c, "systemctl --user start --no-block llama-m.service")
+    wait_event(c, "unit-blocked", f"user:{MALLORY}:llama-m.service")
+    assert c.show("spark-guard.service", "NRestarts")["NRestarts"] == "0"
