@@ -8,6 +8,8 @@ import platform
 import struct
 import subprocess
 import sys
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -16,7 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_guard.gguf import GGML_TYPES, GgufError, SkippedArray, read_header, read_model
+from spark_guard import gguf as ours
+from spark_guard.gguf import (
+    GGML_TYPES,
+    GgufError,
+    GgufTimeout,
+    HeaderCache,
+    SkippedArray,
+    read_header,
+    read_model,
+)
 
 import synth
 import testdata
@@ -213,6 +224,170 @@ def test_a_big_endian_file_is_read(tmp_path):
     h = read_header(str(p))
     assert h.big_endian and h.get("llama.block_count") == 30
     assert h.get("llama.attention.head_count_kv") == [0, 3, 3]
+
+
+# --- absolute caps: what a sparse file's size cannot lift -------------------------------
+
+TIB = 2**40
+
+
+def sparse(tmp_path: Path, data: bytes, name: str = "sparse.gguf", size: int = TIB) -> Path:
+    """`data` at the start of a file of `size` bytes that costs a few kB of disk."""
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.write(data)
+        f.truncate(size)
+    return p
+
+
+# Run in a fresh interpreter: its peak RSS (VmHWM) before and after the read, and the time.
+MEASURE = """
+import re, sys, time
+from spark_guard.gguf import GgufError, read_header
+def hwm():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+before = hwm()
+t = time.monotonic()
+try:
+    read_header(sys.argv[1])
+    print("parsed")
+except GgufError as e:
+    print(e)
+print(time.monotonic() - t)
+print(hwm() - before)
+"""
+
+
+def measured_read(path: Path) -> tuple[str, float, int]:
+    """(message, seconds, peak RSS growth in KiB) of reading `path` in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    message, seconds, grown = out.stdout.splitlines()
+    return message, float(seconds), int(grown)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        # The counts fit in 1 TiB of zeros, so the file size alone let them through.
+        (header(2**34, 0), "tensor count 17179869184 is over the limit of 16384"),
+        (
+            header(0, 1, struct.pack("<Q", 3) + b"key" + struct.pack("<IIQ", 9, 8, 2**36)),
+            "array element count 68719476736 cannot fit in a header of 67108864 bytes",
+        ),
+        (header(0, 2**30), "metadata count 1073741824 is over the limit of 4096"),
+    ],
+    ids=["2^34-tensors", "2^36-empty-strings", "2^30-keys"],
+)
+def test_a_sparse_tib_that_claims_too_much_fails_at_once_in_bounded_memory(tmp_path, data, problem):
+    path = sparse(tmp_path, data)
+    message, seconds, grown_kib = measured_read(path)
+    assert message.startswith(f"{path}: at byte ") and problem in message
+    assert seconds < 0.5
+    assert grown_kib < 8 * 1024  # RSS growth, whatever the header claims
+
+
+def test_bytes_skipped_count_against_the_header_cap(tmp_path):
+    # A string too long to keep is skipped, not read: 65 MiB of it still ends the read.
+    body = kv_string("general.license", 65 * 2**20)
+    path = sparse(tmp_path, header(0, 1, body))
+    message, seconds, grown_kib = measured_read(path)
+    assert "header runs past 67108864 bytes" in message
+    assert seconds < 0.5 and grown_kib < 8 * 1024
+
+
+def test_a_long_tensor_name_is_refused(tmp_path):
+    body = struct.pack("<Q", 300) + b"n" * 300 + struct.pack("<I", 1) + b"\0" * 64
+    with pytest.raises(GgufError, match="tensor name longer than 256 bytes"):
+        read_bytes(tmp_path, header(1, 0, body))
+
+
+def test_metadata_kept_in_memory_is_capped(tmp_path):
+    # 17 string values of 64 KiB (each kept: a chat template is that size at most) pass 1 MiB.
+    value = b"t" * 2**16
+    body = b"".join(kv_string(f"k{i:02d}", len(value), value) for i in range(17))
+    with pytest.raises(GgufError, match="more than 1048576 bytes of metadata to keep"):
+        read_bytes(tmp_path, header(0, 17, body))
+
+
+def test_a_read_past_its_deadline_ends_itself(tmp_path):
+    path = sparse(tmp_path, header(0, 1, kv_string("k", 4, b"four")), size=4096)
+    with pytest.raises(GgufTimeout, match=r"header read past its deadline"):
+        read_header(str(path), deadline=time.monotonic() - 1)
+    with pytest.raises(GgufTimeout):
+        read_model(str(path), deadline=time.monotonic() - 1)
+
+
+def _within(seconds: float, fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) in a thread; fails the test (instead of hanging it) if it takes longer."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn.__name__} still blocked after {seconds}s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+def test_a_fifo_or_a_device_is_not_opened_for_reading(tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)  # no writer: a plain open() would wait forever
+    with pytest.raises(GgufError, match=rf"^{fifo}: not a regular file$"):
+        _within(5, read_model, str(fifo))
+    zero = tmp_path / "zero.gguf"
+    zero.symlink_to("/dev/zero")  # would stream zeros without end
+    with pytest.raises(GgufError, match=rf"^{zero}: not a regular file$"):
+        _within(5, read_model, str(zero))
+    assert isinstance(_within(5, read_header, str(testdata.smollm2())), ours.Header)
+
+
+def test_a_symlinked_model_is_read_as_a_hugging_face_cache_links_it(tmp_path):
+    link = tmp_path / "snapshots" / "model.gguf"
+    link.parent.mkdir()
+    link.symlink_to(testdata.smollm2())
+    assert len(read_model(str(link)).tensors) == 272
+
+
+def test_a_bad_file_is_not_parsed_again_until_it_changes(tmp_path):
+    cache = HeaderCache()
+    bad = header(2**60, 0) + bytes(64)
+    path = sparse(tmp_path, bad, size=len(bad))
+    with pytest.raises(GgufError, match="tensor count"):
+        read_model(str(path), cache=cache)
+    # Sound bytes behind the same identity (size, mtime, inode): the cached answer stands.
+    st = path.stat()
+    good = header(0, 0) + bytes(len(bad) - 24)
+    with open(path, "r+b") as f:
+        f.write(good)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(GgufError, match="tensor count"):
+        read_model(str(path), cache=cache)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # now it changed
+    assert read_model(str(path), cache=cache).tensors == ()
+
+
+def test_the_header_cache_is_bounded_by_what_it_holds(tmp_path):
+    cache = HeaderCache(max_cost=200_000)
+    head = testdata.smollm2().read_bytes()[: 2**21]  # 272 tensors: ~150 kB of Python each
+    for i in range(50):
+        p = tmp_path / f"m{i}.gguf"
+        p.write_bytes(head)
+        read_model(str(p), cache=cache)
+    assert len(cache._items) == 1
 
 
 # --- fuzzing ---------------------------------------------------------------------------

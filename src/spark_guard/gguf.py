@@ -12,14 +12,27 @@ against the bytes left in the file before anything is read for it, strings
 longer than the file are refused, arrays nest at most MAX_DEPTH deep, and
 big arrays (a vocabulary of 250,000 tokens) are skipped, keeping only their
 length. Split models (NAME-00001-of-00003.gguf) are read shard by shard.
+
+The bytes left in a file are no bound at all for a sparse file (1 TiB costs
+its owner a few kB of disk), so the reader also holds absolute caps that no
+file size lifts: the header ends within MAX_HEADER bytes, at most
+MAX_TENSORS tensors and MAX_METADATA keys, at most MAX_KEPT bytes of
+metadata kept in memory, and a deadline, checked as it goes, for the whole
+read. The file is opened O_NONBLOCK and must be a regular file (a FIFO
+would block open() forever, a device would stream without end); symlinks
+are followed (Hugging Face caches are symlinks), so the caller decides
+whose rights the open runs with (foresight.py: the unit owner's).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"GGUF"
@@ -30,6 +43,25 @@ MAX_KEY = 1 << 16  # GGUF keys are at most 65535 bytes
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 48  # per tensor, and the largest offset: far past any real model
 CHUNK = 1 << 20
+
+# Absolute caps, whatever the file's size claims. Measured on real files (tests/testdata.py):
+# the biggest header is Gemma 4's vocabulary (262,144 tokens and their merges) at 15.8 MB, read
+# in 80 ms here; metadata runs to 14-46 keys; DeepSeek-V3 and Kimi-K2 (61 layers, experts
+# merged per layer, as llama.cpp has written them since 2024) hold about 1,000-1,100 tensors,
+# Qwen3-235B-A22B about 1,100, and the largest lists seen (a few thousand) come from splits
+# of such models. Each cap leaves a wide margin over those and still bounds what a hostile
+# header can cost: a few MB of memory and a fraction of a second.
+MAX_HEADER = 64 << 20  # bytes read or skipped before the tensor data: 4x Gemma 4's 15.8 MB
+MAX_TENSORS = 1 << 14  # 16,384 per file and per model: 15x DeepSeek-V3, and old GGUFs with
+# one tensor per expert (Snowflake Arctic: 35 layers x 128 experts x 3 = 13,440) still fit;
+# at ~300 bytes of Python objects each, the list costs at most ~5 MB
+MAX_METADATA = 1 << 12  # 4,096 keys per file: ~100x the 46 of the richest real header
+MAX_NAME = 256  # tensor name bytes; llama.cpp itself refuses names of 64 (GGML_MAX_NAME) or more
+MAX_KEPT = 1 << 20  # metadata bytes kept in memory (keys, strings, 8 per kept array element):
+# the 20 real headers of the tests keep at most 14 kB (chat templates are the bulk)
+MAX_SHARDS = 4096  # a split model's files (gguf-split's 5-digit names allow 99,999)
+READ_SECONDS = 10.0  # one model, all shards: local reads take 3-80 ms a file (see above); the
+# rest is room for a cold disk or a slow network mount, not for a header that never ends
 
 # ggml type -> (elements per block, bytes per block); checked against gguf-py in the tests.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
@@ -91,6 +123,27 @@ class GgufError(ValueError):
     """Not a readable GGUF header; str() is 'FILE: problem'."""
 
 
+class GgufUnreadable(GgufError):
+    """The file could not be read (an I/O error): nothing said about what is in it."""
+
+
+class GgufTimeout(GgufError):
+    """The read went past its deadline."""
+
+
+class GgufOpenError(GgufUnreadable):
+    """The file could not be opened at all (missing, no permission, ...): `errno` says why.
+
+    Kept apart so that a caller reading for someone else can give one answer for
+    every reason, and so tell no one which paths exist where they cannot look.
+    """
+
+    def __init__(self, path: str, err: OSError) -> None:
+        super().__init__(f"{path}: cannot open: {err.strerror}")
+        self.path = path
+        self.errno: int | None = err.errno
+
+
 @dataclass(frozen=True)
 class SkippedArray:
     """An array too long to keep: its element type and length."""
@@ -132,6 +185,7 @@ class Header:
     data_offset: int
     file_size: int
     big_endian: bool = False
+    cost: int = field(default=0, compare=False)  # rough bytes of memory it holds, for caches
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -156,8 +210,10 @@ class _Reader:
     path: str
     fd: int
     size: int
+    deadline: float | None = None  # time.monotonic() by which the read must be over
     pos: int = 0
     endian: str = "<"
+    kept: int = 0  # metadata bytes kept so far, against MAX_KEPT
     _buf: bytes = b""
     _buf_at: int = 0
 
@@ -167,9 +223,24 @@ class _Reader:
     def left(self) -> int:
         return self.size - self.pos
 
+    def tick(self) -> None:
+        """Called as the read goes on: past the deadline, it ends here."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise GgufTimeout(f"{self.path}: at byte {self.pos}: header read past its deadline")
+
+    def keep(self, n: int) -> None:
+        self.kept += n
+        if self.kept > MAX_KEPT:
+            raise self.fail(f"more than {MAX_KEPT} bytes of metadata to keep")
+
+    def _within_header(self, end: int) -> None:
+        if end > MAX_HEADER:
+            raise self.fail(f"header runs past {MAX_HEADER} bytes (no real model's is that big)")
+
     def take(self, n: int) -> bytes:
         if n < 0 or n > self.left():
             raise self.fail(f"needs {n} bytes, only {self.left()} left in the file")
+        self._within_header(self.pos + n)
         start = self.pos - self._buf_at
         if start < 0 or start + n > len(self._buf):
             if n > CHUNK:
@@ -189,6 +260,7 @@ class _Reader:
     def skip(self, n: int) -> None:
         if n < 0 or n > self.left():
             raise self.fail(f"needs {n} bytes, only {self.left()} left in the file")
+        self._within_header(self.pos + n)
         self.pos += n
 
     def _skip_strings(self, n: int) -> None:
@@ -200,6 +272,7 @@ class _Reader:
         unpack = struct.Struct(self.endian + "Q").unpack_from
         pos, fd = self.pos, self.fd
         while n:
+            self.tick()
             buf = os.pread(fd, CHUNK, pos)
             limit = len(buf) - 8
             if limit < 0:
@@ -216,6 +289,9 @@ class _Reader:
             if pos > self.size:
                 self.pos = self.size
                 raise self.fail("string in an array is longer than the file")
+            if pos > MAX_HEADER:
+                self.pos = pos
+                self._within_header(pos)
         self.pos = pos
         self._buf, self._buf_at = b"", 0
 
@@ -228,20 +304,27 @@ class _Reader:
     def u64(self) -> int:
         return int(self.scalar("Q", 8))
 
-    def count(self, what: str, min_each: int) -> int:
+    def count(self, what: str, min_each: int, cap: int | None = None) -> int:
         n = self.u64()
         if n * min_each > self.left():
             raise self.fail(f"{what} count {n} cannot fit in the {self.left()} bytes left")
+        if cap is not None and n > cap:
+            raise self.fail(f"{what} count {n} is over the limit of {cap}")
+        if self.pos + n * min_each > MAX_HEADER:
+            raise self.fail(f"{what} count {n} cannot fit in a header of {MAX_HEADER} bytes")
         return n
 
-    def string(self, limit: int | None = None) -> str | None:
-        """A string; None (skipped) when longer than `limit`."""
+    def string(self, limit: int | None = None, *, keep: bool = True) -> str | None:
+        """A string; None (skipped) when longer than `limit`. `keep`: count it against MAX_KEPT
+        (tensor names are bounded by MAX_TENSORS x MAX_NAME instead)."""
         n = self.u64()
         if n > self.left():
             raise self.fail(f"string of {n} bytes is longer than the {self.left()} bytes left")
         if limit is not None and n > limit:
             self.skip(n)
             return None
+        if keep:
+            self.keep(n)
         return self.take(n).decode("utf-8", errors="replace")
 
     def value(self, vtype: int, depth: int = 0) -> Any:
@@ -253,6 +336,7 @@ class _Reader:
         if vtype == _ARRAY:
             if depth >= MAX_DEPTH:
                 raise self.fail(f"arrays nested deeper than {MAX_DEPTH}")
+            self.tick()
             etype = self.u32()
             esize = _SCALARS[etype][1] if etype in _SCALARS else 8  # strings, arrays: >= 8
             if etype not in _SCALARS and etype not in (_STRING, _ARRAY):
@@ -261,6 +345,7 @@ class _Reader:
             if n > KEEP_ARRAY or (etype == _STRING and n > 64):
                 self._skip_array(etype, n, depth)
                 return SkippedArray(etype, n)
+            self.keep(8 * n)
             if etype in _SCALARS:
                 code, size = _SCALARS[etype]
                 return list(struct.unpack(f"{self.endian}{n}{code}", self.take(n * size)))
@@ -277,20 +362,55 @@ class _Reader:
                 self.value(_ARRAY, depth + 1)
 
 
-def read_header(path: str) -> Header:
-    """One GGUF file's header; GgufError for anything that is not a sound one."""
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """An fd for a regular file and its stat; a FIFO, device or directory is refused.
+
+    O_NONBLOCK: the open of a FIFO returns at once instead of waiting for a writer
+    (on a regular file the flag changes nothing); fstat then says what was opened.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
-        raise GgufError(f"{path}: cannot open: {e.strerror}") from None
+        raise GgufOpenError(path, e) from None
     try:
-        size = os.fstat(fd).st_size
-        r = _Reader(path, fd, size)
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise GgufUnreadable(f"{path}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise GgufError(f"{path}: not a regular file")
+    return fd, st
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What says a file is still the one read: device, inode, size and mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_header(
+    path: str,
+    *,
+    deadline: float | None = None,
+    opened: tuple[int, os.stat_result] | None = None,
+) -> Header:
+    """One GGUF file's header; GgufError for anything that is not a sound one.
+
+    `deadline` (time.monotonic()) defaults to READ_SECONDS from now. `opened`: an
+    fd from open_regular() (not closed here) and its stat, for a caller that
+    looked at the file's identity first.
+    """
+    if deadline is None:
+        deadline = time.monotonic() + READ_SECONDS
+    fd, st = opened if opened is not None else open_regular(path)
+    try:
+        r = _Reader(path, fd, st.st_size, deadline)
         return _parse(r)
     except OSError as e:
-        raise GgufError(f"{path}: cannot read: {e.strerror}") from None
+        raise GgufUnreadable(f"{path}: cannot read: {e.strerror}") from None
     finally:
-        os.close(fd)
+        if opened is None:
+            os.close(fd)
 
 
 def _parse(r: _Reader) -> Header:
@@ -304,19 +424,21 @@ def _parse(r: _Reader) -> Header:
         raise GgufError(f"{r.path}: GGUF version 1 is not supported (convert it again)")
     if version not in (2, 3):
         raise GgufError(f"{r.path}: unknown GGUF version {version}")
-    n_tensors = r.count("tensor", 8 + 4 + 8 + 4 + 8)
-    n_kv = r.count("metadata", 8 + 1 + 4 + 1)
+    n_tensors = r.count("tensor", 8 + 4 + 8 + 4 + 8, MAX_TENSORS)
+    n_kv = r.count("metadata", 8 + 1 + 4 + 1, MAX_METADATA)
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
+        r.tick()
         key = r.string(MAX_KEY)
         if key is None:
             raise r.fail(f"metadata key longer than {MAX_KEY} bytes")
         metadata[key] = r.value(r.u32())
     tensors = []
     for _ in range(n_tensors):
-        name = r.string(MAX_KEY)
+        r.tick()
+        name = r.string(MAX_NAME, keep=False)
         if name is None:
-            raise r.fail(f"tensor name longer than {MAX_KEY} bytes")
+            raise r.fail(f"tensor name longer than {MAX_NAME} bytes")
         n_dims = r.u32()
         if n_dims > MAX_DIMS:
             raise r.fail(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
@@ -331,14 +453,17 @@ def _parse(r: _Reader) -> Header:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise GgufError(f"{r.path}: general.alignment {alignment!r} is not a power of two")
     data_offset = -(-r.pos // alignment) * alignment
-    return Header(r.path, version, metadata, tuple(tensors), data_offset, r.size, r.endian == ">")
+    cost = r.kept + 512 * len(tensors)  # a Tensor, its name and dims: a few hundred bytes
+    return Header(
+        r.path, version, metadata, tuple(tensors), data_offset, r.size, r.endian == ">", cost
+    )
 
 
 def shard_paths(path: str) -> list[str]:
     """All shards of a split model, given any one; [path] for a single file."""
     m = _SHARD.match(os.path.basename(path))
-    if not m:
-        return [path]
+    if not m or not 1 <= int(m.group("no")) <= int(m.group("count")):
+        return [path]  # not a shard name llama.cpp would write ("-00001-of-00000")
     count = int(m.group("count"))
     stem = os.path.join(os.path.dirname(path), m.group("stem"))
     return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
@@ -362,9 +487,90 @@ class Model:
         return str(self.metadata.get("general.architecture", ""))
 
 
-def read_model(path: str) -> Model:
+Ident = tuple[int, int, int, int]
+
+
+def _cost(item: Header | GgufError) -> int:
+    return max(item.cost, 1) if isinstance(item, Header) else 256 + len(str(item))
+
+
+class HeaderCache:
+    """Headers, and the problems of files that are not sound ones, by path and identity.
+
+    Bounded by what the entries hold (Header.cost), not by their number: a hostile
+    header costs far more than a real one. A file that failed is not parsed again
+    until it changes. Safe to share between threads.
+    """
+
+    def __init__(self, max_cost: int = 16 << 20) -> None:
+        self.max_cost = max_cost
+        self._items: dict[tuple[str, Ident], Header | GgufError] = {}
+        self._cost = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: str, ident: Ident) -> Header | GgufError | None:
+        with self._lock:
+            item = self._items.pop((path, ident), None)
+            if item is not None:
+                self._items[(path, ident)] = item  # most recently used last
+            return item
+
+    def put(self, path: str, ident: Ident, item: Header | GgufError) -> None:
+        cost = _cost(item)
+        if cost > self.max_cost:
+            return
+        with self._lock:
+            # The same path at another identity is a file that changed: drop what it was.
+            for key in [k for k in self._items if k[0] == path]:
+                self._cost -= _cost(self._items.pop(key))
+            while self._items and self._cost + cost > self.max_cost:
+                self._cost -= _cost(self._items.pop(next(iter(self._items))))
+            self._items[(path, ident)] = item
+            self._cost += cost
+
+
+def read_model(
+    path: str, *, deadline: float | None = None, cache: HeaderCache | None = None
+) -> Model:
+    """A model, all its shards; GgufError for the first problem, naming its file.
+
+    `deadline` (time.monotonic()) is for all shards together, READ_SECONDS from now
+    by default. With `cache`, a shard whose identity (device, inode, size, mtime) is
+    unchanged is not parsed again; it is still opened, with the caller's rights.
+    """
+    if deadline is None:
+        deadline = time.monotonic() + READ_SECONDS
     paths = shard_paths(path)
-    headers = [read_header(p) for p in paths]
+    if len(paths) > MAX_SHARDS:
+        raise GgufError(f"{path}: split into {len(paths)} files (at most {MAX_SHARDS})")
+    headers = []
+    n_tensors = 0
+    for p in paths:
+        if time.monotonic() > deadline:
+            raise GgufTimeout(f"{p}: header read past its deadline")
+        fd, st = open_regular(p)
+        try:
+            ident = identity(st)
+            h = cache.get(p, ident) if cache is not None else None
+            if isinstance(h, GgufError):
+                raise GgufError(str(h)) from None  # a fresh one: a re-raise grows its traceback
+            if h is None:
+                try:
+                    h = read_header(p, deadline=deadline, opened=(fd, st))
+                except (GgufUnreadable, GgufTimeout):
+                    raise  # may read fine later: not remembered
+                except GgufError as e:
+                    if cache is not None:
+                        cache.put(p, ident, GgufError(str(e)))  # the same until it changes
+                    raise
+                if cache is not None:
+                    cache.put(p, ident, h)
+        finally:
+            os.close(fd)
+        n_tensors += len(h.tensors)
+        if n_tensors > MAX_TENSORS:
+            raise GgufError(f"{p}: the model's shards hold over {MAX_TENSORS} tensors")
+        headers.append(h)
     first = headers[0]
     declared = first.get("split.count")
     if declared is not None and declared != len(paths):
