@@ -267,7 +267,10 @@ class Enforcer:
                 record.cgroup = manager.unit_control_group(record.unit)
         record.mask_path = os.path.join(control, record.unit)
         # A mask someone else laid stays theirs: release leaves it.
-        record.mask_made = not present(record.mask_path, who)
+        try:
+            record.mask_made = not present(record.mask_path, who)
+        except UnitFileError:
+            record.mask_made = True  # the way there is not theirs: the mask step says so
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
         record.step = "disable"
 
