@@ -6,8 +6,9 @@ re-reads its units. For a user's manager all of it is done with that
 user's file rights, inside their runtime dir (the mask) and their home from
 passwd (the links): whatever they swapped for a symlink is refused, and what
 is made is theirs. If something else now sits where a link was, or the way
-to the mask or a link is no longer theirs, nothing is changed for that unit
-and the conflict is named.
+to a link is no longer theirs, nothing is changed for that unit and the
+conflict is named; a mask whose way is no longer theirs is not ours any
+more, and is left alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from .records import Record, RecordStore
 from .snapshot import SYSTEM, parse_ref
 from .unitfiles import (
     UnitFileError,
-    mask_conflict,
     owner,
     remove_mask,
     restore_conflict,
@@ -72,14 +72,17 @@ def release(record: Record, store: RecordStore, system_socket: str, user_runtime
         except UnitFileError as e:
             raise ReleaseError(f"{current.ref}: not released, {e}") from None
         removed = [lr for lr in current.links if lr.removed]
-        ours = bool(current.mask_made and current.mask_path)
         conflicts = [c for lr in removed if (c := restore_conflict(lr.link, who))]
-        if ours and (c := mask_conflict(current.mask_path, who)):
-            conflicts.insert(0, c)
         if conflicts:
             raise ReleaseError(f"{current.ref}: not released, " + "; ".join(conflicts))
+        mask_removed = False
+        if current.mask_made and current.mask_path:
+            try:
+                mask_removed = remove_mask(current.mask_path, who)
+            except UnitFileError as e:
+                # The way to it was swapped since: ours is not there, what is there is not ours.
+                current.note(f"mask left alone: {e}")
         try:
-            mask_removed = ours and remove_mask(current.mask_path, who)
             restored = [lr.path for lr in removed if restore_link(lr.link, who)]
         except (UnitFileError, OSError) as e:
             raise ReleaseError(f"{current.ref}: {e}") from None

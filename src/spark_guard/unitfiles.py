@@ -177,24 +177,12 @@ def lay_mask(path: str, who: Owner) -> bool:
         raise UnitFileError(_why(e)) from None
 
 
-def mask_conflict(path: str, who: Owner) -> str | None:
-    """Why the mask at `path` cannot be looked at safely now (a directory on the way
-    swapped for a symlink, ...), or None: there, gone, or replaced (then left alone)."""
-    try:
-        _runtime(path, who).readlink(path)
-    except UnitFileError as e:
-        return str(e)
-    except UnsafePath as e:
-        if e.errno == errno.EEXIST:
-            return None  # not a symlink any more: not ours, left alone
-        return _why(e)
-    except OSError as e:
-        return _why(e)
-    return None
-
-
 def remove_mask(path: str, who: Owner) -> bool:
-    """Remove our mask link; False (untouched) unless it still points to /dev/null."""
+    """Remove our mask link; False (untouched) unless it still points to /dev/null.
+
+    UnitFileError when the way there is no longer the owner's (a directory swapped
+    for a symlink): whatever is there now is not the mask we laid.
+    """
     tree = _runtime(path, who)
     try:
         return tree.unlink_link(path, NULL)
