@@ -138,17 +138,32 @@ def test_named_is_not_loaded():
 
 
 def test_command_lines_are_bounded_and_read_once():
-    from spark_guard.classify import ARGV_MAX_ARGS, ARGV_MAX_BYTES, CommandLine, command_line
+    from spark_guard.classify import (
+        ARGV_MAX_ARGS,
+        ARGV_MAX_BYTES,
+        SHELL_SPLIT_MAX,
+        CommandLine,
+        command_line,
+    )
 
     many = CommandLine(("llama-server", *(["-v"] * 5000)))
     assert len(many) == ARGV_MAX_ARGS
     huge = CommandLine(("llama-server", "-m", "/m.gguf", "x" * ARGV_MAX_BYTES))
     assert huge == ("llama-server", "-m", "/m.gguf")  # the argument past the limit is left out
     assert command_line(huge) is huge
-    # A 60 kB shell script: split on whitespace past the shell budget, read by loadspec.
+    # Plain argv (audit's, dump's) is read once in classify() and kept on the loader.
+    loader = classify(usage("x.service", exec_start=(("llama-server", "-m", "/m.gguf"),)), C)
+    assert isinstance(loader.usage.exec_start[0], CommandLine)
+    assert loader.usage.exec_start == (("llama-server", "-m", "/m.gguf"),)
+    # A 60 kB shell script: split on whitespace past the shell budget, and not read as a
+    # loader's (shlex would take 35 ms); a loader's script is a line, and is read.
     script = "exec llama-server -m /m.gguf " + "'a b' " * 10_000
     line = CommandLine(("sh", "-c", script))
-    assert line.loads == "/m.gguf" and ("llama-server", False) in line.programs
+    assert line.loads is None and line.named == ("/m.gguf",)
+    assert ("llama-server", False) in line.programs
+    short = CommandLine(("sh", "-c", script[: 29 + 6 * 1000]))  # 6 kB, whole quotes
+    assert len(short[2]) < SHELL_SPLIT_MAX
+    assert short.loads == "/m.gguf"
 
 
 def test_evidence_shows_hostile_paths_inert():

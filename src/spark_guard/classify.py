@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from .config import Config
@@ -66,11 +67,14 @@ def bounded(argv: Iterable[str]) -> tuple[str, ...]:
 
 
 def _tokens(argv: Sequence[str]) -> list[str]:
-    """Arguments, with shell-wrapped command strings (sh -c '...') split too."""
+    """Arguments, with shell-wrapped command strings (sh -c '...') split too; the first
+    ARGV_MAX_ARGS of them (a loader names itself and its model well before that)."""
     out: list[str] = []
     budget = SHELL_SPLIT_MAX
     prev = ""
     for arg in argv:
+        if len(out) >= ARGV_MAX_ARGS:
+            break
         # The value of -m/--model is one path, spaces and all ("DeepSeek V4.gguf").
         value = prev in _MODEL_FLAGS or arg.partition("=")[0] in _MODEL_FLAGS
         prev = arg
@@ -85,7 +89,7 @@ def _tokens(argv: Sequence[str]) -> list[str]:
             except ValueError:
                 pass
         out.append(arg)
-    return out
+    return out[:ARGV_MAX_ARGS]
 
 
 def _named(tokens: Sequence[str]) -> list[str]:
@@ -111,9 +115,17 @@ def _programs(tokens: Sequence[str]) -> tuple[tuple[str, bool], ...]:
 
 
 def _loads(argv: Sequence[str]) -> str | None:
-    """The model a known loader's command line loads (llama.cpp's -m), by loadspec's reading."""
+    """The model a known loader's command line loads (llama.cpp's -m), by loadspec's reading.
+
+    loadspec splits a `sh -c` script with shlex: a script longer than SHELL_SPLIT_MAX is
+    not read as a loader's (a loader's is a line; a user's 64 KiB one costs 35 ms).
+    """
+    args = [
+        "" if i and argv[i - 1] == "-c" and len(arg) > SHELL_SPLIT_MAX else arg
+        for i, arg in enumerate(argv)
+    ]
     try:
-        spec = parse(argv)
+        spec = parse(args)
     except SpecError:
         return None  # a loader that cannot start loads nothing
     return canonical_model(spec.model) if spec is not None and spec.model else None
@@ -213,6 +225,10 @@ def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None
         evidence.append(f"mapped:{printable(usage.mapped_models[0], SHOWN_PATH_MAX)}")
     if not evidence:
         return None
+    if any(a is not b for a, b in zip(lines, usage.exec_start + usage.cmdlines, strict=True)):
+        # Plain argv (a one-shot command's): keep what was read, so no one reads it again.
+        n = len(usage.exec_start)
+        usage = replace(usage, exec_start=tuple(lines[:n]), cmdlines=tuple(lines[n:]))
     # Every model it names or loads, for display; the duplicate rule asks loaded_models().
     models = tuple(dict.fromkeys(named + loads + [canonical_model(m) for m in usage.mapped_models]))
     # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
