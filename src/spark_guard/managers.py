@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .procfs import ProcFS
-from .safefs import Tree, UnsafePath
+from .safefs import Tree, UnsafePath, anchor_stat
 from .snapshot import SYSTEM, valid_unit_name
 
 _DEST = b"org.freedesktop.systemd1"
@@ -158,12 +158,15 @@ class Manager:
             return
         directory, name = os.path.split(self.socket_path)
         # <user_runtime>/UID/systemd/private: the anchor is the root-owned runtime root.
-        tree = Tree(os.path.dirname(os.path.dirname(directory)), self.uid)
+        runtime = os.path.dirname(directory)
         try:
+            tree = Tree(os.path.dirname(runtime), self.uid, anchor_stat(runtime).st_gid)
             with tree.directory(directory) as fd:
                 yield f"/proc/self/fd/{fd}/{name}"
         except UnsafePath as e:
             raise ManagerUntrusted(f"{self.key}: {e}") from None
+        except OSError as e:  # gone meanwhile: a logout
+            raise ManagerError(f"{self.key}: {self.socket_path}: {e.strerror}") from None
 
     def _verify(self, system: Manager | None) -> None:
         """The peer must be uid UID, running as the manager of user@UID.service.
@@ -218,23 +221,6 @@ class Manager:
     @property
     def uid(self) -> int:
         return 0 if self.key == SYSTEM else int(self.key.split(":", 1)[1])
-
-    @property
-    def runtime_control_dir(self) -> str | None:
-        """Where a runtime mask beats every unit file: /run/systemd/system.control, or
-        $XDG_RUNTIME_DIR/systemd/user.control. It sits next to the 'transient' dir.
-
-        A mask in the plain runtime dir (what `systemctl mask --runtime` writes)
-        loses against /etc/systemd/system and ~/.config/systemd/user.
-        """
-        dirs = self.unit_path_dirs
-        transient = next((d for d in dirs if os.path.basename(d) == "transient"), None)
-        if transient is None:
-            return None
-        parent = os.path.dirname(transient)
-        return next(
-            (d for d in dirs if d.endswith(".control") and os.path.dirname(d) == parent), None
-        )
 
     def close(self) -> None:
         if self._bus is not None:
