@@ -24,6 +24,7 @@ from .act import Actuator
 from .cgroupfs import cpu_seconds, v2_root
 from .config import Config, ConfigError, format_size
 from .enforce import Enforcer
+from .foresight import PENDING
 from .memlock import mlockall
 from .metrics import TextfileWriter
 from .policy import STEADY, decide, full_look_due, poll_interval
@@ -104,6 +105,8 @@ class Guard:
         # Built once: the loop only waits on it.
         self._poller = select.poll()
         self._poller.register(self._wake_r, select.POLLIN)
+        # Models are read off the loop (foresight.py); an answer wakes it for a full look.
+        self.sensor.predictor.on_ready = self._model_read
 
     # --- signals --------------------------------------------------------------
 
@@ -112,6 +115,12 @@ class Guard:
 
     def _on_hup(self, signum: int, _frame: FrameType | None) -> None:
         self._reload = True
+
+    def _model_read(self) -> None:
+        """From the model reader's thread: a prediction is in, the next pass takes it now."""
+        self._force_full = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"m")
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -186,7 +195,9 @@ class Guard:
             self.sensor.boot_over = True
             self.log.info("phase-changed", phase=STEADY, msg="boot phase over: steady")
         for loader in decision.loaders:
-            if loader.ref not in self.seen_loaders:
+            if loader.ref not in self.seen_loaders and loader.usage.prediction != PENDING:
+                # (While its model is read, the trend guards it; it is told once the read
+                # has answered, with the footprint or why there is none: a pass later.)
                 self.seen_loaders.add(loader.ref)
                 self.log.info(
                     "loader-seen",

@@ -478,6 +478,7 @@ class Model:
     tensors: tuple[Tensor, ...]
     tensor_bytes: int
     shards: int
+    cost: int = field(default=0, compare=False)  # rough bytes of memory it holds, for caches
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -582,4 +583,5 @@ def read_model(
         tensors=tensors,
         tensor_bytes=sum(h.tensor_bytes for h in headers),
         shards=len(paths),
+        cost=sum(h.cost for h in headers) + 8 * len(tensors),
     )

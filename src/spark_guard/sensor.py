@@ -14,7 +14,7 @@ from typing import Any
 
 from .classify import CommandLine, is_protected
 from .config import Config
-from .foresight import Prediction, Predictor, parse_environment
+from .foresight import Prediction, Predictor, owner_of, parse_environment
 from .gpu import GpuUnavailable, Nvml
 from .managers import (
     Manager,
@@ -66,6 +66,8 @@ class Sensor:
         self._untrusted: dict[str, tuple[float, str]] = {}  # key -> (retry at, why)
         self.gpu = Nvml()
         self.predictor = Predictor()
+        # The loop never waits on a model read; a command (sense_once) does, up to its deadline.
+        self.wait_for_models = False
         self._gpu_next_try = 0.0
         self._gpu_warned = False
         self.started = clock()
@@ -320,10 +322,17 @@ class Sensor:
                 cache.details = UnitDetails((), None)
         if not cache.predicted:
             # Once per run: the command line and the model's header do not change under it.
-            cache.predicted = True
+            # The model is read off the loop, with the unit owner's rights (foresight.py):
+            # while that read is on, the prediction is pending (None: the trend guards the
+            # unit) and the next pass asks again; the loop never waits for it.
             cache.prediction = self.predictor.predict(
-                cache.details.exec_start, parse_environment(cache.details.environment), mem_total
+                cache.details.exec_start,
+                parse_environment(cache.details.environment),
+                mem_total,
+                owner=owner_of(ref.manager),
+                wait=self.wait_for_models,
             )
+            cache.predicted = cache.prediction is None or not cache.prediction.pending
         if cache.commands is None:
             cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
         cmdlines: list[CommandLine] = []
@@ -385,6 +394,7 @@ class Sensor:
         return tuple(out)
 
     def close(self) -> None:
+        self.predictor.close()
         for key in list(self.managers):
             self.managers.pop(key).close()
         self.gpu.stop()
@@ -393,6 +403,7 @@ class Sensor:
 def sense_once(config: Config, log: Any) -> tuple[Snapshot, UnitRef | None]:
     """One snapshot for a command (dump, preflight, audit), and the unit it runs in."""
     sensor = Sensor(config, log)
+    sensor.wait_for_models = True
     try:
         sensor.refresh_managers()
         return sensor.snapshot(), sensor.guard_unit
