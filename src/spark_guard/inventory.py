@@ -4,7 +4,11 @@ From each running manager (PID 1 and every user manager) over its private
 socket: loaded units and unit files, and for services, the settings an audit
 checks. Users with linger whose manager is not running (yet) are read from
 their unit files on disk, so a loader that will start at the next boot is
-seen today. Sensing only: the judgement is audit.py's.
+seen today. Those files are the user's: they are listed and read with the
+user's own file rights (safefs.as_user), only as regular files and only up
+to UNIT_FILE_MAX bytes, so a unit file linked to /dev/zero, a FIFO or a
+file that never ends is one error line in the report, not a hang or an
+exhausted memory. Sensing only: the judgement is audit.py's.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from typing import Any
 from .classify import classify
 from .config import Config
 from .managers import Manager, ManagerError, discover
+from .safefs import UnsafePath, as_user, read_regular
 from .snapshot import SYSTEM, UnitRef, UnitUsage, parse_ref
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
+UNIT_FILE_MAX = 1 << 20  # a unit file or drop-in: real ones hold a few kB
+DIR_ENTRIES_MAX = 4096  # entries read from one of a user's unit directories
 
 
 @dataclass(frozen=True)
@@ -186,38 +193,78 @@ def _size(value: str) -> int:
         return INFINITY
 
 
+class _UserFiles:
+    """A user's unit directories, listed and read with that user's rights, bounded."""
+
+    def __init__(self, user: pwd.struct_passwd, inv: Inventory) -> None:
+        self.uid, self.gid = user.pw_uid, user.pw_gid
+        self.inv = inv
+
+    def _problem(self, path: str, e: OSError) -> None:
+        if isinstance(e, UnsafePath):  # its text names the path already
+            self.inv.errors.append(f"{e.strerror} (not read)")
+        else:
+            self.inv.errors.append(f"{path}: {e.strerror}")
+
+    def listdir(self, path: str, *, quiet: bool = True) -> list[str]:
+        """Its entries, sorted; [] when it is not there (said unless `quiet`)."""
+        names: list[str] = []
+        try:
+            with as_user(self.uid, self.gid), os.scandir(path) as it:
+                for entry in it:
+                    if len(names) >= DIR_ENTRIES_MAX:
+                        self.inv.errors.append(
+                            f"{path}: more than {DIR_ENTRIES_MAX} entries; the rest not read"
+                        )
+                        break
+                    names.append(entry.name)
+        except OSError as e:
+            if not quiet or not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+                self._problem(path, e)
+        return sorted(names)
+
+    def isdir(self, path: str) -> bool:
+        with as_user(self.uid, self.gid):
+            return os.path.isdir(path)
+
+    def read(self, path: str) -> str | None:
+        """A unit file's text; None (and an error line) when it is no regular file of sane size."""
+        try:
+            with as_user(self.uid, self.gid):
+                data = read_regular(path, UNIT_FILE_MAX + 1)
+        except OSError as e:
+            self._problem(path, e)
+            return None
+        if len(data) > UNIT_FILE_MAX:
+            self.inv.errors.append(f"{path}: larger than {UNIT_FILE_MAX} bytes (not read)")
+            return None
+        return data.decode("utf-8", errors="replace")
+
+
 def _from_files(user: pwd.struct_passwd, config: Config, inv: Inventory) -> None:
     key = f"user:{user.pw_uid}"
+    files = _UserFiles(user, inv)
     enabled: set[str] = set()
     sources: dict[str, str] = {}
     for rel in USER_UNIT_DIRS:
         d = os.path.join(user.pw_dir, rel)
-        try:
-            entries = sorted(os.listdir(d))
-        except OSError:
-            continue
-        for entry in entries:
+        for entry in files.listdir(d):
             path = os.path.join(d, entry)
-            if entry.endswith((".wants", ".requires")) and os.path.isdir(path):
-                enabled.update(os.listdir(path))
+            if entry.endswith((".wants", ".requires")) and files.isdir(path):
+                enabled.update(files.listdir(path, quiet=False))
             elif entry.endswith(".service") and "@." not in entry:
                 sources.setdefault(entry, path)  # ~/.config outranks ~/.local/share
     for name, path in sorted(sources.items()):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                unit = parse_unit_file(f.read())
-        except OSError as e:
-            inv.errors.append(f"{path}: {e.strerror}")
+        text = files.read(path)
+        if text is None:
             continue
+        unit = parse_unit_file(text)
         drop_dir = os.path.join(os.path.dirname(path), f"{name}.d")
-        if os.path.isdir(drop_dir):
-            for conf in sorted(os.listdir(drop_dir)):
-                if conf.endswith(".conf"):
-                    with open(
-                        os.path.join(drop_dir, conf), encoding="utf-8", errors="replace"
-                    ) as f:
-                        for k, v in parse_unit_file(f.read()).items():
-                            unit[k] = v if v else []
+        for conf in files.listdir(drop_dir):
+            if conf.endswith(".conf"):
+                more = files.read(os.path.join(drop_dir, conf))
+                for k, v in parse_unit_file(more or "").items():
+                    unit[k] = v if v else []
 
         def last(k: str, default: str = "", unit: dict[str, list[str]] = unit) -> str:
             values = unit.get(k) or [default]
