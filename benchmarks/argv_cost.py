@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/argv_cost.py [--procs 8] [--mib 1] [--repeat 5]
 
 A user's service runs --procs processes, each with a --mib MiB command line of
-short words (`sh -c 'exec -a llama sleep infinity' 'a a a ...'`), laid out as
+short words in 128 KiB arguments (`sh -c 'exec -a llama sleep infinity' 'a a
+a ...' ...`), then each with a 60 kB `sh -c` script, laid out as
 a /proc tree (cmdline, cgroup, statm) in a temporary directory. Measured, as
 the median of --repeat runs:
 
@@ -96,8 +97,10 @@ def _old_read(proc: str, pid: int) -> tuple[str, ...]:
 
 
 def huge_argument(mib: int) -> list[bytes]:
-    """A 1 MiB argument of short words after a shell command: what the bounds cut."""
-    return [b"sh", b"-c", b"exec -a llama sleep infinity", b"a " * (mib * 1024 * 1024 // 2)]
+    """MiBs of short words after a shell command, in 128 KiB arguments (execve's most for
+    one, MAX_ARG_STRLEN): what the bounds cut."""
+    words = [b"a " * (64 * 1024) for _ in range(mib * 8)]
+    return [b"sh", b"-c", b"exec -a llama sleep infinity", *words]
 
 
 def script_at_the_bound(_mib: int) -> list[bytes]:
@@ -199,7 +202,7 @@ def main() -> None:
     print("| each process's argv | argv handling | first pass (read, split, decide) | later pass |")
     print("|---|---|---|---|")
     for what, build in (
-        (f"{args.mib} MiB argument of short words", huge_argument),
+        (f"{args.mib} MiB of short words in 128 KiB arguments", huge_argument),
         ("60 kB `sh -c` script naming llama-server", script_at_the_bound),
     ):
         for name, first, later in measure(build(args.mib), args.procs, args.repeat, config):
