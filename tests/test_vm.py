@@ -55,12 +55,12 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         collect(vm, run)
         assert run.ssh_at_end, _why(run)
 
-        # One llama-server loads (whichever its manager started first); the duplicate is
+        # PID 1's llama-server loads, whichever started first; the user's copy is
         # stopped, masked and disabled, and never restarted. The idle server stays.
         loaders = {level: run.units[f"{level}:llama-server.service"] for level, _ in LOADERS}
         blocked = [lv for lv, u in loaders.items() if u.get("LoadState") == "masked"]
         loaded = [lv for lv, u in loaders.items() if u.get("ActiveState") == "active"]
-        assert len(blocked) == 1 and len(loaded) == 1, _why(run)
+        assert (blocked, loaded) == (["user"], ["system"]), _why(run)
         offender = loaders[blocked[0]]
         assert offender["ActiveState"] in ("inactive", "failed"), _why(run)
         assert offender["UnitFileState"] == "masked-runtime", _why(run)
