@@ -57,7 +57,7 @@ UNIT = """[Unit]
 Description={description}
 After=network.target
 [Service]
-ExecStart=/usr/bin/python3 /opt/fake-loader.py -m {model} --alloc {mib} --rate {rate}
+ExecStart={binary} -m {model} --alloc {mib} --rate {rate}
 Restart=on-failure
 [Install]
 WantedBy={target}
@@ -104,6 +104,11 @@ def prepare(vm: VM, protection: str, deb: Path | None) -> None:
     assert protection in PROTECTIONS, protection
     shutil.copy(HERE / "fake_loader.py", vm.path("/opt/fake-loader.py"))
     shutil.copy(HERE / "probe.py", vm.path("/opt/probe.py"))
+    # The loaders run under llama-server's name and flags, as in the incident: the guard
+    # reads their command lines as it reads a real server's.
+    server = vm.path("/usr/local/bin/llama-server")
+    server.write_text('#!/bin/sh\nexec /usr/bin/python3 /opt/fake-loader.py "$@"\n')
+    server.chmod(0o755)
     vm.path("/etc/systemd/system/probe.service").write_text(PROBE_UNIT)
     _enable(vm, "/etc/systemd/system/sysinit.target.wants", "/etc/systemd/system/probe.service")
     vm.path("/srv/models").mkdir(parents=True)
@@ -127,6 +132,9 @@ def prepare(vm: VM, protection: str, deb: Path | None) -> None:
         vm.path(unit).write_text(
             UNIT.format(
                 description=what,
+                binary="/usr/local/bin/llama-server"
+                if name == "llama-server"
+                else "/usr/bin/python3 /opt/fake-loader.py",
                 model=f"/srv/models/{model}.gguf",
                 mib=mib,
                 rate=rate,
