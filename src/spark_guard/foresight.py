@@ -12,7 +12,8 @@ guard runs as root: so a model is read
   the model header") until the answer is there; the commands wait for it,
   up to the deadline. A read that never returns (a syscall stuck in D
   state) is abandoned to its thread, and a new thread takes the next reads;
-  at most MAX_ABANDONED threads are ever left like that;
+  at most MAX_ABANDONED threads are ever left like that (then reads are
+  refused, "not read", until one of them comes back);
 - once per file and identity: headers (and the problems of bad files) are
   cached by path, device, inode, size and mtime; an answer is kept for a
   while by path (failures FAIL_RETRY, timeouts TIMEOUT_RETRY), so a unit

@@ -44,17 +44,17 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 48  # per tensor, and the largest offset: far past any real model
 CHUNK = 1 << 20
 
-# Absolute caps, whatever the file's size claims. Measured on real files (tests/testdata.py):
-# the biggest header is Gemma 4's vocabulary (262,144 tokens and their merges) at 15.8 MB, read
-# in 80 ms here; metadata runs to 14-46 keys; DeepSeek-V3 and Kimi-K2 (61 layers, experts
-# merged per layer, as llama.cpp has written them since 2024) hold about 1,000-1,100 tensors,
-# Qwen3-235B-A22B about 1,100, and the largest lists seen (a few thousand) come from splits
-# of such models. Each cap leaves a wide margin over those and still bounds what a hostile
-# header can cost: a few MB of memory and a fraction of a second.
+# Absolute caps, whatever the file's size claims. Measured on the real files of the tests
+# (tests/testdata.py): the biggest header is Gemma 4's vocabulary (262,144 tokens and their
+# merges) at 15.8 MB, read in 50-90 ms here; metadata runs to 14-46 keys. The biggest models
+# have about a thousand tensors: DeepSeek-V3 and Kimi-K2 (61 layers, experts merged into one
+# tensor per layer, as llama.cpp writes them) 1,000-1,100, Qwen3-235B-A22B (94 layers) about
+# 1,100. Each cap leaves a wide margin over those and still bounds what a hostile header can
+# cost: a few MB of memory and about a second of CPU (64 MiB of empty strings to skip).
 MAX_HEADER = 64 << 20  # bytes read or skipped before the tensor data: 4x Gemma 4's 15.8 MB
 MAX_TENSORS = 1 << 14  # 16,384 per file and per model: 15x DeepSeek-V3, and old GGUFs with
 # one tensor per expert (Snowflake Arctic: 35 layers x 128 experts x 3 = 13,440) still fit;
-# at ~300 bytes of Python objects each, the list costs at most ~5 MB
+# at ~325 bytes of Python objects each (measured), the list costs at most ~5 MB
 MAX_METADATA = 1 << 12  # 4,096 keys per file: ~100x the 46 of the richest real header
 MAX_NAME = 256  # tensor name bytes; llama.cpp itself refuses names of 64 (GGML_MAX_NAME) or more
 MAX_KEPT = 1 << 20  # metadata bytes kept in memory (keys, strings, 8 per kept array element):
