@@ -182,6 +182,7 @@ def _dump(path: Path, as_json: bool) -> int:
         return 1
     log_mod.configure("console", level="warning")
     sensor = Sensor(config, log_mod.get_logger())
+    sensor.wait_for_models = True  # a command waits for model headers (up to their deadline)
     try:
         sensor.refresh_managers()
         managers = sorted(sensor.managers)

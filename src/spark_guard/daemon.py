@@ -33,6 +33,7 @@ from .sensor import Sensor
 from .snapshot import Decision, Snapshot, UnitRef
 from .state import Publisher
 from .state import build as build_state
+from .text import printable
 
 # 2 s: the shortest window an unprivileged process may ask for (no CAP_SYS_RESOURCE).
 PSI_WINDOW_US = 2_000_000
@@ -319,7 +320,8 @@ class Guard:
         return pressure
 
     def _status(self, decision: Decision | None, snapshot: Snapshot | None) -> None:
-        line = self.status_line(decision, snapshot)
+        # One line for `systemctl status`: a config error or a unit can carry a user's text.
+        line = printable(self.status_line(decision, snapshot))
         if line != self._last_status:  # one datagram per change, not per pass
             self._last_status = line
             self.notifier.notify("STATUS=" + line)

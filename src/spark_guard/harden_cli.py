@@ -25,7 +25,7 @@ from typing import Any
 from . import config as config_mod
 from .classify import expected_footprint
 from .config import Config, ConfigError, format_size
-from .foresight import Predictor, parse_environment
+from .foresight import Predictor, owner_of, parse_environment
 from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
 from .managers import Manager, ManagerError, command_manager, connect_to
 from .procfs import ProcError, ProcFS
@@ -122,9 +122,17 @@ def _expected(ref: UnitRef, manager: Manager, config: Config, total: int) -> tup
     if fixed is not None:
         return fixed, "the [loaders.footprint] size plus 10 %"
     details = manager.unit_details(ref.name)
-    prediction = Predictor().predict(
-        details.exec_start, parse_environment(details.environment), total
-    )
+    predictor = Predictor()
+    try:
+        # With the unit owner's rights: the reason lands in a drop-in that user reads.
+        prediction = predictor.predict(
+            details.exec_start,
+            parse_environment(details.environment),
+            total,
+            owner=owner_of(ref.manager),
+        )
+    finally:
+        predictor.close()
     if prediction is not None and prediction.bytes is not None:
         return prediction.bytes, f"the estimated footprint ({prediction.source}) plus 10 %"
     return None, "MemTotal minus the reserve (its footprint is unknown)"
