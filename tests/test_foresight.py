@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from accounts import User, unprivileged_user
 from spark_guard.foresight import PENDING, Prediction, Predictor, owner_of
 from spark_guard.loadspec import LoadSpec
 
 import testdata
+from accounts import User, unprivileged_user
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from accounts import unprivileged_user
-
 from guardunit import (
     GUARD,
     PY,

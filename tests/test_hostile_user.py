@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from accounts import User, unprivileged_user
-
 import synth
+from accounts import User, unprivileged_user
 from guardunit import (
     GUARD,
     PY,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from accounts import User, unprivileged_user
 from spark_guard.config import Config
 from spark_guard.inventory import UNIT_FILE_MAX, Inventory, collect
+
+from accounts import User, unprivileged_user
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from test_nspawn import add_linger_user
-
 from harness import file_tree
 from nspawn import Container
+from test_nspawn import add_linger_user
 
 pytestmark = pytest.mark.nspawn
 

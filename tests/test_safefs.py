@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from accounts import User, unprivileged_user
 from spark_guard import harden_cli
 from spark_guard.config import Config
 from spark_guard.enforce import Enforcer
@@ -42,6 +41,7 @@ from spark_guard.unitfiles import (
     read_link,
 )
 
+from accounts import User, unprivileged_user
 from harness import file_tree
 
 NO_SOCKET = "/nonexistent/systemd/private"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from accounts import User, unprivileged_user
 from spark_guard.safefs import Tree
 from spark_guard.unitfiles import (
     Link,
@@ -31,6 +30,8 @@ from spark_guard.unitfiles import (
     restore_link,
     shadowing_file,
 )
+
+from accounts import User, unprivileged_user
 
 ROOT = Owner(0, 0, Tree("/"), Tree("/"))
 
