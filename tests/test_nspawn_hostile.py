@@ -1,7 +1,7 @@
 """The hostile-user attacks again, against the .deb as installed: systemd as PID 1, a linger user.
 
 A booted Debian 12 container, the package installed with apt and running
-with its shipped, hardened unit (its own capabilities, ProtectHome=read-only,
+with its shipped, hardened unit (its own capabilities, ReadOnlyPaths=/home,
 the syscall filter). Mallory (uid 1000) lingers, so her manager is
 user@1000.service; Eve (uid 1001) has no manager, only a runtime dir, as a
 fresh login leaves it. Each attack is run inside as that uid.
@@ -91,7 +91,15 @@ def box(deb: Path):
             f.write(f"eve:x:{EVE}:\n")
         c.boot()
         out = c.run(
-            "apt-get", "install", "-y", "-q", "/root/spark-guard.deb", timeout=300, check=False
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "-o",
+            "Dpkg::Options::=--force-confold",  # the admin's /etc/spark-guard.toml stays
+            "/root/spark-guard.deb",
+            timeout=300,
+            check=False,
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         c.wait_for("spark-guard.service", "ActiveState", "active")
