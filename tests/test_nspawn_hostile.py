@@ -130,7 +130,11 @@ def test_her_mask_cannot_reach_pid1s_control_dir(box: Container) -> None:
     c = box
     control = "/run/user/1000/systemd/user.control"
     her(c, f"rm -rf {control}; ln -s /run/systemd/system.control {control}")
-    her(c, "cd ~/.config/systemd/user && sed 's/llama-m/x/' llama-m.service > cron.service")
+    her(
+        c,
+        "cd /home/mallory/.config/systemd/user && "
+        "sed 's/llama-m/x/' llama-m.service > cron.service",
+    )
     her(c, "systemctl --user daemon-reload; systemctl --user start --no-block cron.service")
     failed = wait_event(c, "block-failed", f"user:{MALLORY}:cron.service")
     assert control in failed["MESSAGE"]
@@ -142,7 +146,7 @@ def test_her_mask_cannot_reach_pid1s_control_dir(box: Container) -> None:
     assert c.run("test", "-e", "/run/systemd/system.control/cron.service", check=False).returncode
     c.run("spark-guard", "release", "--all")
     her(c, f"rm {control}; mkdir {control}")
-    her(c, "systemctl --user stop cron.service; rm ~/.config/systemd/user/cron.service")
+    her(c, "systemctl --user stop cron.service; rm /home/mallory/.config/systemd/user/cron.service")
 
 
 def test_a_fake_manager_is_not_believed_as_installed(box: Container) -> None:
@@ -172,10 +176,10 @@ def test_a_fake_manager_is_not_believed_as_installed(box: Container) -> None:
 
 def test_a_fifo_model_does_not_hang_the_installed_guard(box: Container) -> None:
     c = box
-    her(c, "mkfifo ~/fifo.gguf")
+    her(c, "mkfifo /home/mallory/fifo.gguf")
     her(
         c,
-        "cd ~/.config/systemd/user && "
+        "cd /home/mallory/.config/systemd/user && "
         "printf '[Service]\\nExecStart=/usr/local/bin/llama-server -m /home/mallory/fifo.gguf\\n' "
         "> llama-fifo.service && systemctl --user daemon-reload && "
         "systemctl --user start --no-block llama-fifo.service",
