@@ -88,6 +88,9 @@ class Enforcer:
 
     def block(self, actions: Sequence[Action], decision: Decision) -> None:
         """Stop, block and disable the unit of each action."""
+        # The store first: a unit blocked before (by a guard since restarted, or by rescue)
+        # keeps its record, the only account of the links its release must put back.
+        self._refresh()
         cgroups = {ld.ref: ld.usage.cgroup for ld in decision.loaders}
         batch = []
         for action in actions:
@@ -112,6 +115,10 @@ class Enforcer:
                 record.note(f"running again: {action.reason}: {action.detail}")
                 if record.step in ("blocked", "verify"):
                     record.step = "settle"
+                    if record.mask_path and not self._mask_present(record):
+                        # Unmasked by hand while no guard watched: the mask goes back first.
+                        record.step, record.mask_made = "mask", True
+                        record.note("mask gone: laying it again")
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
             self.records[key] = record
