@@ -176,6 +176,8 @@ class Config:
     extra_protected: tuple[str, ...] = ()
     # [gpu]
     gpu: bool = True
+    gpu_retry: float = 60.0  # seconds between attempts to find a missing driver
+    gpu_deadline: float = 2.0  # seconds the loop waits for NVML; later, figures are stale
     # [guard]
     dry_run: bool = False
     repeat_after: float = 30.0
@@ -286,6 +288,8 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("protected", "units"): ("protected", _str_list),
     ("protected", "extra"): ("extra_protected", _str_list),
     ("gpu", "enabled"): ("gpu", _bool),
+    ("gpu", "retry"): ("gpu_retry", _positive_duration),
+    ("gpu", "deadline"): ("gpu_deadline", _positive_duration),
     ("guard", "dry_run"): ("dry_run", _bool),
     ("guard", "repeat_after"): ("repeat_after", parse_duration),
     ("guard", "stop_timeout"): ("stop_timeout", _positive_duration),

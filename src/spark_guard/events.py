@@ -14,6 +14,7 @@ MESSAGE_IDS: dict[str, str] = {
     "config-reload-refused": "e20ac1ea7c5840379b8d230be52f7ba4",
     "gpu-accounting-off": "343fe5ebb11843f6a0753f7357559624",
     "gpu-accounting-on": "be04c5795d1e46efba08aea465d37337",
+    "gpu-hung": "3e52a17603ff4bf49ccaadef383cdf03",
     "manager-connected": "542be34c8de6421cb66e1a009b6949e3",
     "manager-lost": "be412eceffd849ddaa1bd575d38bd4b3",
     "manager-untrusted": "30ca554172384757b931717acb0d32b7",

@@ -5,12 +5,21 @@ list is the only place GPU-pinned memory shows, so that is all this reads.
 No library or driver means GPU accounting is off: the caller is told once,
 and everything else works. The guard retries the library now and then,
 since the driver may load after the guard (modprobe@nvidia).
+
+The guard's loop never calls NVML itself (GpuWatch): a GPU that fell off the
+bus (Xid 79) is exactly when an NVML call can hang for minutes, or for good,
+and a hung loop is a watchdog kill, a restart and the same hang. One worker
+thread makes the calls; the loop waits for an answer at most a deadline, and
+a late one leaves the last known figures in place, marked stale.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -85,6 +94,215 @@ class Nvml:
             except nv.NVMLError_FunctionNotFound:
                 self._v3 = False  # an older driver: its v2 call has the same layout
         return list(nv.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+
+
+# --- the guard's loop: NVML off the loop, within a deadline ---
+
+RETRY = 60.0  # seconds between attempts to find a driver that was missing
+DEADLINE = 2.0  # seconds the loop waits for NVML's answer; later, the figures are stale
+
+
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[[], Any]
+    submitted: float
+    done: threading.Event = field(default_factory=threading.Event)
+    started: float | None = None
+    finished: float = 0.0
+    result: Any = None
+
+
+class _Worker:
+    """One thread, one call at a time: the caller never submits while a call is out.
+
+    A call that never returns keeps the thread; no second one is started (NVML
+    serialises inside, a second thread would wait on the same lock), so the guard
+    holds at most one thread for the GPU, ever.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next: _Call | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[[], Any]) -> _Call:
+        call = _Call(fn, time.monotonic())
+        with self._cond:
+            self._next = call
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="spark-guard nvml", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return call
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._next is None and not self._closed:
+                    self._cond.wait()
+                if self._next is None:
+                    return
+                call, self._next = self._next, None
+            call.started = time.monotonic()
+            try:
+                call.result = call.fn()
+            except Exception as e:  # GpuWatch._ask catches everything; this is for the rest
+                call.result = e
+            call.finished = time.monotonic()
+            call.done.set()
+
+    def close(self) -> None:
+        """The thread ends once idle; one stuck in a call is left to it (a daemon thread)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+
+@dataclass(frozen=True)
+class GpuNews:
+    """Something to tell the journal: an event kind of events.py, its level and fields."""
+
+    kind: str
+    level: str
+    msg: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    devices: int | None  # NVML was started by this call: that many devices
+    figures: dict[int, int | None] | None  # None: no reading (NVML off, or lost)
+    error: str = ""
+
+
+class GpuWatch:
+    """Per-process GPU memory for the guard's loop: never waits on NVML past `deadline`.
+
+    read() asks the worker for a fresh reading and waits up to `deadline`. A call
+    still out after that is a hang (named once in the journal, gpu-hung): read()
+    returns the last known figures, `stale` is true, and no new call is made until
+    that one comes back, whenever that is. Its answer is then taken and said
+    (gpu-accounting-on, or -off with the error), and the next read asks afresh.
+    """
+
+    def __init__(self, *, retry: float = RETRY, deadline: float = DEADLINE) -> None:
+        self.nvml = Nvml()
+        self.retry = retry
+        self.deadline = deadline
+        self.figures: dict[int, int | None] = {}
+        self.figures_at: float | None = None  # monotonic, when the figures were read
+        self.stale_since: float | None = None  # monotonic, when the call that hangs began
+        self._worker = _Worker()
+        self._call: _Call | None = None
+        self._doing = ""  # the NVML call the worker is in, for the journal
+        self._next_try = 0.0
+        self._warned = False
+
+    @property
+    def on(self) -> bool:
+        """NVML answered and accounting is on (its figures may be stale)."""
+        return self.nvml.ready
+
+    @property
+    def stale(self) -> bool:
+        return self.stale_since is not None
+
+    def read(self, now: float) -> tuple[dict[int, int | None], list[GpuNews]]:
+        """(pid -> GPU bytes, what to tell the journal). Waits at most `deadline`."""
+        news: list[GpuNews] = []
+        call = self._call
+        if call is not None:
+            if not call.done.is_set():
+                return self.figures, news  # still hung: said when it began
+            self._call = None
+            self._take(call, news)
+        if not self.nvml.ready:
+            if now < self._next_try:
+                return self.figures, news
+            self._next_try = now + self.retry
+        call = self._worker.submit(self._ask)
+        if call.done.wait(self.deadline):
+            self._take(call, news)
+            return self.figures, news
+        self._call = call
+        self.stale_since = call.started or call.submitted
+        age = "" if self.figures_at is None else f" from {now - self.figures_at:.0f}s ago"
+        news.append(
+            GpuNews(
+                "gpu-hung",
+                "warning",
+                f"NVML has not answered {self._doing or 'a call'} within {self.deadline:g}s "
+                "(a GPU that fell off the bus, Xid 79, can hold NVML for minutes): GPU figures"
+                f" are stale, the last known ones{age} stand; MemAvailable and memory pressure"
+                " keep guarding",
+                {"call": self._doing or None, "seconds": self.deadline},
+            )
+        )
+        return self.figures, news
+
+    def _ask(self) -> _Answer:
+        """In the worker: start NVML if it is not, then read. Never raises."""
+        devices = None
+        try:
+            if not self.nvml.ready:
+                self._doing = "nvmlInit"
+                try:
+                    devices = self.nvml.start()
+                except GpuUnavailable as e:
+                    return _Answer(None, None, str(e))
+            self._doing = "nvmlDeviceGetComputeRunningProcesses"
+            try:
+                procs = self.nvml.processes()
+            except GpuUnavailable as e:
+                return _Answer(devices, None, str(e))
+            return _Answer(devices, {p.pid: p.used for p in procs})
+        except Exception as e:  # the worker must outlive any binding's surprise
+            return _Answer(devices, None, f"NVML: {e}")
+
+    def _take(self, call: _Call, news: list[GpuNews]) -> None:
+        answer: _Answer = call.result
+        late = ""
+        if self.stale_since is not None:
+            late = f" (NVML answered after {call.finished - self.stale_since:.1f}s)"
+            self.stale_since = None
+        if answer.devices is not None:
+            self._warned = False
+            news.append(
+                GpuNews(
+                    "gpu-accounting-on",
+                    "info",
+                    f"GPU accounting on: {answer.devices} device(s){late}",
+                    {"devices": answer.devices},
+                )
+            )
+        if answer.figures is not None:
+            if late and answer.devices is None:
+                news.append(
+                    GpuNews("gpu-accounting-on", "info", f"GPU figures current again{late}")
+                )
+            self.figures, self.figures_at = answer.figures, call.finished
+            return
+        self.figures, self.figures_at = {}, None
+        # Missing at start: said once (the guard retries quietly). Lost while on: said each time.
+        if answer.devices is not None or not self._warned or late:
+            self._warned = True
+            news.append(
+                GpuNews(
+                    "gpu-accounting-off",
+                    "warning",
+                    f"GPU accounting off: {answer.error}{late}",
+                    {"error": answer.error},
+                )
+            )
+
+    def close(self) -> None:
+        """Shut NVML down unless a call still hangs in it; never waits past the deadline."""
+        if self._call is None and self.nvml.ready:
+            self._worker.submit(self.nvml.stop).done.wait(self.deadline)
+        self._worker.close()
 
 
 def _describe(nv: Any, e: Exception) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from .classify import CommandLine, is_protected
 from .config import Config
 from .foresight import Prediction, Predictor, owner_of, parse_environment
-from .gpu import GpuUnavailable, Nvml
+from .gpu import GpuWatch
 from .managers import (
     Manager,
     ManagerError,
@@ -28,10 +28,10 @@ from .managers import (
 from .procfs import ProcFS
 from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
 
-GPU_RETRY = 60.0  # seconds between attempts to find a driver that was missing
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 HISTORY_MAX = 600
+COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 
 
@@ -64,12 +64,11 @@ class Sensor:
         self.proc = ProcFS(config.proc)
         self.managers: dict[str, Manager] = {}
         self._untrusted: dict[str, tuple[float, str]] = {}  # key -> (retry at, why)
-        self.gpu = Nvml()
+        # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
+        self.gpu = GpuWatch(retry=config.gpu_retry, deadline=config.gpu_deadline)
         self.predictor = Predictor()
         # The loop never waits on a model read; a command (sense_once) does, up to its deadline.
         self.wait_for_models = False
-        self._gpu_next_try = 0.0
-        self._gpu_warned = False
         self.started = clock()
         # Set by the caller once the strict phase is over; rescue units are then not read.
         self.boot_over = False
@@ -85,6 +84,7 @@ class Sensor:
     def reconfigure(self, config: Config) -> None:
         """Take a reloaded config; paths (proc, sockets) keep their start-up values."""
         self.config = config
+        self.gpu.retry, self.gpu.deadline = config.gpu_retry, config.gpu_deadline
         self.rescue_groups = [tuple(g.split("|")) for g in config.rescue_units]
         self._graphical_checked = False
         self._add_graphical()
@@ -175,28 +175,10 @@ class Sensor:
     def _gpu_processes(self, now: float) -> dict[int, int | None]:
         if not self.config.gpu:
             return {}
-        if not self.gpu.ready and now >= self._gpu_next_try:
-            self._gpu_next_try = now + GPU_RETRY
-            try:
-                count = self.gpu.start()
-                self.log.info(
-                    "gpu-accounting-on", devices=count, msg=f"GPU accounting on: {count} device(s)"
-                )
-                self._gpu_warned = False
-            except GpuUnavailable as e:
-                if not self._gpu_warned:
-                    self._gpu_warned = True
-                    self.log.warning(
-                        "gpu-accounting-off", error=str(e), msg=f"GPU accounting off: {e}"
-                    )
-        if not self.gpu.ready:
-            return {}
-        try:
-            return {p.pid: p.used for p in self.gpu.processes()}
-        except GpuUnavailable as e:
-            self._gpu_warned = True
-            self.log.warning("gpu-accounting-off", error=str(e), msg=f"GPU accounting off: {e}")
-            return {}
+        figures, news = self.gpu.read(now)
+        for n in news:
+            getattr(self.log, n.level)(n.kind, msg=n.msg, **n.fields)
+        return figures
 
     # --- the snapshot -----------------------------------------------------
 
@@ -250,7 +232,8 @@ class Sensor:
             guard_started=self.started,
             boot_over=self.boot_over,
             guard_unit=self.guard_unit,
-            gpu_accounting=self.gpu.ready,
+            gpu_accounting=self.gpu.on,
+            gpu_stale=self.gpu.stale,
         )
 
     def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
@@ -397,13 +380,14 @@ class Sensor:
         self.predictor.close()
         for key in list(self.managers):
             self.managers.pop(key).close()
-        self.gpu.stop()
+        self.gpu.close()
 
 
 def sense_once(config: Config, log: Any) -> tuple[Snapshot, UnitRef | None]:
     """One snapshot for a command (dump, preflight, audit), and the unit it runs in."""
     sensor = Sensor(config, log)
     sensor.wait_for_models = True
+    sensor.gpu.deadline = max(sensor.gpu.deadline, COMMAND_GPU_DEADLINE)
     try:
         sensor.refresh_managers()
         return sensor.snapshot(), sensor.guard_unit

@@ -128,6 +128,7 @@ class Snapshot:
     boot_over: bool = False
     guard_unit: UnitRef | None = None
     gpu_accounting: bool = False
+    gpu_stale: bool = False  # NVML hangs: the GPU figures are the last known ones
 
 
 @dataclass(frozen=True)

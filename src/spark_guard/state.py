@@ -46,6 +46,7 @@ def build(
         "reserve": decision.reserve,
         "slope": round(decision.slope),
         "gpu_accounting": snapshot.gpu_accounting,
+        "gpu_stale": snapshot.gpu_stale,
         "loaders": [
             {
                 "unit": str(ld.ref),

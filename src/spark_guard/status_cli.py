@@ -70,6 +70,7 @@ def _print(s: dict[str, Any], age: float, alive: bool) -> None:
         f"MemAvailable {format_size(s['mem_available'])} of {format_size(s['mem_total'])}, "
         f"reserve {format_size(s['reserve'])}, trend {format_size(s['slope'])}/s, "
         f"GPU accounting {'on' if s.get('gpu_accounting') else 'off'}"
+        + (" (stale: NVML does not answer)" if s.get("gpu_stale") else "")
     )
     loaders = s.get("loaders", [])
     print(f"\nloaders ({len(loaders)}):")
