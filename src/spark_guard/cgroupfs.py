@@ -52,6 +52,21 @@ def cpu_seconds(root: str, cgroup: str) -> float | None:
     return None
 
 
+def pids(root: str, cgroup: str) -> list[int]:
+    """Every PID in the unit's cgroup subtree (read-only: works under ProtectControlGroups=)."""
+    if not cgroup or cgroup == "/":
+        return []
+    found: list[int] = []
+    for dirpath, _dirs, files in os.walk(_dir(root, cgroup)):
+        if "cgroup.procs" in files:
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(os.path.join(dirpath, "cgroup.procs"), "rb") as f,
+            ):
+                found += [int(p) for p in f.read().split()]
+    return found
+
+
 def kill(root: str, cgroup: str) -> str:
     """SIGKILL everything in the unit's cgroup; returns how it was done."""
     if not cgroup or cgroup == "/":

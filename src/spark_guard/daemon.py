@@ -173,7 +173,12 @@ class Guard:
                 )
                 self.notifier.notify("READY=1")
             self._watchdog(now)
-            pressure = self._wait(poll_interval(decision, snapshot, self.config))
+            interval = poll_interval(decision, snapshot, self.config)
+            if self.enforcer.settling:
+                # A stop in progress is a state the loop looks at (advance(), in step()),
+                # not a wait inside it: back within poll.min, to escalate on memory or time.
+                interval = min(interval, self.config.poll_min)
+            pressure = self._wait(interval)
         self.notifier.notify("STOPPING=1")
         self.log.info("guard-stopping", msg="spark-guard stopping")
         self.close()
@@ -312,6 +317,15 @@ class Guard:
                     os.read(self._wake_r, 64)
             else:
                 pressure = True
+        if pressure:
+            # The kernel fires at most once per PSI window (2 s): one line per event at most.
+            waited = time.monotonic() - start
+            self.log.info(
+                "pressure-wake",
+                waited=round(waited, 3),
+                poll=round(timeout, 3),
+                msg=f"memory pressure woke the guard {waited:.2f}s into a {timeout:.2f}s wait",
+            )
         if pressure and not self._stop and not self._reload:
             # A pressure event: act now, but never spin faster than poll.min.
             rest = self.config.poll_min - (time.monotonic() - start)

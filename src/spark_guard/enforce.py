@@ -11,10 +11,24 @@ The order follows what matters while memory goes:
   mask     a /dev/null link in the manager's runtime *control* directory, the
            one runtime directory that outranks /etc/systemd/system and
            ~/.config/systemd/user (a plain runtime mask loses against both)
-  settle   wait for the unit to be inactive; then KillUnit SIGKILL; then the
-           cgroup's kill
+  settle   a state, not a wait: each pass of the loop reads the unit's state and
+           escalates, to KillUnit SIGKILL then the cgroup's kill, on time
+           (guard.stop_timeout, guard.kill_timeout) or at once when MemAvailable
+           falls below the reserve while the stop is pending
   verify   read LoadState back (a daemon-reload if the unit is still loaded)
   blocked  done; the mask is laid again if a reboot or manager restart took it
+
+The stop itself: the unit is frozen first (FreezeUnit, the cgroup v2 freezer:
+allocation halts within milliseconds), then StopUnit, which thaws it so its
+SIGTERM handler can run (systemd thaws a frozen unit on stop). A unit frozen
+with a process that ignores SIGTERM is sent SIGKILL at once: the stop could
+only end at the stop timeout, and the thaw would give it those seconds to
+allocate. Where there is no freezer (cgroup v1 or hybrid hosts) the stop goes
+out alone and the escalation on time and memory does the rest.
+
+Only the first look at a stop waits (QUICK_SETTLE: a loader that honours
+SIGTERM is gone in tens of milliseconds, and the block completes in the same
+call); after that the loop goes on sensing and calls advance() every pass.
 
 Each step is saved before the next, so a crash resumes where it stopped. It
 is all D-Bus on the managers' private sockets and syscalls: no fork, no exec,
@@ -32,8 +46,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import banner, cgroupfs
-from .config import Config
+from .config import Config, format_size
 from .managers import Manager, ManagerError
+from .procfs import ProcError, ProcFS
 from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 from .snapshot import Action, Decision, UnitRef
 from .unitfiles import (
@@ -50,6 +65,11 @@ from .unitfiles import (
 SETTLED = ("inactive", "failed")
 RETRY_AFTER = 5.0  # seconds between attempts to finish a block that did not complete
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
+# How long a block waits for its stop before it hands the rest to later passes of the loop.
+QUICK_SETTLE = 1.0
+# After SIGKILL, how long a unit may take to go before the cgroup kill, while memory is short.
+KILL_GRACE = 0.5
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
 class Enforcer:
@@ -79,6 +99,11 @@ class Enforcer:
         self.records: dict[str, Record] = {}
         self._generation: int | None = None
         self._stop_sent: dict[str, float] = {}
+        # Escalation of a pending stop: (stage, since): 0 stop sent, 1 SIGKILL, 2 cgroup killed.
+        self._stage: dict[str, tuple[int, float]] = {}
+        self._hold_until: dict[str, float] = {}  # a stop that survived every kill: retry later
+        self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
+        self.proc = ProcFS(config.proc)
         self._retry_at: dict[str, float] = {}
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
@@ -123,7 +148,7 @@ class Enforcer:
             self._request_stop(record)
             self.records[key] = record
             batch.append(record)
-        self._run(batch)
+        self._run(batch, wait=QUICK_SETTLE)
 
     def advance(self) -> None:
         """Finish blocks left unfinished, and lay again masks a reboot or restart removed."""
@@ -137,19 +162,42 @@ class Enforcer:
             if record.step == "blocked":
                 if record.mask_path and not self._mask_present(record):
                     due.append(record)  # renewed in _run, once it is sure not released
+            elif record.step == "settle" and key in self._stop_sent:
+                if now >= self._hold_until.get(key, 0.0):
+                    due.append(record)  # a stop in progress: looked at on every pass
             elif now >= self._retry_at.get(key, 0.0):
                 due.append(record)
         if due:
             self._run(due)
+
+    def finish(self, timeout: float) -> None:
+        """For one-shot commands (rescue): drive the stops until they settle or time is up."""
+        deadline = self.clock() + timeout
+        while self.settling and self.clock() < deadline:
+            self.tick()
+            self.sleep(POLL)
+            self.advance()
 
     @property
     def busy(self) -> bool:
         """A block is unfinished: the guard keeps taking full looks until it is done."""
         return any(r.step != "blocked" for r in self.records.values())
 
+    @property
+    def settling(self) -> bool:
+        """A stop is in progress: the loop comes back within poll.min to look at it."""
+        now = self.clock()
+        return any(
+            r.step == "settle"
+            and str(r.ref) in self._stop_sent
+            and now >= self._hold_until.get(str(r.ref), 0.0)
+            for r in self.records.values()
+        )
+
     # --- the steps ------------------------------------------------------------
 
-    def _run(self, batch: list[Record]) -> None:
+    def _run(self, batch: list[Record], wait: float = 0.0) -> None:
+        before = {str(r.ref): (r.step, len(r.history), r.problem) for r in batch}
         with self.store.lock(wait=1.0) as locked:
             if not locked:
                 self.log.warning(
@@ -164,9 +212,11 @@ class Enforcer:
                     record.mask_made = True
                     record.note("mask gone (reboot or manager restart): laying it again")
                     self._stop_sent.pop(str(record.ref), None)  # that stop was for an old run
+                    self._stage.pop(str(record.ref), None)
                     self._event("block-renewed", record, f"laying the mask on {record.ref} again")
             for record in batch:
-                self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
+                if record.step != "settle":
+                    self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
                 if record.step == "stop" and str(record.ref) not in self._stop_sent:
                     self._request_stop(record)
                 if record.step == "plan":
@@ -175,10 +225,21 @@ class Enforcer:
                     self._guarded(record, self._disable)
                 if record.step == "mask":
                     self._guarded(record, self._mask)
-            self._settle([r for r in batch if r.step == "settle"])
+            settling = [r for r in batch if r.step == "settle"]
+            self._resume_stops(settling)
+            deadline = self.clock() + wait
+            while settling:
+                settling = self._settle(settling)
+                if not settling or self.clock() >= deadline:
+                    break
+                self.tick()
+                self.sleep(POLL)
             self._verify([r for r in batch if r.step == "verify"])
             for record in batch:
-                self._save(record)
+                key = str(record.ref)
+                now_is = (record.step, len(record.history), record.problem)
+                if key not in self._on_disk or now_is != before.get(key):
+                    self._save(record)  # a pass that changed nothing writes nothing
         self._publish()
 
     def _released_meanwhile(self, record: Record) -> bool:
@@ -210,9 +271,11 @@ class Enforcer:
     def _request_stop(self, record: Record) -> None:
         key = str(record.ref)
         manager = self.managers.get(record.manager)
+        frozen = False
         try:
             if manager is None:
                 raise ManagerError(f"{record.manager} manager is not connected")
+            frozen = self._freeze(record, manager)
             job = manager.stop_unit(record.unit)
         except ManagerError as e:
             self.log.error(
@@ -227,17 +290,54 @@ class Enforcer:
             self._problem(record, f"stop: {e}")
             return
         self._stop_sent[key] = self.clock()
+        self._stage.pop(key, None)
+        self._hold_until.pop(key, None)
         self.log.warning(
             "unit-stop-requested",
             unit=key,
             manager=record.manager,
             job=job,
             reason=record.reason,
-            msg=f"stopping {key} ({record.reason})",
+            frozen=frozen,
+            msg=f"stopping {key} ({record.reason})" + (", frozen first" if frozen else ""),
         )
         record.note(f"stop requested ({job})")
         if record.step == "stop":
             record.step = "plan"
+        if frozen and self._ignores_sigterm(record):
+            # SIGTERM would end nothing: the stop would wait out its timeout, thawed and
+            # allocating. Killed now, the frozen processes never run another instruction.
+            self._kill_unit(record, "it ignores SIGTERM (seen while frozen)")
+            self._stage[key] = (1, self.clock())
+
+    def _freeze(self, record: Record, manager: Manager) -> bool:
+        """Freeze the unit before its stop: allocation halts at once. False where it cannot."""
+        if record.manager in self._no_freezer or not record.unit.endswith(".service"):
+            return False
+        try:
+            manager.freeze_unit(record.unit)
+        except ManagerError as e:
+            text = str(e)
+            if "NotSupported" in text or "not support" in text or "UnknownMethod" in text:
+                self._no_freezer.add(record.manager)  # cgroup v1/hybrid, or an old systemd
+            record.note(f"not frozen: {text}")
+            return False
+        record.note("frozen (FreezeUnit)")
+        return True
+
+    def _ignores_sigterm(self, record: Record) -> bool:
+        """Whether any process of the unit has SIGTERM set to SIG_IGN (/proc/PID/status)."""
+        for pid in cgroupfs.pids(self.cgroup_root, record.cgroup):
+            try:
+                with open(os.path.join(self.proc.root, str(pid), "status"), "rb") as f:
+                    for line in f:
+                        if line.startswith(b"SigIgn:"):
+                            if int(line.split()[1], 16) & SIGTERM_BIT:
+                                return True
+                            break
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+        return False
 
     def _owner(self, record: Record) -> Owner:
         return owner(record.manager, self.user_runtime)
@@ -289,63 +389,87 @@ class Enforcer:
         record.note(f"masked: {record.mask_path} -> /dev/null")
         record.step = "settle"
 
-    def _settle(self, batch: list[Record]) -> None:
-        """Wait for each unit to be inactive; escalate on those that will not stop."""
-        if not batch:
-            return
-        resumed = [r for r in batch if str(r.ref) not in self._stop_sent]
-        for record in resumed:  # resumed after a restart of the guard, or a renewed mask
-            if self._running(record):
+    def _resume_stops(self, batch: list[Record]) -> None:
+        """A record in 'settle' with no stop sent by this guard: resumed after a restart of
+        the guard, or a renewed mask. Stop it if it runs; the settle pass says if not."""
+        for record in batch:
+            if str(record.ref) not in self._stop_sent and self._running(record):
                 self._request_stop(record)
-        start = min(self._stop_sent.get(str(r.ref), self.clock()) for r in batch)
+
+    def _available(self) -> tuple[int, int] | None:
+        """(MemAvailable, reserve) now; None when /proc cannot say."""
+        try:
+            memory = self.proc.memory()
+        except ProcError:
+            return None
+        return memory.available, self.config.reserve_for(memory.total)
+
+    def _settle(self, batch: list[Record]) -> list[Record]:
+        """One look at units being stopped: the settled go on to 'verify', the others are
+        escalated on time or on memory. Returns those still stopping."""
         pending = {str(r.ref): r for r in batch}
-        stage = 0  # 1: KillUnit sent; 2: cgroup killed
+        for key, manager in self.managers.items():
+            names = [r.unit for r in pending.values() if r.manager == key]
+            if not names:
+                continue
+            try:
+                states = manager.unit_states(names)
+            except ManagerError:
+                continue  # not answering: the deadlines below still run
+            for name in names:
+                st = states.get(name)
+                if st is None or st.active_state in SETTLED or st.load_state == "not-found":
+                    record = pending.pop(str(UnitRef(key, name)))
+                    self._settled(record)
+        if not pending:
+            return []
+        memory = self._available()
         cfg = self.config
-        while pending:
-            for key, manager in self.managers.items():
-                names = [r.unit for r in pending.values() if r.manager == key]
-                if not names:
-                    continue
-                try:
-                    states = manager.unit_states(names)
-                except ManagerError:
-                    continue  # not answering: the deadlines below still run
-                for name in names:
-                    st = states.get(name)
-                    if st is None or st.active_state in SETTLED or st.load_state == "not-found":
-                        record = pending.pop(str(UnitRef(key, name)))
-                        record.step = "verify"
-                        if str(record.ref) not in self._stop_sent:
-                            record.note("not running")  # a renewed mask: nothing to stop
-                            self._save(record)
-                            continue
-                        waited = self.clock() - self._stop_sent[str(record.ref)]
-                        record.note(f"stopped after {waited:.2f}s")
-                        self.log.info(
-                            "unit-stopped",
-                            unit=str(record.ref),
-                            manager=record.manager,
-                            seconds=round(waited, 3),
-                            msg=f"{record.ref} stopped after {waited:.2f}s",
-                        )
-                        self._save(record)
-            if not pending:
-                break
-            elapsed = self.clock() - start
-            if stage == 0 and elapsed >= cfg.stop_timeout:
-                stage = 1
-                for record in pending.values():
-                    self._kill_unit(record)
-            elif stage == 1 and elapsed >= cfg.stop_timeout + cfg.kill_timeout:
-                stage = 2
-                for record in pending.values():
-                    self._kill_cgroup(record, f"still running {elapsed:.1f}s after the stop")
-            elif stage == 2 and elapsed >= cfg.stop_timeout + 2 * cfg.kill_timeout:
-                for record in pending.values():
-                    self._problem(record, "still running after stop, SIGKILL and cgroup kill")
-                return
-            self.tick()
-            self.sleep(POLL)
+        for key, record in pending.items():
+            now = self.clock()
+            sent = self._stop_sent.get(key, now)
+            stage, since = self._stage.get(key, (0, sent))
+            short = ""
+            if memory is not None and memory[0] < memory[1]:
+                short = (
+                    f"MemAvailable {format_size(memory[0])} below the reserve "
+                    f"{format_size(memory[1])} {now - sent:.2f}s after the stop"
+                )
+            if stage == 0 and (now - since >= cfg.stop_timeout or short):
+                why = short or f"it did not stop within {cfg.stop_timeout:g}s"
+                self._kill_unit(record, why)
+                self._stage[key] = (1, now)
+            elif stage == 1 and (
+                now - since >= cfg.kill_timeout or (short and now - since >= KILL_GRACE)
+            ):
+                why = short or f"still running {now - sent:.1f}s after the stop"
+                self._kill_cgroup(record, why)
+                self._stage[key] = (2, now)
+            elif stage == 2 and now - since >= cfg.kill_timeout:
+                self._problem(record, "still running after stop, SIGKILL and cgroup kill")
+                self._stage.pop(key, None)  # the next try escalates again from SIGKILL
+                self._hold_until[key] = now + RETRY_AFTER
+        return [r for k, r in pending.items() if now >= self._hold_until.get(k, 0.0)]
+
+    def _settled(self, record: Record) -> None:
+        key = str(record.ref)
+        record.step = "verify"
+        self._stage.pop(key, None)
+        self._hold_until.pop(key, None)
+        if key not in self._stop_sent:
+            record.note("not running")  # a renewed mask: nothing to stop
+            self._save(record)
+            return
+        waited = self.clock() - self._stop_sent[key]
+        record.note(f"stopped after {waited:.2f}s")
+        self.log.info(
+            "unit-stopped",
+            unit=key,
+            manager=record.manager,
+            seconds=round(waited, 3),
+            msg=f"{record.ref} stopped after {waited:.2f}s",
+        )
+        self._save(record)
 
     def _running(self, record: Record) -> bool:
         """Whether the unit has anything to stop; True when its manager cannot say (stop it)."""
@@ -358,7 +482,7 @@ class Enforcer:
             return True
         return state is not None and state.active_state not in SETTLED
 
-    def _kill_unit(self, record: Record) -> None:
+    def _kill_unit(self, record: Record, why: str) -> None:
         manager = self.managers.get(record.manager)
         how = "KillUnit SIGKILL"
         try:
@@ -369,12 +493,14 @@ class Enforcer:
             self._kill_cgroup(record, str(e))
             return
         record.note(f"killed: {how}")
+        record.note(f"killed because {why}")
         self.log.warning(
             "unit-killed",
             unit=str(record.ref),
             manager=record.manager,
             how=how,
-            msg=f"{record.ref} did not stop within {self.config.stop_timeout:g}s: {how}",
+            error=why,
+            msg=f"{record.ref}: {how}: {why}",
         )
 
     def _kill_cgroup(self, record: Record, why: str) -> None:

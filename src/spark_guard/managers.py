@@ -325,6 +325,11 @@ class Manager:
         """Queue a stop job; returns the job's object path."""
         return _s(self._call(b"StopUnit", b"ss", name.encode(), mode.encode()))
 
+    def freeze_unit(self, name: str) -> None:
+        """Freeze the unit's cgroup (systemd 246+, cgroup v2 only): the reply comes once the
+        kernel has frozen it; a manager without the freezer answers with an error."""
+        self._call(b"FreezeUnit", b"s", name.encode())
+
     def kill_unit(self, name: str, signal: int, whom: str = "all") -> None:
         self._call(b"KillUnit", b"ssi", name.encode(), whom.encode(), signal)
 

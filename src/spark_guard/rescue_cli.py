@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if todo:
             enforcer.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))
+            enforcer.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
         return _report(loaders, managers, proc, enforcer)
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
