@@ -7,6 +7,7 @@ fake, since no GPU exists here.
 
 from __future__ import annotations
 
+import threading
 from ctypes import addressof
 
 import pynvml
@@ -51,8 +52,20 @@ class FakeNvmlLib:
         cards: list[dict[str, object]] | None = None,
         driver: bytes = b"580.95.05",
         cuda: int = 13000,
+        hang_init: bool = False,
+        hang_after: int | None = None,
+        calls_file: str | None = None,
     ) -> None:
         self.devices = devices  # per device: (pid, bytes or None)
+        # A GPU that fell off the bus: nvmlInit, or the per-process query after `hang_after`
+        # answers, never returns, as a C call stuck in the driver (the GIL is released while
+        # it waits, as ctypes does) until `release` is set (a test's teardown; never in the
+        # guard run by nvml_guard.py).
+        self.hang_init = hang_init
+        self.hang_after = hang_after
+        self.release = threading.Event()
+        self.calls: dict[str, int] = {}
+        self.calls_file = calls_file  # each call's name appended: seen from another process
         self.cards = cards or [dict(HEALTHY_CARD) for _ in devices]
         self.driver, self.cuda = driver, cuda
         self.init_error = init_error
@@ -63,7 +76,20 @@ class FakeNvmlLib:
             self.nvmlDeviceGetComputeRunningProcesses_v3 = None  # type: ignore[assignment]
             del self.nvmlDeviceGetComputeRunningProcesses_v3
 
+    def _called(self, name: str) -> int:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.calls_file:
+            with open(self.calls_file, "a") as f:
+                f.write(name + "\n")
+        return self.calls[name]
+
+    def _hang(self) -> None:
+        self.release.wait()
+
     def nvmlInitWithFlags(self, flags):
+        self._called("nvmlInit")
+        if self.hang_init:
+            self._hang()
         return self.init_error
 
     def nvmlShutdown(self):
@@ -79,6 +105,10 @@ class FakeNvmlLib:
         return 0
 
     def _procs(self, handle, count_ref, array):
+        if array is None:  # pynvml asks for the count first: one query is two C calls
+            n = self._called("processes")
+            if self.hang_after is not None and n > self.hang_after:
+                self._hang()
         if self.fail_with:
             return self.fail_with
         procs = self.devices[self._by_address[addressof(handle.contents)]]
@@ -158,6 +188,12 @@ class FakeNvmlLib:
         total, used = memory
         ref._obj.total, ref._obj.used, ref._obj.free = total, used, total - used
         return 0
+
+
+def install_global(lib: FakeNvmlLib) -> None:
+    """Point pynvml at `lib` for the rest of this process (a guard run by nvml_guard.py)."""
+    pynvml.nvmlLib = lib
+    pynvml._nvmlGetFunctionPointer_cache = {}
 
 
 def install(monkeypatch, lib: FakeNvmlLib | None) -> None:

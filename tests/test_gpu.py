@@ -1,8 +1,11 @@
 """NVML per-process memory through the real pynvml binding over a fake C library."""
 
+import threading
+import time
+
 import pytest
 
-from spark_guard.gpu import GpuUnavailable, Nvml
+from spark_guard.gpu import GpuUnavailable, GpuWatch, Nvml
 
 from fake_nvml import FakeNvmlLib, install
 
@@ -60,3 +63,98 @@ def test_real_machine_without_driver():
     # This machine has no NVIDIA driver: the real library load fails cleanly.
     with pytest.raises(GpuUnavailable, match=r"libnvidia-ml\.so\.1 not found"):
         Nvml().start()
+
+
+# --- GpuWatch: the guard's loop never waits on NVML past its deadline ---
+
+
+@pytest.fixture
+def hanging(monkeypatch):
+    """A fake library whose calls may block for good; released at teardown so no thread stays."""
+    libs = []
+
+    def make(*args, **kw):
+        lib = FakeNvmlLib(*args, **kw)
+        install(monkeypatch, lib)
+        libs.append(lib)
+        return lib
+
+    yield make
+    for lib in libs:
+        lib.release.set()
+
+
+def timed(watch, now):
+    t = time.monotonic()
+    figures, news = watch.read(now)
+    return figures, [(n.kind, n.msg) for n in news], time.monotonic() - t
+
+
+def test_a_hung_query_leaves_the_last_figures_stale_with_one_event(hanging):
+    lib = hanging([[(10, GiB)]], hang_after=1)
+    watch = GpuWatch(deadline=0.2)
+    figures, news, _ = timed(watch, 0.0)
+    assert figures == {10: GiB} and [k for k, _ in news] == ["gpu-accounting-on"]
+    assert not watch.stale
+    threads = threading.active_count()
+    # The second query blocks in the C library: the caller waits the deadline, no longer.
+    figures, news, took = timed(watch, 1.0)
+    assert 0.2 <= took < 1.0
+    assert figures == {10: GiB} and watch.stale and watch.on
+    assert [k for k, _ in news] == ["gpu-hung"]
+    assert "nvmlDeviceGetComputeRunningProcesses within 0.2s" in news[0][1]
+    # While it hangs: no wait at all, no new call, no second thread, nothing more said.
+    for now in range(2, 12):
+        figures, news, took = timed(watch, float(now))
+        assert figures == {10: GiB} and news == [] and took < 0.05
+    assert lib.calls["processes"] == 2
+    assert threading.active_count() == threads
+    # It answers at last: said once, figures current, and the next read asks afresh.
+    lib.hang_after = None
+    lib.devices = [[(10, 2 * GiB)]]
+    lib.release.set()
+    deadline = time.monotonic() + 5
+    while lib.calls["processes"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    figures, news, _ = timed(watch, 12.0)
+    assert not watch.stale and figures == {10: 2 * GiB}
+    assert [k for k, _ in news] == ["gpu-accounting-on"]
+    assert "GPU figures current again (NVML answered after" in news[0][1]
+    watch.close()
+
+
+def test_a_hung_init_is_named_and_taken_when_it_answers(hanging):
+    lib = hanging([[(3, GiB)]], hang_init=True)
+    watch = GpuWatch(deadline=0.1)
+    figures, news, took = timed(watch, 0.0)
+    assert figures == {} and not watch.on and watch.stale and took < 1.0
+    assert [k for k, _ in news] == ["gpu-hung"] and "nvmlInit within 0.1s" in news[0][1]
+    lib.release.set()
+    deadline = time.monotonic() + 5
+    while not watch.on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    figures, news, _ = timed(watch, 1.0)
+    assert [k for k, _ in news] == ["gpu-accounting-on"] and figures == {3: GiB}
+    assert "GPU accounting on: 1 device(s) (NVML answered after" in news[0][1]
+    watch.close()
+
+
+def test_missing_driver_is_retried_and_said_once(hanging):
+    lib = hanging([], init_error=9)
+    watch = GpuWatch(retry=1.0, deadline=1.0)
+    said = []
+    for now in range(0, 10):
+        said += [k for k, _ in timed(watch, now * 0.5)[1]]
+    assert lib.calls["nvmlInit"] == 5  # every 1 s of the 5 s
+    assert said == ["gpu-accounting-off"]
+    watch.close()
+
+
+def test_close_does_not_wait_on_a_hung_call(hanging):
+    hanging([[(1, GiB)]], hang_after=0)
+    watch = GpuWatch(deadline=0.05)
+    watch.read(0.0)
+    assert watch.stale
+    t = time.monotonic()
+    watch.close()
+    assert time.monotonic() - t < 0.05

@@ -40,7 +40,9 @@ def um():
 
 
 def test_guard_is_ready_with_status_and_gpu_off_once(um):
-    write_config(um)
+    # The library is looked for again every 100 ms (60 s by default): the second look
+    # below comes after several retries, each of which could have said it again.
+    write_config(um, '[gpu]\nretry = "100ms"\n')
     offset = restart_guard(um)
     # Type=notify: 'active' is only reached once the guard sent READY=1.
     props = um.show(GUARD, "ActiveState", "SubState", "StatusText", "NRestarts")
