@@ -1,0 +1,182 @@
+"""The package's promises with blocks active, on PID 1 in a container, in one boot.
+
+Installed (0.4.0, the `deb` fixture) it blocks two enabled loaders; upgraded
+to a newer version it restarts once and keeps their records and masks; a
+release still restores exactly; removed with a block active it releases that
+unit exactly and takes back the drop-in `harden` wrote (not one an admin
+rewrote since); purged, it leaves /etc/systemd/system byte for byte as it was
+before the install, but for that admin's drop-in, whose record it keeps and names.
+
+The newer version is the same package with its Version bumped (dpkg-deb
+repack): what is tested is the upgrade path (prerm upgrade, unpack,
+postinst's restart), not a change of code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import file_tree
+from nspawn import Container
+
+pytestmark = pytest.mark.nspawn
+
+CONFIG = """
+[boot]
+grace = "1h"
+[loaders.footprint]
+"llama*" = "100TiB"
+"""
+LOADER = """[Service]
+ExecStart=/bin/sleep infinity
+Restart=always
+RestartSec=1s
+[Install]
+WantedBy=multi-user.target
+"""
+LOADERS = ("llama-a.service", "llama-b.service")
+STATE = "/var/lib/spark-guard"
+
+
+def newer(deb: Path, version: str, where: Path) -> Path:
+    """The same package as version `version`."""
+    tree = where / "tree"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True)
+    control = tree / "DEBIAN" / "control"
+    lines = control.read_text().splitlines(keepends=True)
+    control.write_text(
+        "".join(f"Version: {version}\n" if ln.startswith("Version:") else ln for ln in lines)
+    )
+    out = where / f"spark-guard_{version}_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-b", str(tree), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def apt(c: Container, *args: str) -> str:
+    out = c.run(
+        "apt-get",
+        *args,
+        "-y",
+        "-q",
+        "-o",
+        "Dpkg::Options::=--force-confold",  # the test's /etc/spark-guard.toml stays
+        check=False,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout + out.stderr
+
+
+def events(c: Container, event: str) -> list[dict[str, str]]:
+    out = c.run("journalctl", "-o", "json", "-u", "spark-guard", f"SG_EVENT={event}").stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def wait_event(c: Container, event: str, unit: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.get("SG_UNIT") == unit for e in events(c, event)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {event} {unit}: {c.run('journalctl', '-u', 'spark-guard').stdout}")
+
+
+def masked(c: Container, unit: str) -> bool:
+    mask = f"/run/systemd/system.control/{unit}"
+    return c.run("readlink", mask, check=False).stdout.strip() == "/dev/null"
+
+
+def ours(tree: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
+    """The tree without the package's own enablement (which stays until purge)."""
+    return {k: v for k, v in tree.items() if "spark-guard.service" not in k}
+
+
+def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tmp_path: Path):
+    update = newer(deb, "0.4.1", tmp_path)
+    with Container() as c:
+        shutil.copy(deb, c.path("/root/spark-guard.deb"))
+        shutil.copy(update, c.path("/root/spark-guard-new.deb"))
+        c.path("/etc/spark-guard.toml").write_text(CONFIG)
+        wants = c.path("/etc/systemd/system/multi-user.target.wants")
+        wants.mkdir(parents=True, exist_ok=True)
+        for unit in LOADERS:
+            c.path(f"/etc/systemd/system/{unit}").write_text(LOADER)
+            (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
+        c.boot()
+        etc = c.path("/etc/systemd/system")
+        before = file_tree(etc)
+
+        apt(c, "install", "/root/spark-guard.deb")
+        for unit in LOADERS:
+            wait_event(c, "unit-blocked", unit)
+        records = {u: c.path(f"{STATE}/blocked/{u}.json").read_bytes() for u in LOADERS}
+        old = c.show("spark-guard.service", "ExecMainPID", "InvocationID", "NRestarts")
+        assert old["NRestarts"] == "0"
+        started = len(events(c, "guard-started"))
+
+        # The upgrade: the guard is restarted once, by postinst; blocks, records and masks stay.
+        apt(c, "install", "/root/spark-guard-new.deb")
+        c.wait_for("spark-guard.service", "ActiveState", "active")
+        assert "0.4.1" in c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout
+        new = c.show("spark-guard.service", "ExecMainPID", "InvocationID", "NRestarts")
+        assert new["ExecMainPID"] != old["ExecMainPID"]
+        assert new["InvocationID"] != old["InvocationID"]
+        assert new["NRestarts"] == "0"  # restarted by the upgrade, never by a crash
+        assert len(events(c, "guard-started")) == started + 1
+        assert len(events(c, "guard-stopping")) == 1
+        time.sleep(1.0)  # a few passes of the new guard
+        for unit in LOADERS:
+            assert c.path(f"{STATE}/blocked/{unit}.json").read_bytes() == records[unit], unit
+            assert masked(c, unit), unit
+            props = c.show(unit, "ActiveState", "LoadState")
+            assert props == {"ActiveState": "inactive", "LoadState": "masked"}, (unit, props)
+
+        # A release by the new guard's tools restores exactly what the old one removed.
+        out = c.run("spark-guard", "release", "llama-a", check=False)
+        assert out.returncode == 0, out.stderr
+        assert not masked(c, "llama-a.service")
+        assert c.show("llama-a.service", "UnitFileState")["UnitFileState"] == "enabled"
+        # Drop-ins from harden: one as harden wrote it, for the remove to take back, and one
+        # an admin has rewritten since, which is theirs now.
+        for unit in LOADERS:
+            out = c.run("spark-guard", "harden", unit, "--yes", check=False)
+            assert out.returncode == 0, out.stdout + out.stderr
+        drop_in = etc / "llama-a.service.d" / "50-spark-guard.conf"
+        assert drop_in.is_file()
+        theirs = etc / "llama-b.service.d" / "50-spark-guard.conf"
+        theirs.write_text("[Service]\nMemoryMax=1G\n")
+        kept = {k: v for k, v in file_tree(etc).items() if k.startswith(str(theirs.parent))}
+
+        # Remove with llama-b still blocked: prerm releases it exactly, and undoes harden.
+        said = apt(c, "remove", "spark-guard")
+        assert "release --all failed" not in said, said
+        assert "drop-in of llama-b.service left in place" in said, said
+        assert "drop-in of llama-a.service" not in said, said
+        assert not masked(c, "llama-b.service")
+        for unit in LOADERS:
+            props = c.show(unit, "LoadState", "UnitFileState")
+            assert props == {"LoadState": "loaded", "UnitFileState": "enabled"}, (unit, props)
+        assert not drop_in.parent.exists()
+        assert ours(file_tree(etc)) == ours(before) | kept
+        assert not any(c.path(f"{STATE}/blocked").glob("*.json"))
+
+        # Purged: nothing of it left, /etc/systemd/system as before the install, but for
+        # the admin's drop-in, whose record stays (named) as the way to tell it was ours.
+        said = apt(c, "purge", "spark-guard")
+        assert "keeping /var/lib/spark-guard/hardened" in said and "llama-b.service" in said
+        assert "blocked" not in said, said
+        assert file_tree(etc) == before | kept
+        assert [str(p.relative_to(c.root)) for p in c.path(STATE).rglob("*")] == [
+            "var/lib/spark-guard/hardened",
+            "var/lib/spark-guard/hardened/llama-b.service.json",
+        ]
