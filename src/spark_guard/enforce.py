@@ -70,6 +70,8 @@ QUICK_SETTLE = 1.0
 # After SIGKILL, how long a unit may take to go before the cgroup kill, while memory is short.
 KILL_GRACE = 0.5
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+# A freeze that failed this way means the manager is not answering, not that it cannot freeze.
+_NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
 
 
 class Enforcer:
@@ -318,6 +320,8 @@ class Enforcer:
             manager.freeze_unit(record.unit)
         except ManagerError as e:
             text = str(e)
+            if any(s in text.lower() for s in _NOT_ANSWERING):
+                raise  # a stop would wait as long again: the caller kills the cgroup now
             if "NotSupported" in text or "not support" in text or "UnknownMethod" in text:
                 self._no_freezer.add(record.manager)  # cgroup v1/hybrid, or an old systemd
             record.note(f"not frozen: {text}")
