@@ -1,4 +1,9 @@
-"""`spark-guard audit [UNIT...]`: the whole machine, every level, and what to do about it."""
+"""`spark-guard audit [UNIT...]`: the whole machine, every level, and what to do about it.
+
+Exit 0: nothing worse than info; 1: a warning or worse; 2: nothing could be
+audited (no systemd manager answered: PID 1 is not systemd here, or no right
+to its socket) or an error.
+"""
 
 from __future__ import annotations
 
@@ -36,11 +41,28 @@ def run(args: argparse.Namespace) -> int:
     gpu_total = sum(u.gpu for u in snapshot.units)
     memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)
     findings = loader_findings(inv, config) + memory_findings(memory, holders)
+    if not inv.managers:
+        # No unit was read: "no findings" would be a clean bill for a machine never examined.
+        why = "; ".join(inv.errors) or (
+            f"no manager socket at {config.system_manager} or under {config.user_runtime}"
+        )
+        findings.insert(
+            0,
+            Finding(
+                "critical",
+                "nothing-audited",
+                "-",
+                f"no systemd manager reachable, so no running unit was audited ({why})",
+                "run it as root on a machine where systemd is PID 1",
+            ),
+        )
     if args.json:
         json.dump(_json(inv, findings, memory, holders), sys.stdout, indent=1)
         print()
     else:
         _print(inv, findings, memory, holders)
+    if not inv.managers:
+        return 2
     return 1 if worst(findings) in ("critical", "warning") else 0
 
 
