@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,47 @@ def test_decision_fields_are_filterable(entries):
     assert decision["CODE_FILE"].endswith("spark_guard/act.py")
     dry = by_event(rows, "dry-run")
     assert dry["SG_UNIT"] == "user:1000:llama-ds4-0731.service"
+
+
+@pytest.mark.systemd
+def test_unit_blocked_carries_the_figures_of_the_decision():
+    """README: `journalctl SG_EVENT=unit-blocked` has SG_UNIT, SG_REASON, SG_MEM_AVAILABLE, ...
+    A real block, by the guard as a unit of a user manager whose journald is its own."""
+    from guardunit import GUARD, PY, loader_unit, write_config
+    from harness import UserManager
+
+    with UserManager(journald=True) as um:
+        write_config(um, '[loaders.footprint]\n"llama-journal.service" = "100TiB"\n')
+        um.write_unit("rescue-ssh.service", "[Service]\nExecStart=/bin/sleep infinity\n")
+        um.write_unit(
+            GUARD,
+            f"[Service]\nType=notify\nNotifyAccess=main\n"
+            f"ExecStart={PY} -m spark_guard run --config {um.base}/guard.toml\n",
+        )
+        loader_unit(um, "llama-journal.service", 20)
+        um.systemctl("start", "llama-journal.service")
+        um.systemctl("start", GUARD)
+        deadline = time.monotonic() + 30
+        rows: list[dict[str, str]] = []
+        while not rows:
+            assert time.monotonic() < deadline, um.log.read_text()[-3000:]
+            time.sleep(0.3)
+            query = ["--directory", str(um.journal_dir), "-o", "json", "SG_EVENT=unit-blocked"]
+            out = subprocess.run(
+                ["journalctl", "--no-pager", *query],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            rows = [json.loads(line) for line in out.stdout.splitlines()]
+        um.systemctl("stop", GUARD)
+        figures = json.loads(
+            (um.base / "state" / "blocked" / "user:0:llama-journal.service.json").read_text()
+        )["figures"]
+    blocked = rows[0]
+    assert blocked["MESSAGE_ID"] == MESSAGE_IDS["unit-blocked"]
+    assert blocked["SG_UNIT"] == "user:0:llama-journal.service"
+    assert blocked["SG_REASON"] == "footprint"
+    assert int(blocked["SG_MEM_AVAILABLE"]) == figures["mem_available"] > 0
+    assert int(blocked["SG_RESERVE"]) == figures["reserve"]
+    assert int(blocked["SG_EXPECTED"]) == 100 * 1024**4

@@ -601,6 +601,7 @@ class Enforcer:
             mask=record.mask_path,
             links_removed=removed,
             record=self.store.path_of(record.ref),
+            **record.figures,  # as decided: SG_MEM_AVAILABLE, SG_RESERVE, SG_EXPECTED, ...
             msg=f"{record.ref} is stopped, masked and disabled ({record.reason}: "
             f"{record.detail}); undo with: spark-guard release {record.ref}",
         )
