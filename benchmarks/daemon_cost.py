@@ -9,6 +9,10 @@ Measured from /proc: RSS and PSS (smaps_rollup) after 10 s, idle CPU
 (utime+stime) over --idle seconds; for spark-guard also exec-to-READY=1
 (systemd's ExecMainStartTimestampMonotonic to ActiveEnterTimestampMonotonic)
 and RSS/PSS after it blocked a loader.
+
+Goals: exec to READY=1 under 200 ms; RSS no higher than nohang's and at most
+32 MiB (the guard's budget, tests/test_budget.py); idle CPU no higher than
+earlyoom's. Exits non-zero when a goal is missed, and names it.
 """
 
 from __future__ import annotations
@@ -132,7 +136,16 @@ def main() -> int:
             f"| {name} | {r['rss'] / 1024:.1f} MB | {r['pss'] / 1024:.1f} MB | "
             f"{r['cpu']:.3f} % | {ready} | {after} |"
         )
-    return 0
+    ours = rows["spark-guard"]
+    goals = {
+        "exec to READY under 200 ms": ours["ready_ms"] < 200,
+        "RSS no higher than nohang's": ours["rss"] <= rows["nohang"]["rss"],
+        "RSS at most 32 MiB, also after a block": max(ours["rss"], ours["rss_after"]) <= 32 * 1024,
+        "idle CPU no higher than earlyoom's": ours["cpu"] <= rows["earlyoom"]["cpu"],
+    }
+    missed = [goal for goal, met in goals.items() if not met]
+    print("\ngoals missed: " + "; ".join(missed) if missed else "\nall goals met")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
