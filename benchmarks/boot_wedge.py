@@ -10,6 +10,11 @@ and is watched for --seconds after sshd first lets the host in. The VM's
 memory is the cap that keeps the unguarded run from touching the host; qemu
 is killed at the end of every run. Prints the table for docs/benchmarks.md
 and writes every sample to --json.
+
+With spark-guard, the same boot then meets the loader that fights back
+(tests/wedge.py `fight`: ignores SIGTERM, allocates flat out, started by hand
+after the wedge): a second table says how far MemAvailable fell and how fast
+the guard froze and killed it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from vm import VM  # noqa: E402
-from wedge import PROTECTIONS, UNITS, MiB, Run, collect, observe, prepare  # noqa: E402
+from wedge import (  # noqa: E402
+    FIGHT_MIB,
+    PROTECTIONS,
+    RESERVE_MIB,
+    UNITS,
+    Fight,
+    MiB,
+    Run,
+    collect,
+    fight,
+    observe,
+    prepare,
+)
 
 
 def build_deb() -> Path:
@@ -35,13 +52,51 @@ def build_deb() -> Path:
     return ROOT / out.stdout.strip().splitlines()[-1]
 
 
-def one(protection: str, deb: Path, seconds: float) -> Run:
+def one(protection: str, deb: Path, seconds: float) -> tuple[Run, Fight | None]:
     run = Run(protection)
+    fought = None
     with VM(memory_mib=2048) as vm:
         prepare(vm, protection, deb)
         observe(vm, run, seconds)
         collect(vm, run)
-    return run
+        if protection == "spark-guard" and run.ssh_at_end:
+            fought = fight(vm)
+    return run, fought
+
+
+def fight_table(f: Fight) -> str:
+    """The loader that fights back: one column of figures, Markdown."""
+    kill = f.killed[0] if f.killed else None
+    thaw = f.thaw_check.split()
+    rows = [
+        "| the loader that fights back | spark-guard |",
+        "|---|---|",
+        f"| MemAvailable when it was started | {f.available_before / MiB:.0f} MiB |",
+        f"| what it allocates | {FIGHT_MIB} MiB, flat out, SIGTERM ignored |",
+        f"| lowest MemAvailable (reserve {RESERVE_MIB} MiB) | {f.min_available / MiB:.0f} MiB |",
+        "| start to the guard's decision | "
+        + (f"{f.decided - f.started:.2f} s ({f.reason}) |" if f.decided else "none |"),
+        "| frozen before the stop | "
+        + ("yes" if f.frozen == "True" else f"no ({f.frozen})") + " |",
+        "| decision to SIGKILL | "
+        + (f"{(kill[0] - f.decided) * 1000:.0f} ms, {kill[1]}: {kill[2]} |" if kill and f.decided
+           else "none |"),
+        "| decision to unit stopped | "
+        + (f"{(f.stopped - f.decided) * 1000:.0f} ms |" if f.stopped and f.decided else "? |"),
+        f"| probe samples in the window | {len(f.samples)} |",
+        f"| worst fork+exec+wait / probe late / gap | {f.worst_fork_ms:.0f} ms / "
+        f"{f.worst_stall_ms:.0f} ms / {f.worst_gap_s:.2f} s |",
+        f"| ssh logins in the window (ok / tried) | {f.logins_ok} / {len(f.logins)} |",
+        f"| PSI wakes of the guard in the window (before its poll) | {len(f.wakes_in_window)} "
+        f"({sum(w[1] < w[2] for w in f.wakes_in_window)}) |",
+        f"| kernel OOM kills | {f.kernel_kills} |",
+        f"| unit afterwards (active/load/file) | {state(f.unit)}, NRestarts "
+        f"{f.unit.get('NRestarts', '?')} |",
+        "| systemd stops a frozen unit (SIGTERM handler exits) | "
+        + (f"{thaw[0]} before, stopped in {float(thaw[2]) - float(thaw[1]):.2f} s |"
+           if len(thaw) == 3 else f"? ({f.thaw_check!r}) |"),
+    ]  # fmt: skip
+    return "\n".join(rows)
 
 
 def state(unit: dict[str, str]) -> str:
@@ -103,11 +158,20 @@ def main() -> int:
     args = ap.parse_args()
     deb = build_deb()
     runs = []
+    fights = []
     for protection in args.only:
         print(f"== {protection}", file=sys.stderr, flush=True)
-        runs.append(one(protection, deb, args.seconds))
-        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+        run, fought = one(protection, deb, args.seconds)
+        runs.append(run)
+        if fought is not None:
+            fights.append(fought)
+        args.json.write_text(
+            json.dumps({"runs": [asdict(r) for r in runs], "fights": [asdict(f) for f in fights]})
+        )
     print(table(runs))
+    for fought in fights:
+        print()
+        print(fight_table(fought))
     return 0
 
 

@@ -18,6 +18,7 @@ serial port; `collect()` asks the guest what happened.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -37,6 +38,9 @@ LOADER_MIB = 900  # each llama-server
 SERVER_MIB = 200  # ollama at idle
 LOAD_RATE = 100  # MiB/s, anonymous and touched: a 10 s load, as 100 GB in 30 s on a Spark
 RESERVE_MIB = 200
+# The PSI trigger's threshold in this VM: at the default 150 ms of stall per 2 s no event came
+# while the loader that fights back took 210 MiB/s (measured); 20 ms does, before the poll.
+PSI_STALL_MS = 20
 PROTECTIONS = ("none", "earlyoom", "systemd-oomd", "spark-guard")
 UID = 1000
 
@@ -48,6 +52,8 @@ UID = 1000
 GUARD_CONFIG = f"""
 [budget]
 reserve = "{RESERVE_MIB}MiB"
+[poll]
+psi_stall = "{PSI_STALL_MS}ms"
 [loaders.footprint]
 "llama-server.service" = "{LOADER_MIB + 50}MiB"
 "ollama.service" = "{SERVER_MIB + 50}MiB"
@@ -85,6 +91,26 @@ OOMD_DROPINS = {
     "-.slice.d/50-oomd.conf": "[Slice]\nManagedOOMSwap=kill\n",
 }
 
+# The loader that fights back (issue 16): started by hand once the wedge has settled, it
+# ignores SIGTERM and allocates as fast as the VM can touch pages, more than is left.
+FIGHT_UNIT = "llama-fight.service"
+FIGHT_MIB = 1536
+FIGHT = f"""[Unit]
+Description=a loader that fights back: ignores SIGTERM, allocates flat out
+[Service]
+ExecStart=/usr/local/bin/llama-server -m /srv/models/fight.gguf --alloc {FIGHT_MIB} --ignore-term
+Restart=on-failure
+"""
+# Whether PID 1 thaws a frozen unit to stop it: a SIGTERM handler that exits, frozen, stopped.
+THAW_CHECK = (
+    "systemd-run -q --unit=thaw-check /usr/bin/python3 -c "
+    "'import signal,sys,time; signal.signal(15, lambda *a: sys.exit(0)); time.sleep(600)'"
+    " && sleep 2 && systemctl freeze thaw-check"
+    " && systemctl show -p FreezerState --value thaw-check"
+    " && a=$(cut -d' ' -f1 /proc/uptime) && timeout 30 systemctl stop thaw-check"
+    " && b=$(cut -d' ' -f1 /proc/uptime) && echo \"$a $b\""
+)
+
 LOADERS = (("system", "llama-server.service"), ("user", "llama-server.service"))
 UNITS = (*LOADERS, ("system", "ollama.service"))
 
@@ -112,7 +138,8 @@ def prepare(vm: VM, protection: str, deb: Path | None) -> None:
     vm.path("/etc/systemd/system/probe.service").write_text(PROBE_UNIT)
     _enable(vm, "/etc/systemd/system/sysinit.target.wants", "/etc/systemd/system/probe.service")
     vm.path("/srv/models").mkdir(parents=True)
-    for name in ("qwen3-coder.gguf", "gemma-small.gguf"):
+    vm.path(f"/etc/systemd/system/{FIGHT_UNIT}").write_text(FIGHT)  # not enabled
+    for name in ("qwen3-coder.gguf", "gemma-small.gguf", "fight.gguf"):
         vm.path(f"/srv/models/{name}").write_bytes(b"GGUF" + b"\0" * 4096)
 
     system = "/etc/systemd/system"
@@ -239,6 +266,11 @@ class Run:
     def worst_stall_ms(self) -> float:
         """The worst of: a fork+exec+wait, or the probe itself not running on time."""
         return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_gap_s(self) -> float:
+        """The longest time between two probe samples: a probe that could not run at all."""
+        return max((b.uptime - a.uptime for a, b in itertools.pairwise(self.samples)), default=0.0)
 
     @property
     def median_fork_ms(self) -> float:
@@ -376,3 +408,104 @@ def collect(vm: VM, run: Run) -> None:
         now = float(vm.ssh("cat /proc/uptime", check=False).stdout.split()[0] or 0)
         restarting = run.restarts > 0
         run.load_window = (min(starts), now if restarting or not done else max(done))
+
+
+@dataclass
+class Fight:
+    """The loader that fights back, seen from the probe, the host's logins and the journal."""
+
+    started: float  # guest uptime when the start was requested
+    seconds: float
+    available_before: int = 0
+    logins: list[Login] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    decided: float | None = None  # guest uptime of the guard's decision on the unit
+    reason: str = ""
+    frozen: str = ""  # SG_FROZEN of the stop request
+    killed: list[tuple[float, str, str]] = field(default_factory=list)  # (uptime, how, why)
+    stopped: float | None = None
+    pressure_wakes: list[tuple[float, float, float]] = field(default_factory=list)
+    unit: dict[str, str] = field(default_factory=dict)
+    kernel_kills: int = -1
+    thaw_check: str = ""
+
+    @property
+    def min_available(self) -> int:
+        return min((s.available for s in self.samples), default=0)
+
+    @property
+    def worst_fork_ms(self) -> float:
+        return max((s.fork_ms for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_stall_ms(self) -> float:
+        return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_gap_s(self) -> float:
+        return max((b.uptime - a.uptime for a, b in itertools.pairwise(self.samples)), default=0.0)
+
+    @property
+    def logins_ok(self) -> int:
+        return sum(lg.ok for lg in self.logins)
+
+    @property
+    def wakes_in_window(self) -> list[tuple[float, float, float]]:
+        end = self.started + self.seconds
+        return [w for w in self.pressure_wakes if self.started <= w[0] <= end]
+
+
+def _uptime(vm: VM) -> float:
+    return float(vm.ssh("cat /proc/uptime", timeout=60).stdout.split()[0])
+
+
+def fight(vm: VM, seconds: float = 25) -> Fight:
+    """Start the loader that fights back on the running guest and watch it for `seconds`."""
+    before = vm.ssh("grep MemAvailable /proc/meminfo", timeout=60).stdout.split()
+    logins = _Logins(vm)
+    logins.start()
+    try:
+        started = _uptime(vm)
+        vm.ssh(f"systemctl start --no-block {FIGHT_UNIT}", timeout=60)
+        time.sleep(seconds)
+    finally:
+        logins.stop.set()
+        logins.join(timeout=30)
+    out = Fight(started, seconds, available_before=int(before[1]) * 1024)
+    end = started + seconds
+    out.samples = [s for s in read_probe(vm) if started <= s.uptime <= end]
+    # Logins from the host, placed by the guest's uptime when they answered (failures count
+    # too: a login that did not answer within the window is a failed one).
+    out.logins = logins.logins
+    out.unit = _show(vm, "system", FIGHT_UNIT)
+    out.kernel_kills = _count(vm, "journalctl -b -k -q --no-pager | grep 'Out of memory: Killed'")
+    journal = vm.ssh(
+        "journalctl -b -q -u spark-guard -o json --no-pager --output-fields="
+        "SG_EVENT,SG_UNIT,SG_REASON,SG_HOW,SG_ERROR,SG_FROZEN,SG_WAITED,SG_POLL",
+        check=False,
+        timeout=120,
+    ).stdout
+    unit = FIGHT_UNIT  # PID 1's units are named bare in the journal
+    for line in journal.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        t = int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6
+        kind = e.get("SG_EVENT")
+        if kind == "pressure-wake":
+            with contextlib.suppress(TypeError, ValueError):
+                out.pressure_wakes.append((t, float(e["SG_WAITED"]), float(e["SG_POLL"])))
+            continue
+        if e.get("SG_UNIT") != unit or t < started:
+            continue
+        if kind == "decision" and out.decided is None:
+            out.decided, out.reason = t, str(e.get("SG_REASON", ""))
+        elif kind == "unit-stop-requested" and not out.frozen:
+            out.frozen = str(e.get("SG_FROZEN", ""))
+        elif kind == "unit-killed":
+            out.killed.append((t, str(e.get("SG_HOW", "")), str(e.get("SG_ERROR", ""))))
+        elif kind == "unit-stopped" and out.stopped is None:
+            out.stopped = t
+    out.thaw_check = vm.ssh(THAW_CHECK, check=False, timeout=120).stdout.strip()
+    return out
