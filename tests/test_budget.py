@@ -27,6 +27,8 @@ same for 1,000 manager cycles and 1,000 loader start/stops (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from churn import Churn, guard_figures
@@ -42,6 +44,15 @@ WARMUP = 2
 ROUNDS = 5
 
 
+def settled(pid: int) -> dict[str, int]:
+    """The least of a few looks: a pass may hold a passing fd (a connection being made)."""
+    looks = []
+    for _ in range(5):
+        looks.append(guard_figures(pid))
+        time.sleep(0.2)
+    return {k: min(look[k] for look in looks) for k in looks[0]}
+
+
 def test_the_guard_stays_within_its_budget_while_managers_and_loaders_come_and_go():
     with guard_manager() as um:
         write_config(um)
@@ -51,10 +62,10 @@ def test_the_guard_stays_within_its_budget_while_managers_and_loaders_come_and_g
         try:
             for _ in range(WARMUP):
                 churn.cycle()
-            before = guard_figures(pid)
+            before = settled(pid)
             for _ in range(ROUNDS):
                 churn.cycle()
-            after = guard_figures(pid)
+            after = settled(pid)
         finally:
             churn.close()
         print("before", before, "after", after)
