@@ -39,7 +39,7 @@ SERVER_MIB = 200  # ollama at idle
 LOAD_RATE = 100  # MiB/s, anonymous and touched: a 10 s load, as 100 GB in 30 s on a Spark
 RESERVE_MIB = 200
 # The PSI trigger's threshold in this VM: at the default 150 ms of stall per 2 s no event came
-# while the loader that fights back took 210 MiB/s (measured); 20 ms does, before the poll.
+# while the loader that fights back took 200 MiB/s (measured); at 20 ms one did (one run).
 PSI_STALL_MS = 20
 PROTECTIONS = ("none", "earlyoom", "systemd-oomd", "spark-guard")
 UID = 1000
