@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from harness import file_tree  # noqa: E402
 from nspawn import Container  # noqa: E402
 from synth import SPECS, Spec, write  # noqa: E402
 
@@ -135,6 +136,22 @@ def wait_blocked(c: Container, timeout: float = 120) -> bool:
     return False
 
 
+# Where each loader's enablement link lives: what `disable` must remove, `release` put back.
+def wants_link(c: Container, unit: str) -> Path:
+    if unit.startswith(f"user:{ALICE}:"):
+        name = unit.split(":", 2)[2]
+        return c.path(f"/home/alice/.config/systemd/user/default.target.wants/{name}")
+    return c.path(f"/etc/systemd/system/multi-user.target.wants/{unit}")
+
+
+def unit_files(c: Container) -> dict[str, tuple[object, ...]]:
+    """The loaders' unit files and links on both levels: type, content or target, owner, mode.
+    (Only theirs: a first boot may enable other units by preset.)"""
+    tree = file_tree(c.path("/etc/systemd/system"), c.path("/home/alice/.config/systemd"))
+    names = {"llama-qwen.service", BIG, "ollama.service"}
+    return {path: what for path, what in tree.items() if Path(path).name in names}
+
+
 def states(c: Container) -> dict[str, dict[str, str]]:
     props = ("LoadState", "ActiveState", "UnitFileState", "NRestarts")
     out = {
@@ -166,6 +183,8 @@ def main() -> int:
         c.path("/etc/spark-guard.toml").write_text(CONFIG)
         say("  enabled at install; ordered before basic.target, so before every loader")
         say("  its budget (/etc/spark-guard.toml): reserve 2 GiB")
+
+        before = unit_files(c)
 
         step("booting it: systemd as PID 1, the loaders start as on the day of the incident")
         c.boot()
@@ -210,6 +229,10 @@ def main() -> int:
                 f"{s.get('UnitFileState')} restarts={s.get('NRestarts')}"
             )
 
+        # Disabled, not only stopped and masked: each blocked unit's wants link is gone.
+        blocked_units = [u for u in (BIG, *COPIES) if unit_states[u].get("LoadState") == "masked"]
+        still_enabled = [u for u in blocked_units if wants_link(c, u).is_symlink()]
+
         step("releasing one unit: spark-guard release llama-deepseek.service")
         show(
             c,
@@ -223,6 +246,19 @@ def main() -> int:
             f"  llama-deepseek.service is now {released.get('LoadState')}, "
             f"{released.get('UnitFileState')} (not started: that is the admin's call)"
         )
+        # Exactly undone: every unit file and link as before the boot, but for the links of
+        # the units still blocked; the released unit's link is back, target, owner and mode.
+        after = unit_files(c)
+        expected = {
+            path: what
+            for path, what in before.items()
+            if path not in {str(wants_link(c, u)) for u in blocked_units if u != BIG}
+        }
+        undone = [
+            f"{path}: {expected.get(path, 'absent')} -> {after.get(path, 'absent')}"
+            for path in sorted(set(expected) | set(after))
+            if expected.get(path) != after.get(path)
+        ]
         reasons = (
             c.run("journalctl", "--no-pager", "-o", "cat", "SG_EVENT=decision", check=False)
             .stdout.strip()
@@ -243,15 +279,29 @@ def main() -> int:
         and all(s["NRestarts"] == "0" and s["UnitFileState"] == "masked-runtime" for s in stopped)
         and unit_states["ollama.service"]["ActiveState"] == "active"
         and released.get("LoadState") == "loaded"
+        and len(blocked_units) == 2
+        and not still_enabled
+        and not undone
     )
     step(f"summary (booted, judged, shown and removed in {time.monotonic() - started:.0f} s)")
     say("  spark-guard started before the loaders and acted while the machine booted:")
     for line in reasons:
         say(f"  - {line}")
-    say("  Each one was stopped, masked (in the manager's runtime control directory) and")
-    say("  disabled, and stayed down: Restart= could not bring it back. The one Qwen3 copy")
-    say("  that fits and the idle ollama were left running; sshd stayed reachable.")
-    say("  `spark-guard release` undid a block exactly.")
+    say("  Each one was stopped and masked (in the manager's runtime control directory)")
+    say("  and stayed down: Restart= could not bring it back. The one Qwen3 copy that fits")
+    say("  and the idle ollama were left running; sshd stayed reachable.")
+    if still_enabled or len(blocked_units) != 2:
+        say(f"  NOT disabled: {', '.join(still_enabled) or 'not two units blocked'}")
+    else:
+        say(f"  disabled (checked: no wants link left for {', '.join(blocked_units)})")
+    if undone:
+        say("  `spark-guard release` did NOT undo the block exactly:")
+        for line in undone:
+            say(f"    {line}")
+    else:
+        say("  `spark-guard release` undid a block exactly (checked: every loader's unit file")
+        say("  and link on both levels as before the boot, owners and modes too, but for the")
+        say("  unit still blocked)")
     say("  result: " + ("as expected" if ok else "NOT as expected: see above"))
     return 0 if ok else 1
 

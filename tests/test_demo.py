@@ -59,4 +59,8 @@ def test_demo_run_shows_the_guard_blocking_and_cleans_up():
     summary = text[text.index("==> summary") :]
     assert "stop llama-deepseek.service: expects" in summary
     assert "is already loaded by" in summary  # the duplicate, with its reason
+    # What the summary claims, it checked: nothing said "NOT", both checks named.
+    assert "NOT" not in summary, summary
+    assert "  disabled (checked: no wants link left for llama-deepseek.service, " in summary
+    assert "release` undid a block exactly (checked: every loader's unit file" in summary
     assert _ours() - before == set()
