@@ -76,9 +76,7 @@ def test_the_guard_stays_within_its_budget_while_managers_and_loaders_come_and_g
             assert figures["fds"] <= MAX_FDS, figures
         for kind in ("fds", "sockets", "pidfds", "psi", "threads"):
             assert after[kind] == before[kind], (kind, before, after)
-        growth = after["rss_kb"] - before["rss_kb"]
-        if growth > RSS_NOISE_KB or after["rss_kb"] > MAX_RSS_KB:
-            pytest.xfail(
-                f"RSS {before['rss_kb']} -> {after['rss_kb']} kB (+{growth} kB in "
-                f"{ROUNDS} rounds): pystemd 0.11 leaks ~8 kB per D-Bus reply"
-            )
+        # RSS: the signals systemd sends to every private-socket client used to pile up
+        # unread in sd-bus's queue (managers.Manager._drain); growth now is noise only.
+        assert after["rss_kb"] - before["rss_kb"] <= RSS_NOISE_KB, (before, after)
+        assert after["rss_kb"] <= MAX_RSS_KB, after
