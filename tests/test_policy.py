@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from spark_guard.config import Config, parse
-from spark_guard.policy import STEADY, STRICT, decide, phase, slope
+from spark_guard.policy import STEADY, STRICT, brake, decide, phase, slope
 from spark_guard.snapshot import Memory, RescueGroup, Snapshot, UnitRef, UnitUsage
 
 GiB = 1024**3
@@ -364,3 +364,57 @@ def test_after_boot_a_quiet_pass_reads_memavailable_only():
     near = replace(snap(17 * GiB, now=1000.0), boot_over=True)
     assert full_look_due(Memory(SPARK, 17 * GiB), near, reserve, 1001.0, busy=False)
     assert full_look_due(quiet, None, reserve, 1001.0, busy=False)
+
+
+# --- a stop pending frees memory; the brake -----------------------------------
+
+
+def test_a_pending_stop_counts_against_the_deficit_no_second_loader_is_taken():
+    # The loader that fought back is deactivating (frozen, killed): its 1.4 GiB is on its
+    # way back. PID 1's idle loader must not be taken for the same 190 MiB gap.
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    fighter = loader("llama-fight.service", rss=1400 * 2**20, growth=0, state="deactivating")
+    idle = loader("llama-server.service", rss=900 * 2**20, model="/m/a.gguf")
+    s = replace(snap(10 * 2**20, fighter, idle, total=2 * GiB), boot_over=True)
+    assert decide(s, c).actions == ()
+    # Without a stop pending, the same gap takes the idle loader.
+    s = replace(snap(10 * 2**20, idle, total=2 * GiB), boot_over=True)
+    assert [str(a.unit) for a in decide(s, c).actions] == ["llama-server.service"]
+
+
+def _steady(available, *units, history=(), now=20.0):
+    s = snap(available, *units, now=now, history=history, total=2 * GiB)
+    return replace(s, boot_over=True)
+
+
+def test_brake_freezes_growing_and_new_loaders_below_the_reserve():
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    growing = loader("a.service", rss=GiB, growth=200 * 2**20)
+    idle = loader("b.service", rss=GiB)
+    new = loader("c.service", rss=100 * 2**20)
+    last = decide(_steady(300 * 2**20, growing, idle, new), c)
+    below = Memory(2 * GiB, 150 * 2**20)
+    refs = brake(below, 20.5, (), last, c, 0.5, frozenset({new.ref}))
+    assert refs == (growing.ref, new.ref)
+    # Above the reserve and still: nothing.
+    assert brake(Memory(2 * GiB, 250 * 2**20), 20.5, ((20.0, 250 * 2**20),), last, c, 0.5) == ()
+
+
+def test_brake_freezes_before_the_crossing_when_the_fall_reaches_it_within_the_lookahead():
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    growing = loader("a.service", rss=GiB, growth=200 * 2**20)
+    last = decide(_steady(400 * 2**20, growing), c)
+    history = ((19.5, 400 * 2**20), (20.0, 300 * 2**20))  # 200 MiB/s
+    now_mem = Memory(2 * GiB, 260 * 2**20)  # at 20.2 s
+    assert brake(now_mem, 20.2, history, last, c, 0.5) == (growing.ref,)  # 160 MiB in 0.5 s
+    assert brake(now_mem, 20.2, history, last, c, 0.2) == ()  # 220 MiB in 0.2 s
+    # A fall of the seconds before the brake's window is no fall now.
+    old = ((15.0, 900 * 2**20), (16.0, 260 * 2**20))
+    assert brake(now_mem, 20.2, old, last, c, 0.5) == ()
+
+
+def test_brake_does_nothing_where_the_decision_could_not_stop():
+    c = parse('[budget]\nreserve = "200MiB"\nsteady = "warn"\n')
+    growing = loader("a.service", rss=GiB, growth=200 * 2**20)
+    last = decide(_steady(100 * 2**20, growing), c)
+    assert brake(Memory(2 * GiB, 100 * 2**20), 20.5, (), last, c, 0.5) == ()

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config, format_size
-from .snapshot import SYSTEM, Action, Decision, Loader, Memory, Snapshot
+from .snapshot import SYSTEM, Action, Decision, Loader, Memory, Snapshot, UnitRef
 from .text import printable
 
 STRICT = "strict"
@@ -169,9 +169,21 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                     )
 
     if available < reserve:
-        # Below the reserve in any phase: free the deficit, growing and biggest first.
+        # Below the reserve in any phase: free the deficit, growing and biggest first. What
+        # is being freed counts against it: the loaders acted on now, and those whose stop
+        # is pending (deactivating: frozen, killed, their memory on its way back). Without
+        # the second, the pass after a stop took another, innocent loader for the same gap.
+        leaving = sum(
+            usage.used
+            for usage in snapshot.units
+            if usage.active_state == "deactivating"
+            and classify(usage, config, snapshot.guard_unit) is not None
+        )
         deficit = (
-            reserve - available - sum(ld.usage.used for ld in loaders if str(ld.ref) in actions)
+            reserve
+            - available
+            - leaving
+            - sum(ld.usage.used for ld in loaders if str(ld.ref) in actions)
         )
         for loader in sorted(loaders, key=lambda ld: (ld.usage.growth <= 0, -ld.usage.used)):
             if deficit <= 0:
@@ -224,3 +236,37 @@ def full_look_due(
     if last.memory.available - memory.available >= max(_FULL_LOOK_DROP, memory.total // 100):
         return True
     return memory.available < 2 * reserve
+
+
+# Seconds of MemAvailable the brake takes its fall rate over: the last look or two, so a
+# loader that just began is not averaged away by the quiet seconds before it.
+BRAKE_WINDOW = 1.0
+
+
+def brake(
+    memory: Memory,
+    now: float,
+    history: Iterable[tuple[float, int]],
+    last: Decision,
+    config: Config,
+    lookahead: float,
+    new: frozenset[UnitRef] = frozenset(),
+) -> tuple[UnitRef, ...]:
+    """Loaders to freeze at once, on the pass that only read MemAvailable, before the full
+    look decides: MemAvailable is below the reserve, or at its fall rate of the last
+    BRAKE_WINDOW it will be within `lookahead` seconds (until the guard next reads it).
+
+    The loaders of the last decision that were growing, or that were new in it (no growth
+    measured yet). A freeze is no judgement: the full look that follows decides, and what
+    it does not block is thawed. None where the decision could not stop anything (the
+    steady phase with `steady` other than 'guard').
+    """
+    if last.phase == STEADY and config.steady != "guard":
+        return ()
+    reserve = config.reserve_for(memory.total)
+    available = memory.available
+    if available >= reserve:
+        rate = slope([*history, (now, available)], BRAKE_WINDOW, now)
+        if rate >= -_SLOPE_NOISE or available + rate * lookahead >= reserve:
+            return ()
+    return tuple(ld.ref for ld in last.loaders if ld.usage.growth > 0 or ld.ref in new)
