@@ -27,13 +27,17 @@ from .enforce import Enforcer
 from .foresight import PENDING
 from .memlock import mlockall
 from .metrics import TextfileWriter
-from .policy import STEADY, decide, full_look_due, poll_interval
+from .policy import STEADY, brake, decide, full_look_due, poll_interval
 from .procfs import ProcError
 from .sensor import Sensor
-from .snapshot import Decision, Snapshot, UnitRef
+from .snapshot import Decision, Memory, Snapshot, UnitRef
 from .state import Publisher
 from .state import build as build_state
 from .text import printable
+
+# The brake looks this far ahead, in units of (a full look + the wait before the next
+# read of MemAvailable): the look's time and the wait both vary pass to pass.
+BRAKE_MARGIN = 1.5
 
 # 2 s: the shortest window an unprivileged process may ask for (no CAP_SYS_RESOURCE).
 PSI_WINDOW_US = 2_000_000
@@ -99,6 +103,9 @@ class Guard:
         watchdog_usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self._watchdog_every = watchdog_usec / 3e6 if watchdog_usec else 1.0
         self.seen_loaders: set[UnitRef] = set()
+        self._loader_refs: frozenset[UnitRef] = frozenset()
+        self._new_loaders: frozenset[UnitRef] = frozenset()  # in the last look, not the one before
+        self._interval = 0.0  # the last wait between passes
         self._stop = False
         self._reload = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -155,12 +162,23 @@ class Guard:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
-            if pressure or self._force_full or self._full_look_due(snapshot, decision, now):
+            memory = self._memory()
+            # The brake first: a loader about to take MemAvailable below the reserve is frozen
+            # now, not after the full look (0.1-0.5 s) that decides on it.
+            braked = self._brake(memory, snapshot, decision, now)
+            if (
+                pressure
+                or self._force_full
+                or braked
+                or self._full_look_due(memory, snapshot, decision, now)
+            ):
                 self._force_full = False
                 if now >= next_refresh:
                     self.sensor.refresh_managers()
                     next_refresh = now + 2.0
                 decision, snapshot = self.step()
+            if self.enforcer.braked:
+                self.enforcer.release_brakes()  # what the decision did not block goes on
             if not ready and snapshot is not None:
                 ready = True
                 self.log.info(
@@ -178,6 +196,7 @@ class Guard:
                 # A stop in progress is a state the loop looks at (advance(), in step()),
                 # not a wait inside it: back within poll.min, to escalate on memory or time.
                 interval = min(interval, self.config.poll_min)
+            self._interval = interval
             pressure = self._wait(interval)
         self.notifier.notify("STOPPING=1")
         self.log.info("guard-stopping", msg="spark-guard stopping")
@@ -231,6 +250,8 @@ class Guard:
                         " Give it a size in [loaders.footprint]",
                     )
         self.seen_loaders &= {ld.ref for ld in decision.loaders}
+        refs = frozenset(ld.ref for ld in decision.loaders)
+        self._new_loaders, self._loader_refs = refs - self._loader_refs, refs
         for loader in decision.loaders:
             since = loader.usage.active_since
             if since is not None and self._started_at.get(loader.ref) != since:
@@ -283,16 +304,51 @@ class Guard:
             )
         self._metrics_problem = self.metrics.problem
 
+    def _memory(self) -> Memory | None:
+        try:
+            return self.sensor.proc.memory()
+        except ProcError:
+            return None  # the full pass says what is wrong
+
+    def _brake(
+        self,
+        memory: Memory | None,
+        snapshot: Snapshot | None,
+        decision: Decision | None,
+        now: float,
+    ) -> bool:
+        """Freeze the growing loaders at once when MemAvailable is below the reserve, or will
+        be before the guard reads it again; True when it froze any (a full look follows).
+        A few D-Bus calls on the managers' private sockets: no fork, no exec, no system bus."""
+        if self.dry_run or memory is None or snapshot is None or decision is None:
+            return False
+        lookahead = BRAKE_MARGIN * (self._decision_seconds + max(self._interval, 0.0))
+        refs = brake(
+            memory, now, self.sensor.history, decision, self.config, lookahead, self._new_loaders
+        )
+        if not refs:
+            return False
+        reserve = self.config.reserve_for(memory.total)
+        why = (
+            f"MemAvailable {format_size(memory.available)} "
+            + ("below" if memory.available < reserve else "falling toward")
+            + f" the reserve {format_size(reserve)}"
+        )
+        frozen = self.enforcer.brake(
+            refs, why, mem_available=memory.available, reserve=reserve, lookahead=lookahead
+        )
+        return bool(frozen)
+
     def _full_look_due(
-        self, snapshot: Snapshot | None, decision: Decision | None, now: float
+        self,
+        memory: Memory | None,
+        snapshot: Snapshot | None,
+        decision: Decision | None,
+        now: float,
     ) -> bool:
         """A quiet steady pass reads MemAvailable only (and keeps it for the trend)."""
-        if snapshot is None or decision is None:
+        if snapshot is None or decision is None or memory is None:
             return True
-        try:
-            memory = self.sensor.proc.memory()
-        except ProcError:
-            return True  # the full pass says what is wrong
         if full_look_due(memory, snapshot, decision.reserve, now, busy=self.enforcer.busy):
             return True
         self.sensor.history.append((now, memory.available))

@@ -74,6 +74,11 @@ SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 _NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
 
 
+def _cannot_freeze(error: str) -> bool:
+    """The manager has no freezer (cgroup v1/hybrid, or a systemd before 246)."""
+    return "NotSupported" in error or "not support" in error or "UnknownMethod" in error
+
+
 class Enforcer:
     def __init__(
         self,
@@ -105,6 +110,7 @@ class Enforcer:
         self._stage: dict[str, tuple[int, float]] = {}
         self._hold_until: dict[str, float] = {}  # a stop that survived every kill: retry later
         self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
+        self._braked: dict[str, UnitRef] = {}  # frozen by brake(), not (yet) to be blocked
         self.proc = ProcFS(config.proc)
         self._retry_at: dict[str, float] = {}
         self._reported: dict[str, str] = {}
@@ -171,6 +177,57 @@ class Enforcer:
                 due.append(record)
         if due:
             self._run(due)
+
+    def brake(self, refs: Sequence[UnitRef], why: str, **figures: float) -> list[UnitRef]:
+        """Freeze these units now, before the full look that decides on them: a FreezeUnit on
+        each one's manager (its private socket; under ProtectControlGroups= the guard cannot
+        write cgroup.freeze itself). Returns those frozen; release_brakes() thaws the ones
+        the decision does not block."""
+        frozen = []
+        for ref in refs:
+            key = str(ref)
+            if key in self._braked or key in self.records or not ref.name.endswith(".service"):
+                continue
+            manager = self.managers.get(ref.manager)
+            if manager is None or ref.manager in self._no_freezer:
+                continue
+            try:
+                manager.freeze_unit(ref.name)
+            except ManagerError as e:
+                if _cannot_freeze(str(e)):
+                    self._no_freezer.add(ref.manager)
+                self.log.debug("brake-failed", unit=key, error=str(e), msg=f"{key}: {e}")
+                continue
+            self._braked[key] = ref
+            frozen.append(ref)
+        if frozen:
+            names = ", ".join(str(r) for r in frozen)
+            self.log.warning(
+                "brake",
+                units=[str(r) for r in frozen],
+                error=why,
+                msg=f"froze {names} until the guard has looked ({why})",
+                **figures,
+            )
+        return frozen
+
+    @property
+    def braked(self) -> bool:
+        return bool(self._braked)
+
+    def release_brakes(self) -> None:
+        """Thaw what brake() froze and no block took over (the decision spared it)."""
+        for key, ref in list(self._braked.items()):
+            del self._braked[key]
+            manager = self.managers.get(ref.manager)
+            if manager is None:
+                continue
+            try:
+                manager.thaw_unit(ref.name)
+            except ManagerError as e:
+                self.log.error("thaw-failed", unit=key, error=str(e), msg=f"cannot thaw {key}: {e}")
+                continue
+            self.log.info("brake-released", unit=key, msg=f"thawed {key}: the guard spared it")
 
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
@@ -314,6 +371,9 @@ class Enforcer:
 
     def _freeze(self, record: Record, manager: Manager) -> bool:
         """Freeze the unit before its stop: allocation halts at once. False where it cannot."""
+        if self._braked.pop(str(record.ref), None) is not None:
+            record.note("frozen (FreezeUnit, by the brake before the decision)")
+            return True
         if record.manager in self._no_freezer or not record.unit.endswith(".service"):
             return False
         try:
@@ -322,7 +382,7 @@ class Enforcer:
             text = str(e)
             if any(s in text.lower() for s in _NOT_ANSWERING):
                 raise  # a stop would wait as long again: the caller kills the cgroup now
-            if "NotSupported" in text or "not support" in text or "UnknownMethod" in text:
+            if _cannot_freeze(text):
                 self._no_freezer.add(record.manager)  # cgroup v1/hybrid, or an old systemd
             record.note(f"not frozen: {text}")
             return False

@@ -353,6 +353,10 @@ class Manager:
         kernel has frozen it; a manager without the freezer answers with an error."""
         self._call(b"FreezeUnit", b"s", name.encode())
 
+    def thaw_unit(self, name: str) -> None:
+        """Thaw a unit frozen by freeze_unit (the guard's brake, when it did not block it)."""
+        self._call(b"ThawUnit", b"s", name.encode())
+
     def kill_unit(self, name: str, signal: int, whom: str = "all") -> None:
         self._call(b"KillUnit", b"ssi", name.encode(), whom.encode(), signal)
 
