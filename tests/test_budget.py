@@ -15,14 +15,11 @@ guard's own fds do not move between passes (8 here). A leaked connection
 (a pystemd bus with its buffers, the Manager and its cached units) costs
 tens of kB; 40 of them are over RSS_NOISE (512 kB).
 
-Known and not fixed here: pystemd 0.11 (Debian's python3-pystemd) leaks
-about 8 kB of C memory per D-Bus reply that carries data (call_method,
-get_property; measured in a loop, tracemalloc sees nothing), so the guard's
-RSS grows with every pass that asks a manager (ListUnitsByNames): ~30 kB/s
-in the strict phase at poll.strict = 200 ms. The RSS growth check is then an
-expected failure that names the figure; fds, sockets, pidfds, PSI fds and
-threads are checked as they should be. benchmarks/guard_budget.py runs the
-same for 1,000 manager cycles and 1,000 loader start/stops (docs/benchmarks.md).
+RSS used to grow by ~30 kB/s in the strict phase: not a pystemd leak, as first
+thought, but the signals systemd sends every private-socket client, piling up
+unread in sd-bus's queue; Manager._drain() drops them, and the growth check is a
+plain assertion again. benchmarks/guard_budget.py runs the same for 1,000
+manager cycles and 1,000 loader start/stops (docs/benchmarks.md).
 """
 
 from __future__ import annotations
