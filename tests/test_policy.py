@@ -418,3 +418,12 @@ def test_brake_does_nothing_where_the_decision_could_not_stop():
     growing = loader("a.service", rss=GiB, growth=200 * 2**20)
     last = decide(_steady(100 * 2**20, growing), c)
     assert brake(Memory(2 * GiB, 100 * 2**20), 20.5, (), last, c, 0.5) == ()
+
+
+def test_reserve_rule_takes_a_young_loader_seen_once_over_an_older_idle_bigger_one():
+    # The fighter's first look: growth 0 (nothing to compare with), 700 MiB in 4.7 s.
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    fighter = loader("llama-fight.service", rss=700 * 2**20, since=191.7)
+    idle = loader("llama-server.service", rss=910 * 2**20, model="/m/a.gguf", since=69.6)
+    s = replace(snap(77 * 2**20, fighter, idle, now=196.4, total=2 * GiB), boot_over=True)
+    assert [str(a.unit) for a in decide(s, c).actions] == ["llama-fight.service"]

@@ -83,6 +83,19 @@ def _figures(
     return figures
 
 
+def _growth(loader: Loader, now: float, config: Config) -> float:
+    """Its growth; for a young loader measured once (growth 0: no earlier look to compare
+    with), its average since it started, when that is more than noise. Without this the
+    reserve rule took an old idle loader, bigger, for a new one that was taking it all."""
+    usage = loader.usage
+    since = usage.active_since
+    if usage.growth == 0 and since is not None and 0 < now - since <= 2 * config.trend_window:
+        average = usage.used / (now - since)
+        if average > _SLOPE_NOISE:
+            return average
+    return usage.growth
+
+
 def decide(snapshot: Snapshot, config: Config) -> Decision:
     reserve = config.reserve_for(snapshot.memory.total)
     current_phase = phase(snapshot, config)
@@ -185,7 +198,9 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             - leaving
             - sum(ld.usage.used for ld in loaders if str(ld.ref) in actions)
         )
-        for loader in sorted(loaders, key=lambda ld: (ld.usage.growth <= 0, -ld.usage.used)):
+        now = snapshot.now
+        by = lambda ld: (_growth(ld, now, config) <= 0, -ld.usage.used)  # noqa: E731
+        for loader in sorted(loaders, key=by):
             if deficit <= 0:
                 break
             if str(loader.ref) in actions:
