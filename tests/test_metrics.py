@@ -66,9 +66,19 @@ def test_the_running_guard_writes_metrics_node_exporter_can_read(tmp_path):
         um.systemctl("start", "llama-big.service")
         wait_log(um, r"^warning unit-blocked: user:0:llama-big.service", after=offset)
         deadline = time.monotonic() + 10
-        while True:  # the next full pass writes the block
+        ok = {"unit": "llama-ok.service", "level": "user", "user": "0"}
+        while True:  # the next full pass writes the block, and the loader's 32 MiB once held
             found = samples(textfile) if textfile.exists() else {}
-            if found.get("spark_guard_blocked_units", [({}, 0)])[0][1] == 1:
+            held = [
+                v
+                for labels, v in found.get("spark_guard_loader_used_bytes", [])
+                if all(labels.get(k) == x for k, x in ok.items())
+            ]
+            if (
+                found.get("spark_guard_blocked_units", [({}, 0)])[0][1] == 1
+                and held
+                and (held[0] >= 32 * MiB)
+            ):
                 break
             assert time.monotonic() < deadline, textfile.read_text() if textfile.exists() else ""
             time.sleep(0.2)
@@ -88,7 +98,6 @@ def test_the_running_guard_writes_metrics_node_exporter_can_read(tmp_path):
     assert one(found, "spark_guard_unit_blocked", **big, reason="footprint", phase="strict") == 1
     assert one(found, "spark_guard_actions_total", kind="stop") == 1
     assert one(found, "spark_guard_actions_total", kind="warn") == 0
-    ok = {"unit": "llama-ok.service", "level": "user", "user": "0"}
     assert one(found, "spark_guard_loader_expected_bytes", **ok) == 64 * MiB
     used = one(found, "spark_guard_loader_used_bytes", **ok)
     assert 32 * MiB <= used < 64 * MiB  # RSS of a loader holding 32 MiB (no GPU here)
