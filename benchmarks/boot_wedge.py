@@ -74,6 +74,8 @@ def fight_table(f: Fight) -> str:
         f"| MemAvailable when it was started | {f.available_before / MiB:.0f} MiB |",
         f"| what it allocates | {FIGHT_MIB} MiB, flat out, SIGTERM ignored |",
         f"| lowest MemAvailable (reserve {RESERVE_MIB} MiB) | {f.min_available / MiB:.0f} MiB |",
+        "| start to the brake's freeze (before any decision) | "
+        + (f"{f.braked - f.started:.2f} s ({f.brake_why}) |" if f.braked else "none |"),
         "| start to the guard's decision | "
         + (f"{f.decided - f.started:.2f} s ({f.reason}) |" if f.decided else "none |"),
         "| frozen before the stop | "
@@ -92,6 +94,11 @@ def fight_table(f: Fight) -> str:
         f"| kernel OOM kills | {f.kernel_kills} |",
         f"| unit afterwards (active/load/file) | {state(f.unit)}, NRestarts "
         f"{f.unit.get('NRestarts', '?')} |",
+        "| PID 1's llama-server afterwards (same run as before) | "
+        + state(f.bystander[1])
+        + (", same run" if f.bystander[1].get("ExecMainStartTimestampMonotonic")
+           == f.bystander[0].get("ExecMainStartTimestampMonotonic") else ", RESTARTED")
+        + " |",
         "| systemd stops a frozen unit (SIGTERM handler exits) | "
         + (f"{thaw[0]} before, stopped in {float(thaw[2]) - float(thaw[1]):.2f} s |"
            if len(thaw) == 3 else f"? ({f.thaw_check!r}) |"),

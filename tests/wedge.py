@@ -419,6 +419,8 @@ class Fight:
     available_before: int = 0
     logins: list[Login] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    braked: float | None = None  # guest uptime the brake froze it, before any decision
+    brake_why: str = ""
     decided: float | None = None  # guest uptime of the guard's decision on the unit
     reason: str = ""
     frozen: str = ""  # SG_FROZEN of the stop request
@@ -426,6 +428,7 @@ class Fight:
     stopped: float | None = None
     pressure_wakes: list[tuple[float, float, float]] = field(default_factory=list)
     unit: dict[str, str] = field(default_factory=dict)
+    bystander: tuple[dict[str, str], dict[str, str]] = ({}, {})  # PID 1's loader, before/after
     kernel_kills: int = -1
     thaw_check: str = ""
 
@@ -462,6 +465,7 @@ def _uptime(vm: VM) -> float:
 def fight(vm: VM, seconds: float = 25) -> Fight:
     """Start the loader that fights back on the running guest and watch it for `seconds`."""
     before = vm.ssh("grep MemAvailable /proc/meminfo", timeout=60).stdout.split()
+    bystander = _show(vm, "system", "llama-server.service")
     logins = _Logins(vm)
     logins.start()
     try:
@@ -478,10 +482,11 @@ def fight(vm: VM, seconds: float = 25) -> Fight:
     # too: a login that did not answer within the window is a failed one).
     out.logins = logins.logins
     out.unit = _show(vm, "system", FIGHT_UNIT)
+    out.bystander = (bystander, _show(vm, "system", "llama-server.service"))
     out.kernel_kills = _count(vm, "journalctl -b -k -q --no-pager | grep 'Out of memory: Killed'")
     journal = vm.ssh(
         "journalctl -b -q -u spark-guard -o json --no-pager --output-fields="
-        "SG_EVENT,SG_UNIT,SG_REASON,SG_HOW,SG_ERROR,SG_FROZEN,SG_WAITED,SG_POLL",
+        "SG_EVENT,SG_UNIT,SG_UNITS,SG_REASON,SG_HOW,SG_ERROR,SG_FROZEN,SG_WAITED,SG_POLL",
         check=False,
         timeout=120,
     ).stdout
@@ -496,6 +501,10 @@ def fight(vm: VM, seconds: float = 25) -> Fight:
         if kind == "pressure-wake":
             with contextlib.suppress(TypeError, ValueError):
                 out.pressure_wakes.append((t, float(e["SG_WAITED"]), float(e["SG_POLL"])))
+            continue
+        if kind == "brake" and t >= started and out.braked is None:
+            if unit in str(e.get("SG_UNITS", "")):
+                out.braked, out.brake_why = t, str(e.get("SG_ERROR", ""))
             continue
         if e.get("SG_UNIT") != unit or t < started:
             continue
