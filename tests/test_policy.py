@@ -427,3 +427,17 @@ def test_reserve_rule_takes_a_young_loader_seen_once_over_an_older_idle_bigger_o
     idle = loader("llama-server.service", rss=910 * 2**20, model="/m/a.gguf", since=69.6)
     s = replace(snap(77 * 2**20, fighter, idle, now=196.4, total=2 * GiB), boot_over=True)
     assert [str(a.unit) for a in decide(s, c).actions] == ["llama-fight.service"]
+
+
+def test_a_quiet_guard_reads_again_before_memory_could_be_filled_at_fill_rate():
+    from spark_guard.policy import FILL_RATE, poll_interval
+
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    calm = decide(_steady(2 * GiB), c)
+    # 1848 MiB above the reserve: 0.31 s.
+    assert abs(poll_interval(calm, _steady(2 * GiB), c) - 1848 / 6000) < 1e-6
+    # 450 MiB above the reserve: 6 GB/s would take it in 75 ms -> poll.min.
+    assert poll_interval(calm, _steady(2 * GiB), c, 650 * 2**20) == 0.1
+    # 9 GiB above it: 1.5 s.
+    big = _steady(9 * GiB + 200 * 2**20)
+    assert abs(poll_interval(calm, big, c) - 9 * GiB / FILL_RATE) < 1e-6

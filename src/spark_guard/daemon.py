@@ -191,7 +191,9 @@ class Guard:
                 )
                 self.notifier.notify("READY=1")
             self._watchdog(now)
-            interval = poll_interval(decision, snapshot, self.config)
+            interval = poll_interval(
+                decision, snapshot, self.config, memory.available if memory else None
+            )
             if self.enforcer.settling:
                 # A stop in progress is a state the loop looks at (advance(), in step()),
                 # not a wait inside it: back within poll.min, to escalate on memory or time.

@@ -216,17 +216,33 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)
 
 
-def poll_interval(decision: Decision | None, snapshot: Snapshot | None, config: Config) -> float:
+# How fast memory can be filled, as earlyoom assumes it for RAM (6000 MiB/s): a quiet guard
+# reads MemAvailable again before a loader this fast could have taken the headroom. On a
+# Spark with 100 GiB free that is poll.max; in a 2 GiB VM with 450 MiB free, poll.min.
+FILL_RATE = 6000 * 1024**2
+
+
+def poll_interval(
+    decision: Decision | None,
+    snapshot: Snapshot | None,
+    config: Config,
+    available: int | None = None,
+) -> float:
     """Seconds to the next look: a quarter of the time MemAvailable needs to reach
-    the reserve at its current fall rate, within [poll.min, poll.strict or poll.max]."""
+    the reserve at its current fall rate, and no longer than FILL_RATE would need,
+    within [poll.min, poll.strict or poll.max]. `available`: the latest read, when newer
+    than the snapshot's."""
     if decision is None or snapshot is None:
         return config.poll_max
     longest = (
         config.poll_max if decision.phase == STEADY else min(config.poll_strict, config.poll_max)
     )
+    headroom = max(
+        (snapshot.memory.available if available is None else available) - decision.reserve, 0
+    )
+    longest = min(longest, max(headroom / FILL_RATE, config.poll_min))
     if decision.slope >= 0:
         return longest
-    headroom = max(snapshot.memory.available - decision.reserve, 0)
     return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
 
 
