@@ -213,8 +213,32 @@ class Sample:
     available: int  # bytes
 
 
+class _ProbeFigures:
+    """What the probe's samples say, for a whole run and for the fight-back window alike."""
+
+    samples: list[Sample]
+
+    @property
+    def min_available(self) -> int:
+        return min((s.available for s in self.samples), default=0)
+
+    @property
+    def worst_fork_ms(self) -> float:
+        return max((s.fork_ms for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_stall_ms(self) -> float:
+        """The worst of: a fork+exec+wait, or the probe itself not running on time."""
+        return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
+
+    @property
+    def worst_gap_s(self) -> float:
+        """The longest time between two probe samples: a probe that could not run at all."""
+        return max((b.uptime - a.uptime for a, b in itertools.pairwise(self.samples)), default=0.0)
+
+
 @dataclass
-class Run:
+class Run(_ProbeFigures):
     protection: str
     logins: list[Login] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -251,10 +275,6 @@ class Run:
         return sum(1 for lg in self.logins if lg.ok and lg.uptime and start <= lg.uptime <= end)
 
     @property
-    def worst_fork_ms(self) -> float:
-        return max((s.fork_ms for s in self.samples), default=float("nan"))
-
-    @property
     def worst_fork_in_window_ms(self) -> float:
         if self.load_window is None:
             return float("nan")
@@ -263,22 +283,8 @@ class Run:
         return max(inside, default=float("nan"))
 
     @property
-    def worst_stall_ms(self) -> float:
-        """The worst of: a fork+exec+wait, or the probe itself not running on time."""
-        return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
-
-    @property
-    def worst_gap_s(self) -> float:
-        """The longest time between two probe samples: a probe that could not run at all."""
-        return max((b.uptime - a.uptime for a, b in itertools.pairwise(self.samples)), default=0.0)
-
-    @property
     def median_fork_ms(self) -> float:
         return statistics.median(s.fork_ms for s in self.samples) if self.samples else 0.0
-
-    @property
-    def min_available(self) -> int:
-        return min((s.available for s in self.samples), default=0)
 
     @property
     def restarts(self) -> int:
@@ -411,7 +417,7 @@ def collect(vm: VM, run: Run) -> None:
 
 
 @dataclass
-class Fight:
+class Fight(_ProbeFigures):
     """The loader that fights back, seen from the probe, the host's logins and the journal."""
 
     started: float  # guest uptime when the start was requested
@@ -431,22 +437,6 @@ class Fight:
     bystander: tuple[dict[str, str], dict[str, str]] = ({}, {})  # PID 1's loader, before/after
     kernel_kills: int = -1
     thaw_check: str = ""
-
-    @property
-    def min_available(self) -> int:
-        return min((s.available for s in self.samples), default=0)
-
-    @property
-    def worst_fork_ms(self) -> float:
-        return max((s.fork_ms for s in self.samples), default=float("nan"))
-
-    @property
-    def worst_stall_ms(self) -> float:
-        return max((max(s.fork_ms, s.late_ms) for s in self.samples), default=float("nan"))
-
-    @property
-    def worst_gap_s(self) -> float:
-        return max((b.uptime - a.uptime for a, b in itertools.pairwise(self.samples)), default=0.0)
 
     @property
     def logins_ok(self) -> int:
