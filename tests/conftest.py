@@ -1,11 +1,31 @@
+import os
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_reachable_by_other_users() -> Iterator[None]:
+    """The hostile-user tests run loaders and fake managers as an unprivileged account, from
+    this checkout's interpreter and tests/. A clone in a 0700 directory (mktemp -d) would
+    refuse them: give each directory above it the search bit for others (no read), and put
+    the modes back at the end."""
+    changed = []
+    for d in [REPO.resolve(), *REPO.resolve().parents]:
+        mode = d.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(d, stat.S_IMODE(mode) | stat.S_IXOTH)
+            changed.append((d, stat.S_IMODE(mode)))
+    yield
+    for d, mode in reversed(changed):
+        os.chmod(d, mode)
 
 
 @pytest.fixture(scope="session")
