@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from accounts import unprivileged_user
+from churn import Churn
 from guardunit import (
     GUARD,
     PY,
@@ -426,3 +427,77 @@ def test_a_frozen_manager_gets_its_loader_cgroup_killed_and_the_block_retried(um
         f"one decision against a frozen manager held the loop {out['apply_took']:.1f}s "
         f"(budget {budget:.1f}s: WatchdogSec={shipped('WatchdogSec')})"
     )
+
+
+@pytest.mark.systemd
+def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
+    """Three user managers stop answering at once (SIGSTOP) for three WatchdogSec.
+
+    Each call to a silent manager costs the bus timeout (SYSTEMD_BUS_TIMEOUT=5s):
+    three in one pass are 15 s without a pass ending, past this unit's
+    WatchdogSec=10s, and a reconnect every 2 s would cost 5 s each again, forever
+    (pystemd keeps the GIL while sd-bus waits: a thread alone does not help).
+    Seen in the VM: PID 1 deep in a daemon-reload under memory pressure, then
+    Result=watchdog. The guard must (1) never be killed for it, since every call
+    that comes back is progress (managers.Manager.heartbeat); (2) tell each
+    silence once and ask again only after managers.SILENT_FOR, off the loop, with
+    a handshake in plain Python before pystemd is let near the peer
+    (managers.Connecting, Manager._handshake); so (3) a loader that starts in a
+    manager that does answer, once the calls in flight have timed out, is blocked
+    while the others are still silent, as fast as usual; and (4) watch the
+    managers again once they answer.
+    """
+    write_config(um, '[loaders.footprint]\n"llama-meanwhile.service" = "100TiB"\n')
+    restart_guard(um)
+    watchdog = seconds(um.show(GUARD, "WatchdogUSec")["WatchdogUSec"])
+    before = um.show(GUARD, "MainPID", "NRestarts")
+    churn = Churn(um, users=3, loaders=0, first_uid=62000)
+    frozen: list[int] = []
+    try:
+        offset = len(log_text(um))
+        for u in churn.users:
+            u.send("up")
+        for u in churn.users:
+            wait_log(um, rf"^info manager-connected: watching user:{u.uid} manager", after=offset)
+        offset = len(log_text(um))
+        for u in churn.users:
+            os.kill(u.proc.pid, signal.SIGSTOP)
+            frozen.append(u.proc.pid)
+        frozen_at = time.monotonic()
+        # The calls in flight each wait the bus timeout once (5 s apiece, 15 s in all,
+        # in one pass: pystemd keeps the GIL while it waits, so this much is the loop's).
+        for u in churn.users:
+            wait_log(um, rf"^info manager-lost: user:{u.uid} manager", after=offset)
+        loader_unit(um, "llama-meanwhile.service", 30, Restart="always")
+        started = time.monotonic()
+        um.systemctl("start", "llama-meanwhile.service")
+        wait_log(um, r"^warning unit-blocked: user:0:llama-meanwhile.service", after=offset)
+        blocked_in = time.monotonic() - started
+        while time.monotonic() < frozen_at + 3 * watchdog:
+            time.sleep(0.5)
+        during = log_text(um)[offset:]
+        after = um.show(GUARD, "MainPID", "NRestarts", "ActiveState")
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen.clear()
+        thawed = len(log_text(um))
+        for u in churn.users:
+            wait_log(um, rf"^info manager-connected: watching user:{u.uid} manager", after=thawed)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        churn.close()
+        subprocess.run(
+            [PY, "-m", "spark_guard", "release", "--all", "--config", str(um.base / "guard.toml")],
+            capture_output=True,
+            timeout=60,
+        )
+    assert after == {**before, "ActiveState": "active"}, (after, during[-3000:])
+    assert "watchdog" not in um.show(GUARD, "Result")["Result"]
+    # (3): the usual block takes well under a second here; 5 s is one bus timeout.
+    assert blocked_in < 5.0, (blocked_in, during[-3000:])
+    # (2): each silence is told once, when a call first timed out; the retries after
+    # SILENT_FOR are made off the loop and are no news.
+    for u in churn.users:
+        told = re.findall(rf"^info manager-lost: user:{u.uid} manager: .*\n", during, re.M)
+        assert len(told) == 1 and "no answer within the bus timeout" in told[0], told

@@ -81,7 +81,9 @@ class Guard:
         self.dry_run = dry_run or config.dry_run
         self.config_error = config_error
         self.notifier = sdnotify.SystemdNotifier()
-        self.sensor = Sensor(config, log)
+        # A manager call that came back, answered or timed out, is progress: the watchdog
+        # is pinged then too, so a pass of several bounded calls is never taken for a wedge.
+        self.sensor = Sensor(config, log, heartbeat=lambda: self._watchdog(time.monotonic()))
         self.enforcer = Enforcer(
             self.sensor.managers, config, log, tick=lambda: self.notifier.notify("WATCHDOG=1")
         )
@@ -114,7 +116,8 @@ class Guard:
         self._poller = select.poll()
         self._poller.register(self._wake_r, select.POLLIN)
         # Models are read off the loop (foresight.py); an answer wakes it for a full look.
-        self.sensor.predictor.on_ready = self._model_read
+        self.sensor.predictor.on_ready = self._look_now
+        self.sensor.on_manager_ready = self._look_now
 
     # --- signals --------------------------------------------------------------
 
@@ -124,8 +127,9 @@ class Guard:
     def _on_hup(self, signum: int, _frame: FrameType | None) -> None:
         self._reload = True
 
-    def _model_read(self) -> None:
-        """From the model reader's thread: a prediction is in, the next pass takes it now."""
+    def _look_now(self) -> None:
+        """From a worker thread (a model read, a manager connected): an answer is in, the
+        next pass takes it now."""
         self._force_full = True
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"m")
@@ -174,7 +178,7 @@ class Guard:
             ):
                 self._force_full = False
                 if now >= next_refresh:
-                    self.sensor.refresh_managers()
+                    self.sensor.refresh_managers(wait=0)  # connections come in off the loop
                     next_refresh = now + 2.0
                 decision, snapshot = self.step()
             if self.enforcer.braked:

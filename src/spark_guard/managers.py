@@ -11,6 +11,7 @@ every load()).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import importlib
 import importlib.util
@@ -18,8 +19,10 @@ import os
 import socket
 import struct
 import sys
+import threading
+import time
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +60,30 @@ class ManagerUntrusted(ManagerError):
     """What listens on a user's socket is not that user's systemd (a fake, or a redirect)."""
 
 
+class ManagerSilent(ManagerError):
+    """A call timed out: the manager is busy (a daemon-reload under memory pressure) or
+    frozen. It is not asked again until SILENT_FOR has passed."""
+
+
 # A manager busy past this answers nothing useful in time: the guard moves on
 # (cgroup kill, retry later) instead of sd-bus's default 25 s wait.
 os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", "5s")
+# After a call times out, calls to that manager fail at once for this long: each
+# call would wait the whole bus timeout again, and a pass that asks a silent PID 1
+# five things would hold the loop 25 s (seen: a daemon-reload of PID 1 under
+# memory pressure, then the watchdog). Two bus timeouts: asked every 10 s at most.
+SILENT_FOR = 10.0
+# A manager must answer the D-Bus handshake within this before pystemd is let near it.
+# pystemd keeps the GIL while sd-bus waits: a call to a silent peer would stop every
+# thread of the guard, the loop included, for the whole bus timeout. Python's own
+# socket waits let go of it. A live manager answers in microseconds to milliseconds.
+HANDSHAKE_TIMEOUT = 1.0
+
+
+def _timed_out(e: BaseException) -> bool:
+    """pystemd's errors carry sd-bus's negative errno."""
+    code = getattr(e, "errno", None)
+    return isinstance(code, int) and abs(code) == errno.ETIMEDOUT
 
 
 def _dbuslib() -> Any:
@@ -102,11 +126,24 @@ class UnitDetails:
 class Manager:
     """One systemd manager: 'system' or 'user:UID', reached on `socket_path`."""
 
-    def __init__(self, key: str, socket_path: str, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        key: str,
+        socket_path: str,
+        proc_root: str = "/proc",
+        *,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> None:
         self.key = key
         self.socket_path = socket_path
         self.proc_root = proc_root
         self._bus: Any = None
+        # Called after every call that came back, answered or not: the daemon pings its
+        # watchdog there, so calls that each end within the bus timeout never add up to
+        # a watchdog kill. A call that never comes back pings nothing.
+        self.heartbeat = heartbeat or (lambda: None)
+        # Monotonic time before which this manager is not asked (a call timed out).
+        self.silent_until = 0.0
         # The manager's own cgroup: for a user manager, what /proc says its process runs
         # in (never what it claims); only units below it are attributed to it.
         self.root_cgroup = "/"
@@ -121,6 +158,7 @@ class Manager:
         """Connect, and believe a user manager only once it is shown to be that user's
         systemd: see `_verify`. `system`: PID 1's connected manager, when there is one."""
         with self._socket_dir() as address:
+            self._handshake(address)
             bus = _dbuslib().DBusAddress(f"unix:path={address}".encode(), peer_to_peer=True)
             try:
                 bus.open()
@@ -145,6 +183,31 @@ class Manager:
         except ManagerError:
             self.close()
             raise
+
+    def _handshake(self, address: str) -> None:
+        """The manager answers SASL's AUTH EXTERNAL within HANDSHAKE_TIMEOUT, or is silent.
+
+        A frozen manager, or PID 1 deep in a daemon-reload, answers nothing: that
+        is found here, where waiting costs no one else anything."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            sock.connect(address)
+            sock.sendall(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\n")
+            reply = sock.recv(256)
+        except TimeoutError:
+            self.silent_until = time.monotonic() + SILENT_FOR
+            raise ManagerSilent(
+                f"{self.key}: no answer to the D-Bus handshake within {HANDSHAKE_TIMEOUT:g}s"
+            ) from None
+        except OSError as e:
+            raise ManagerError(
+                f"{self.key}: cannot connect to {self.socket_path}: {e.strerror or e}"
+            ) from None
+        finally:
+            sock.close()
+        if not reply.startswith(b"OK "):
+            raise ManagerError(f"{self.key}: {self.socket_path} refused the D-Bus handshake")
 
     @contextlib.contextmanager
     def _socket_dir(self) -> Any:
@@ -201,6 +264,8 @@ class Manager:
         try:
             main = int(system._get(unit, _SERVICE, b"MainPID", b"u"))
             cgroup = _s(system._get(unit, _SERVICE, b"ControlGroup", b"s"))
+        except ManagerSilent:
+            raise  # PID 1 busy is no verdict on this manager: asked again next time
         except ManagerError as e:
             raise ManagerUntrusted(f"{self.key}: PID 1 cannot vouch for it: {e}") from None
         if main != pid or cgroup.rstrip("/") != root:
@@ -231,14 +296,31 @@ class Manager:
                 self._bus = None
 
     def _get(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
-        if self._bus is None:
-            raise ManagerError(f"{self.key}: not connected")
+        bus = self._ready(f"reading {prop.decode()}")
         try:
-            return self._bus.get_property(_DEST, path, iface, prop, sig)
+            return bus.get_property(_DEST, path, iface, prop, sig)
         except Exception as e:
-            raise ManagerError(f"{self.key}: reading {prop.decode()}: {e}") from None
+            raise self._failed(f"reading {prop.decode()}", e) from None
         finally:
             self._drain()
+            self.heartbeat()
+
+    def _ready(self, what: str) -> Any:
+        """The bus to call on, unless not connected or silent since a timeout."""
+        if self._bus is None:
+            raise ManagerError(f"{self.key}: not connected")
+        wait = self.silent_until - time.monotonic()
+        if wait > 0:
+            raise ManagerSilent(
+                f"{self.key}: {what}: not asked, a call timed out; asked again in {wait:.0f}s"
+            )
+        return self._bus
+
+    def _failed(self, what: str, e: Exception) -> ManagerError:
+        if _timed_out(e):
+            self.silent_until = time.monotonic() + SILENT_FOR
+            return ManagerSilent(f"{self.key}: {what}: no answer within the bus timeout")
+        return ManagerError(f"{self.key}: {what}: {e}")
 
     def _drain(self) -> None:
         """Drop the signals the manager sent meanwhile.
@@ -260,16 +342,16 @@ class Manager:
 
     def _call(self, method: bytes, sig: bytes, *args: Any) -> Any:
         apply_signature = _dbuslib().apply_signature
-        if self._bus is None:
-            raise ManagerError(f"{self.key}: not connected")
+        bus = self._ready(method.decode())
         try:
             call_args = apply_signature(sig, list(args)) if sig else []
             # A single out-argument comes back bare, several as a list.
-            return self._bus.call_method(_DEST, _PATH, _MANAGER, method, call_args).body
+            return bus.call_method(_DEST, _PATH, _MANAGER, method, call_args).body
         except Exception as e:
-            raise ManagerError(f"{self.key}: {method.decode()}: {e}") from None
+            raise self._failed(method.decode(), e) from None
         finally:
             self._drain()
+            self.heartbeat()
 
     @staticmethod
     def unit_path(name: str) -> bytes:
@@ -386,6 +468,59 @@ class Manager:
         own: a manager can name no one else's processes); the property lives on Service."""
         cgroup = _s(self._get(self.unit_path(name), _SERVICE, b"ControlGroup", b"s"))
         return cgroup if cgroup_within(cgroup, self.root_cgroup) else ""
+
+
+class Connecting:
+    """A manager being connected and verified on a thread of its own.
+
+    A peer that accepts and never answers (a frozen manager, PID 1 deep in a
+    daemon-reload, a user's fake) costs that thread the bus timeout, never the
+    guard's loop. A user manager is vouched for by PID 1 over a connection of
+    this thread's own (`system_socket`): sd-bus connections are not shared
+    between threads. `on_done` is called from the thread when it has an answer.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        socket_path: str,
+        proc_root: str,
+        system_socket: str | None,
+        on_done: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.key = key
+        self.manager = Manager(key, socket_path, proc_root)
+        self.error: ManagerError | None = None
+        self._system_socket = system_socket
+        self._on_done = on_done
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name=f"connect {key}", daemon=True).start()
+
+    def _run(self) -> None:
+        system = None
+        try:
+            if self._system_socket is not None:
+                system = Manager(SYSTEM, self._system_socket, self.manager.proc_root)
+                system.connect()  # PID 1 there but silent: no verdict yet, asked again later
+            self.manager.connect(system)
+        except ManagerError as e:
+            self.error = e
+            if system is not None and system.silent_until > self.manager.silent_until:
+                self.manager.silent_until = system.silent_until
+        except Exception as e:  # a thread must not die silently: the loop reads it as an error
+            self.error = ManagerError(f"{self.key}: {e}")
+        finally:
+            if system is not None:
+                system.close()
+            self._done.set()
+            self._on_done()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(max(timeout, 0.0))
 
 
 def discover(system_socket: str, user_runtime: str) -> dict[str, str]:

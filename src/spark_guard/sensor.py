@@ -17,6 +17,7 @@ from .config import Config
 from .foresight import Prediction, Predictor, owner_of, parse_environment
 from .gpu import GpuWatch
 from .managers import (
+    Connecting,
     Manager,
     ManagerError,
     ManagerUntrusted,
@@ -33,6 +34,9 @@ MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 HISTORY_MAX = 600
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
+# How long a command (or the daemon's first pass) waits for managers to connect: one
+# bus timeout and a little. The daemon's later passes never wait: they adopt what is in.
+CONNECT_WAIT = 6.0
 
 
 @dataclass
@@ -56,14 +60,26 @@ class _ProcCache:
 
 class Sensor:
     def __init__(
-        self, config: Config, log: Any, clock: Callable[[], float] = time.monotonic
+        self,
+        config: Config,
+        log: Any,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.log = log
         self.clock = clock
+        self.heartbeat = heartbeat  # given to every Manager: after each call that came back
         self.proc = ProcFS(config.proc)
         self.managers: dict[str, Manager] = {}
         self._untrusted: dict[str, tuple[float, str]] = {}  # key -> (retry at, why)
+        # key -> monotonic time: a call to that manager timed out; not reconnected before.
+        self._silent: dict[str, float] = {}
+        self._connecting: dict[str, Connecting] = {}
+        self._found: dict[str, str] = {}  # the last discover(): key -> socket
+        # Called from a connecting thread when it has an answer (the daemon wakes its loop).
+        self.on_manager_ready: Callable[[], None] = lambda: None
         # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
         self.gpu = GpuWatch(retry=config.gpu_retry, deadline=config.gpu_deadline)
         self.predictor = Predictor()
@@ -91,20 +107,47 @@ class Sensor:
 
     # --- managers -------------------------------------------------------
 
-    def refresh_managers(self) -> None:
-        """Connect managers that appeared (boot, linger, login); forget those gone."""
+    def refresh_managers(self, wait: float = CONNECT_WAIT) -> None:
+        """Forget managers gone; start connecting those that appeared (boot, linger, login).
+
+        Connections are made off the loop (managers.Connecting); `wait` is how long
+        to wait for them here (a command, the first pass), 0 for the daemon's loop,
+        which takes them in at its next full look (adopt_managers)."""
         found = discover(self.config.system_manager, self.config.user_runtime)
-        before = set(self.managers)
+        self._found = found
         for key in [k for k in self.managers if k not in found]:
             self._drop(key, "socket gone")
         now = self.clock()
         for key, sock in found.items():
-            if key in self.managers or now < self._untrusted.get(key, (0.0, ""))[0]:
+            if key in self.managers or key in self._connecting:
                 continue
-            m = Manager(key, sock, self.config.proc)
-            try:
-                m.connect(self.managers.get(SYSTEM))
-            except ManagerUntrusted as e:
+            if now < self._untrusted.get(key, (0.0, ""))[0]:
+                continue
+            if time.monotonic() < self._silent.get(key, 0.0):
+                continue  # it timed out a moment ago: asked again once its silence is over
+            system = found.get(SYSTEM) if key != SYSTEM else None
+            self._connecting[key] = Connecting(
+                key, sock, self.config.proc, system, self._manager_ready
+            )
+        if wait > 0:
+            deadline = time.monotonic() + wait
+            for pending in list(self._connecting.values()):
+                pending.wait(deadline - time.monotonic())
+        self.adopt_managers()
+
+    def _manager_ready(self) -> None:
+        self.on_manager_ready()
+
+    def adopt_managers(self) -> None:
+        """Take in the connections that have an answer: believed, refused or silent."""
+        before = set(self.managers)
+        now = self.clock()
+        for key, pending in list(self._connecting.items()):
+            if not pending.done:
+                continue
+            del self._connecting[key]
+            m, e = pending.manager, pending.error
+            if isinstance(e, ManagerUntrusted):
                 # Said once per reason, then asked again only now and then.
                 if self._untrusted.get(key, (0.0, ""))[1] != str(e):
                     self.log.warning(
@@ -112,15 +155,21 @@ class Sensor:
                     )
                 self._untrusted[key] = (now + UNTRUSTED_RETRY, str(e))
                 continue
-            except ManagerError as e:
+            if e is not None:
+                self._note_silence(m)
                 self.log.debug("manager-lost", manager=key, error=str(e), msg=str(e))
                 continue
+            if key not in self._found:
+                m.close()  # gone while it was connected
+                continue
+            m.heartbeat = self.heartbeat or m.heartbeat
             self._untrusted.pop(key, None)
+            self._silent.pop(key, None)
             self.managers[key] = m
             self.log.info(
                 "manager-connected",
                 manager=key,
-                socket=sock,
+                socket=m.socket_path,
                 cgroup=m.root_cgroup,
                 msg=f"watching {key} manager",
             )
@@ -128,9 +177,14 @@ class Sensor:
             self._find_self()  # our own unit can only change with the set of managers
         self._add_graphical()
 
+    def _note_silence(self, m: Manager) -> None:
+        if m.silent_until > time.monotonic():
+            self._silent[m.key] = m.silent_until
+
     def _drop(self, key: str, why: str) -> None:
         m = self.managers.pop(key, None)
         if m is not None:
+            self._note_silence(m)
             m.close()
             self.log.info("manager-lost", manager=key, error=why, msg=f"{key} manager: {why}")
         for ref in [r for r in self._units if r.manager == key]:
@@ -183,6 +237,8 @@ class Sensor:
     # --- the snapshot -----------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        if self._connecting:
+            self.adopt_managers()
         now = self.clock()
         memory = self.proc.memory()
         self.history.append((now, memory.available))
@@ -380,6 +436,10 @@ class Sensor:
         self.predictor.close()
         for key in list(self.managers):
             self.managers.pop(key).close()
+        for pending in self._connecting.values():
+            if pending.done:
+                pending.manager.close()  # one still connecting dies with its daemon thread
+        self._connecting.clear()
         self.gpu.close()
 
 
