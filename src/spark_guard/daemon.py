@@ -371,7 +371,12 @@ class Guard:
         """Sleep until the next pass; True when a memory pressure event ended it."""
         poller = self._poller
         start = time.monotonic()
-        events = poller.poll(timeout * 1000)
+        try:
+            events = poller.poll(timeout * 1000)
+        except OSError:
+            # poll() is restarted after a signal, but a ptrace attach (gdb, py-spy) can end it
+            # with the kernel's internal ERESTART* errno: a short wait, never a dead guard.
+            events = []
         pressure = False
         for fd, _ in events:
             if fd == self._wake_r:
