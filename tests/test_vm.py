@@ -43,7 +43,18 @@ from __future__ import annotations
 import pytest
 
 from vm import VM
-from wedge import FIGHT_UNIT, LOADERS, RESERVE_MIB, MiB, Run, collect, fight, observe, prepare
+from wedge import (
+    FIGHT_UNIT,
+    LOADERS,
+    RESERVE_MIB,
+    MiB,
+    Run,
+    collect,
+    fight,
+    observe,
+    prepare,
+    thrash,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -136,6 +147,17 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         a, b = (float(x) for x in times.split())
         assert state == "frozen" and b - a < 5, fought.thaw_check
         assert f"{FIGHT_UNIT}: blocked" in vm.ssh("spark-guard status").stdout
+
+        # The PSI trigger: memory stalls with MemAvailable steady (a reader thrashing its
+        # own cgroup's cache) wake the guard before its poll would have ended, again in
+        # each 2 s window the stalls go on (the kernel fires once per window; seen: six
+        # wakes in 14 s).
+        began, ended, wakes = thrash(vm, seconds=8)
+        print(f"\nTHRASH {began:.2f}-{ended:.2f} wakes={wakes}")
+        assert len(wakes) >= 2 and all(waited < poll for _, waited, poll in wakes), (
+            wakes,
+            vm.ssh("cat /proc/pressure/memory; journalctl -b -u spark-guard -o cat -n 20").stdout,
+        )
 
         # Second boot of the same disk: the offender stays down, the admitted one loads again.
         assert vm.poweroff(), "the guest did not shut down by itself"

@@ -508,3 +508,41 @@ def fight(vm: VM, seconds: float = 25) -> Fight:
             out.stopped = t
     out.thaw_check = vm.ssh(THAW_CHECK, check=False, timeout=120).stdout.strip()
     return out
+
+
+# Memory pressure without memory use: a reader that re-reads a file a little larger than
+# its cgroup's MemoryMax. Each pass evicts what the next pass needs (refault distance
+# under the cgroup's cache: the kernel's thrashing detection), so every read waits on
+# the disk as a memory stall, counted in /proc/pressure/memory, while MemAvailable
+# hardly moves (24 MiB of cache at most). The guard's poll is then its longest, and
+# only the PSI trigger can wake it early.
+THRASH = (
+    "set -e; f=/var/tmp/sg-thrash.bin; "
+    "[ -e $f ] || dd if=/dev/urandom of=$f bs=1M count=64 status=none; "
+    "sync; echo 1 > /proc/sys/vm/drop_caches; "
+    "systemd-run --unit=sg-thrash -p MemoryMax=48M -p MemorySwapMax=0 "
+    "/bin/sh -c 'while :; do cat /var/tmp/sg-thrash.bin > /dev/null; done'"
+)
+
+
+def thrash(vm: VM, seconds: float = 8) -> tuple[float, float, list[tuple[float, float, float]]]:
+    """(guest uptime at the start, at the end, the guard's pressure wakes in between)."""
+    vm.ssh(THRASH, timeout=120)
+    started = _uptime(vm)
+    time.sleep(seconds)
+    vm.ssh("systemctl stop sg-thrash.service", check=False, timeout=60)
+    ended = _uptime(vm)
+    journal = vm.ssh(
+        "journalctl -b -q -u spark-guard -o json --no-pager --output-fields="
+        "SG_EVENT,SG_WAITED,SG_POLL",
+        check=False,
+        timeout=120,
+    ).stdout
+    wakes = []
+    for line in journal.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            e = json.loads(line)
+            t = int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6
+            if e.get("SG_EVENT") == "pressure-wake" and started <= t <= ended:
+                wakes.append((t, float(e["SG_WAITED"]), float(e["SG_POLL"])))
+    return started, ended, wakes
