@@ -67,6 +67,22 @@ def test_every_event_is_explained_in_the_journal_catalog():
     assert "spark-guard release @SG_UNIT@" in blocked and "spark-guard status" in blocked
 
 
+def test_every_event_the_guard_logs_has_a_message_id():
+    """`journalctl MESSAGE_ID=` finds every kind of event: none is logged without one.
+
+    Read off the sources, the way an admin's grep would: every event name that
+    a logger call in src/ names (its first argument) is in events.MESSAGE_IDS.
+    """
+    src = REPO / "src" / "spark_guard"
+    logged = {
+        m.group(1)
+        for f in src.rglob("*.py")
+        for m in re.finditer(r"\.(?:debug|info|warning|error)\(\s*\"([a-z0-9-]+)\"", f.read_text())
+    }
+    assert len(logged) > 30, logged  # the scan found the calls at all
+    assert sorted(logged - set(MESSAGE_IDS)) == []
+
+
 def test_the_unit_keeps_few_rights():
     out = subprocess.run(
         [

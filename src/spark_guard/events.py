@@ -38,4 +38,11 @@ MESSAGE_IDS: dict[str, str] = {
     "unit-released": "9fcd4780bf5842c78919f0d3599374b2",
     "footprint-unknown": "a33da9a96833480f84e35b39ca9edd11",
     "metrics-off": "4f76fb80581c4fd68ec441a08693e7b4",
+    "brake": "1def070118a642b092262264a76aea3c",
+    "brake-released": "c725e9176903439d992f0b8cbe64ac37",
+    "thaw-failed": "aae995cb63eb4e29b028f0e3ff7e0e94",
+    "brake-failed": "2a96ecf430f04dac84d957db813eff70",
+    "pressure-wake": "2197032827e94d129a83292ae1436385",
+    "memlock": "1eb07c395299433ca89f86cd6e77583b",
+    "state-unwritten": "4bdea0cfb6d6492e82c9984b50394eed",
 }
