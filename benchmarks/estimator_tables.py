@@ -47,7 +47,7 @@ def published() -> None:
         kv_4k = kv_bytes(model, Settings(n_ctx=4096))[0] / MiB
         kv_full = kv_bytes(model, Settings(n_ctx=0))[0] / MiB
         est = estimate(model, Settings(n_ctx=4096))
-    weights = est.term("weights").bytes
+    weights = {t.name: t.bytes for t in est.terms}["weights"]
     llama_total = weights + (FIT_PARAMS["kv_4096"] + FIT_PARAMS["compute"]) * MiB
     print("| figure | llama.cpp | estimate |")
     print("|---|---|---|")

@@ -1,7 +1,10 @@
 """The command line as an admin uses it: exit codes and one-line errors."""
 
+import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
@@ -73,3 +76,60 @@ def test_console_log_lines_are_readable_key_value():
         "warning decision: stop llama.service: too big unit=llama.service "
         "reason=footprint models=/a.gguf,/b.gguf detail='two words'"
     )
+
+
+# The admin's tools and what only they use: the daemon must never load them (memory, start-up).
+ADMIN_ONLY = {
+    f"spark_guard.{name}"
+    for name in (
+        "audit",
+        "audit_cli",
+        "doctor",
+        "doctor_cli",
+        "harden",
+        "harden_cli",
+        "inventory",
+        "logscan",
+        "preflight",
+        "preflight_cli",
+        "rescue_cli",
+        "status_cli",
+        "xid",
+    )
+}
+
+
+def test_the_daemon_never_imports_the_admin_tools(tmp_path):
+    cfg = tmp_path / "guard.toml"
+    cfg.write_text(f"""
+[paths]
+system_manager = "/nonexistent/systemd/private"
+user_runtime = "/nonexistent"
+state = "{tmp_path}/state"
+motd = "{tmp_path}/motd"
+issue = "{tmp_path}/issue"
+runtime = "{tmp_path}/run"
+""")
+    seen, log = tmp_path / "modules.json", tmp_path / "guard.log"
+    # What the process loaded over its whole life, written as it exits after SIGTERM.
+    code = (
+        "import atexit, json, sys\n"
+        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(seen)!r}, 'w')))\n"
+        "from spark_guard.cli import main\n"
+        f"sys.exit(main(['run', '--config', {str(cfg)!r}, '--dry-run', '--log', 'console']))\n"
+    )
+    with log.open("w") as out:
+        guard = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while "spark-guard watching" not in log.read_text():
+            assert guard.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(timeout=30) == 0, log.read_text()
+    finally:
+        guard.kill()
+        guard.wait()
+    loaded = set(json.loads(seen.read_text()))
+    assert "spark_guard.daemon" in loaded
+    assert sorted(loaded & ADMIN_ONLY) == []

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from spark_guard import config as cfg
-from spark_guard.config import Config, ConfigError, parse, parse_duration, parse_size
+from spark_guard.config import Config, ConfigError, parse
+from spark_guard.quantities import parse_duration, parse_size
 
 SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
 

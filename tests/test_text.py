@@ -21,6 +21,7 @@ from spark_guard import (
     banner,
     cli,
     doctor_cli,
+    dump_cli,
     log,
     preflight_cli,
     rescue_cli,
@@ -289,7 +290,7 @@ def test_dump_shows_loaders_and_actions_inert(capsys):
     loader = Loader(usage, (f"model-arg:{EVIL}",), (EVIL,), None)
     action = Action("stop", ref, "duplicate", f"{EVIL} is already loaded by a.service")
     snapshot = Snapshot(now=1.0, memory=Memory(100 * GiB, 50 * GiB), units=(usage,))
-    cli._print_dump(snapshot, Decision("strict", 8 * GiB, (loader,), (action,)))
+    dump_cli._print(snapshot, Decision("strict", 8 * GiB, (loader,), (action,)))
     out = capsys.readouterr().out
     assert inert(out) and out.count(EVIL_SHOWN) == 2
     assert "would stop user:1000:x\\x1b[2J.service: duplicate: " in out

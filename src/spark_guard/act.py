@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .enforce import Enforcer
 from .snapshot import Action, Decision
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 
 class Actuator:
     def __init__(
         self,
         enforcer: Enforcer,
-        log: Any,
+        log: FilteringBoundLogger,
         *,
         dry_run: bool,
         repeat_after: float,

@@ -10,13 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .classify import canonical_model, model_files
-from .config import Config, format_size
+from .config import Config
 from .inventory import INFINITY, Inventory, UnitInfo
-from .snapshot import SYSTEM, UnitRef
+from .quantities import format_size
+from .snapshot import STORM_WINDOW, SYSTEM, UnitRef
 
 SEVERITIES = ("critical", "warning", "info")
-# A loader takes tens of seconds per start: a start limit must span several of those.
-STORM_WINDOW = 300.0
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,14 @@ from typing import Any
 from . import config as config_mod
 from . import log as log_mod
 from .audit import Finding, loader_findings, memory_findings, reconcile, worst
-from .config import format_size
 from .inventory import INFINITY, Inventory, collect
+from .quantities import format_size
 from .text import printable as p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("units", nargs="*", metavar="UNIT", help="also check these units by name")
+    parser.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,25 +15,29 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sdnotify
 
 from . import config as config_mod
 from .act import Actuator
 from .cgroupfs import cpu_seconds, v2_root
-from .config import Config, ConfigError, format_size
+from .config import Config, ConfigError
 from .enforce import Enforcer
 from .foresight import PENDING
 from .memlock import mlockall
 from .metrics import TextfileWriter
 from .policy import STEADY, brake, decide, full_look_due, poll_interval
 from .procfs import ProcError
+from .quantities import format_size
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot, UnitRef
 from .state import Publisher
 from .state import build as build_state
 from .text import printable
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 # The brake looks this far ahead, in units of (a full look + the wait before the next
 # read of MemAvailable): the look's time and the wait both vary pass to pass.
@@ -70,7 +74,7 @@ class Guard:
         self,
         config: Config,
         config_path: Path,
-        log: Any,
+        log: FilteringBoundLogger,
         *,
         dry_run: bool,
         config_error: ConfigError | None = None,
@@ -461,7 +465,7 @@ class Guard:
         os.close(self._wake_w)
 
 
-def run(config_path: Path, *, dry_run: bool, log: Any) -> int:
+def run(config_path: Path, *, dry_run: bool, log: FilteringBoundLogger) -> int:
     config_error: ConfigError | None = None
     try:
         config = config_mod.load(config_path)

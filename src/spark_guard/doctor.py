@@ -16,14 +16,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .config import format_size
 from .gpu import GpuFacts
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
+from .quantities import format_size
+from .snapshot import STORM_WINDOW
 from .xid import CATALOGUE_URL, XidEvent, describe, parse_line
 
 SEVERITY_ORDER = ("ok", "info", "warning", "critical")
 STEPS = ("classify", "kernel", "driver", "card", "application")
-STORM_WINDOW = 300.0  # s: three restarts in five minutes is not a load being retried
 STORM_COUNT = 3
 CUDA_OOM = re.compile(
     r"out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|failed to allocate", re.I

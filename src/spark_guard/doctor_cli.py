@@ -144,6 +144,18 @@ def _print(report: Report) -> None:
                 print(f"          next: {printable(f.next_step)}")
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--since",
+        default="24h ago",
+        help="how far back to read the logs, as journalctl --since takes it",
+    )
+    parser.add_argument(
+        "--directory", help="read the journal files in this directory (a rescued disk's)"
+    )
+    parser.add_argument("--json", action="store_true")
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_mod.load_for_command(args.config)
     if config is None:

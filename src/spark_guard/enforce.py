@@ -43,12 +43,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import banner, cgroupfs
-from .config import Config, format_size
+from .config import Config
 from .managers import Manager, ManagerError
 from .procfs import ProcError, ProcFS
+from .quantities import format_size
 from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 from .snapshot import Action, Decision, UnitRef
 from .unitfiles import (
@@ -61,6 +62,9 @@ from .unitfiles import (
     read_link,
     shadowing_file,
 )
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 SETTLED = ("inactive", "failed")
 RETRY_AFTER = 5.0  # seconds between attempts to finish a block that did not complete
@@ -84,7 +88,7 @@ class Enforcer:
         self,
         managers: Mapping[str, Manager],
         config: Config,
-        log: Any,
+        log: FilteringBoundLogger,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,

@@ -105,9 +105,6 @@ class Estimate:
     def total(self) -> int:
         return sum(t.bytes for t in self.terms) + self.margin
 
-    def term(self, name: str) -> Term:
-        return next(t for t in self.terms if t.name == name)
-
 
 @dataclass(frozen=True)
 class Layers:

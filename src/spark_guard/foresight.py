@@ -35,7 +35,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .config import format_size
 from .estimate import Estimate, EstimateError, estimate
 from .gguf import (
     READ_SECONDS,
@@ -47,7 +46,9 @@ from .gguf import (
     read_model,
 )
 from .loadspec import LoadSpec, SpecError, first_spec
+from .quantities import format_size
 from .safefs import as_user
+from .snapshot import manager_uid
 
 PENDING = "reading the model header"
 FRESH = 5.0  # seconds a model read stays the answer before the file is looked at again
@@ -74,9 +75,7 @@ def owner_of(manager: str) -> int:
     root, for now. A system unit's own User=/Group= would be the right owner; until
     the sensor reads them, the paths in a system unit are taken as the admin's.
     """
-    if manager.startswith("user:"):
-        return int(manager.split(":", 1)[1])
-    return 0
+    return manager_uid(manager)
 
 
 def _gid_of(uid: int) -> int:
@@ -95,10 +94,6 @@ class Prediction:
     spec: LoadSpec | None = None
     estimate: Estimate | None = None
     pending: bool = False  # the model is being read: ask again (the next pass)
-
-    @property
-    def known(self) -> bool:
-        return self.bytes is not None
 
 
 def parse_environment(assignments: Iterable[str]) -> dict[str, str]:

@@ -24,11 +24,12 @@ from typing import Any
 
 from . import config as config_mod
 from .classify import expected_footprint
-from .config import Config, ConfigError, format_size
+from .config import Config, ConfigError
 from .foresight import Predictor, owner_of, parse_environment
 from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
 from .managers import Manager, ManagerError, command_manager, connect_to
 from .procfs import ProcError, ProcFS
+from .quantities import format_size
 from .safefs import MAKEDIRS, Tree, UnsafePath, own_tree
 from .snapshot import SYSTEM, UnitRef, parse_ref
 
@@ -49,6 +50,13 @@ def _connect(ref: UnitRef, config: Config) -> Manager:
 
 def _record_path(config: Config, ref: UnitRef) -> str:
     return os.path.join(config.state, "hardened", f"{ref}.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("unit", metavar="UNIT")
+    parser.add_argument("--yes", action="store_true", help="write without asking")
+    parser.add_argument("--dry-run", action="store_true", help="only show what would be written")
+    parser.add_argument("--undo", action="store_true", help="remove the drop-in harden wrote")
 
 
 def run(args: argparse.Namespace) -> int:

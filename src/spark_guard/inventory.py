@@ -22,8 +22,9 @@ from typing import Any
 from .classify import classify
 from .config import Config
 from .managers import Manager, ManagerError, discover
+from .quantities import parse_duration, parse_size
 from .safefs import UnsafePath, as_user, read_regular
-from .snapshot import SYSTEM, UnitRef, UnitUsage, parse_ref
+from .snapshot import SYSTEM, UnitRef, UnitUsage, manager_uid, parse_ref
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
@@ -73,7 +74,7 @@ class Inventory:
 def _user_of(key: str) -> str:
     if key == SYSTEM:
         return ""
-    uid = int(key.split(":", 1)[1])
+    uid = manager_uid(key)
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -171,8 +172,6 @@ def parse_unit_file(text: str) -> dict[str, list[str]]:
 
 
 def _seconds(value: str, default: float) -> float:
-    from .config import parse_duration
-
     try:
         return parse_duration(value.replace(" ", ""))
     except ValueError:
@@ -183,8 +182,6 @@ def _seconds(value: str, default: float) -> float:
 
 
 def _size(value: str) -> int:
-    from .config import parse_size
-
     if value in ("", "infinity"):
         return INFINITY
     try:

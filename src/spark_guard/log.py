@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import MutableMapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import structlog
 from structlog.processors import CallsiteParameter, CallsiteParameterAdder
 
 from .events import MESSAGE_IDS
 from .text import printable
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 EventDict = MutableMapping[str, Any]
 
@@ -145,5 +148,7 @@ def _level_number(level: str) -> int:
     return {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}[level]
 
 
-def get_logger() -> Any:
-    return structlog.get_logger()
+def get_logger() -> FilteringBoundLogger:
+    # structlog types get_logger() as Any; configure() (and structlog's default) makes
+    # every logger a filtering bound one, so callers get methods mypy can check.
+    return cast("FilteringBoundLogger", structlog.get_logger())

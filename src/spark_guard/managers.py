@@ -29,7 +29,7 @@ from typing import Any
 
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
-from .snapshot import SYSTEM, valid_unit_name
+from .snapshot import SYSTEM, manager_uid, valid_unit_name
 
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"
@@ -295,7 +295,7 @@ class Manager:
 
     @property
     def uid(self) -> int:
-        return 0 if self.key == SYSTEM else int(self.key.split(":", 1)[1])
+        return manager_uid(self.key)
 
     def close(self) -> None:
         if self._bus is not None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .safefs import own_tree
-from .snapshot import SYSTEM, parse_ref
+from .snapshot import SYSTEM, manager_uid, parse_ref
 
 PREFIX = "spark_guard"
 
@@ -28,7 +28,7 @@ def unit_labels(unit: str) -> tuple[str, str, str]:
     ref = parse_ref(unit, SYSTEM)
     if ref.manager == SYSTEM:
         return ref.name, "system", ""
-    return ref.name, "user", ref.manager.split(":", 1)[1]
+    return ref.name, "user", str(manager_uid(ref.manager))
 
 
 def _client() -> Any:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
-from .config import Config, format_size
+from .config import Config
+from .quantities import format_size
 from .snapshot import SYSTEM, Action, Decision, Loader, Memory, Snapshot, UnitRef
 from .text import printable
 

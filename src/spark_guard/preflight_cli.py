@@ -19,12 +19,13 @@ from typing import Any
 from . import config as config_mod
 from . import log as log_mod
 from .classify import expected_footprint
-from .config import Config, format_size
+from .config import Config
 from .estimate import Estimate, Settings
 from .foresight import Prediction, Predictor, parse_environment
 from .loadspec import LoadSpec, SpecError, first_spec
 from .managers import ManagerError, command_manager, connect_to
 from .preflight import Verdict, verdict
+from .quantities import format_size
 from .snapshot import UnitRef, parse_ref
 from .text import printable as p
 
@@ -110,6 +111,19 @@ def _predict(
         mmproj=os.path.abspath(args.mmproj) if args.mmproj else found.mmproj,
     )
     return str(ref), predictor.for_spec(spec, mem_total), ref
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="UNIT|MODEL.gguf")
+    parser.add_argument("-c", "--ctx", type=int, help="context size (0: the trained one)")
+    parser.add_argument("-np", "--parallel", type=int, help="slots")
+    parser.add_argument("-ctk", "--cache-type-k")
+    parser.add_argument("-ctv", "--cache-type-v")
+    parser.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"))
+    parser.add_argument("-ub", "--ubatch", type=int)
+    parser.add_argument("--swa-full", action="store_true", default=None)
+    parser.add_argument("--mmproj", help="the multimodal projector file loaded with the model")
+    parser.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .safefs import MAKEDIRS, own_tree
-from .snapshot import SYSTEM, UnitRef
+from .snapshot import UnitRef, manager_uid
 from .unitfiles import Link
 
 # The order a block goes through; a record always names the next one.
@@ -71,7 +71,7 @@ class Record:
 
     @property
     def uid(self) -> int:
-        return 0 if self.manager == SYSTEM else int(self.manager.split(":", 1)[1])
+        return manager_uid(self.manager)
 
     def note(self, what: str) -> None:
         self.history.append((utc_now(), what))

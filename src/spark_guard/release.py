@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .managers import ManagerError, ManagerNotRunning, connect_to
 from .records import Record, RecordStore
@@ -27,6 +27,9 @@ from .unitfiles import (
     restore_conflict,
     restore_link,
 )
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 
 class ReleaseError(RuntimeError):
@@ -108,7 +111,7 @@ def release(record: Record, store: RecordStore, system_socket: str, user_runtime
     return done
 
 
-def log_release(log: Any, done: Released) -> None:
+def log_release(log: FilteringBoundLogger, done: Released) -> None:
     r = done.record
     log.warning(
         "unit-released",

@@ -15,13 +15,19 @@ import sys
 
 from . import config as config_mod
 from . import log as log_mod
-from .config import format_size
 from .enforce import Enforcer
 from .inventory import UnitInfo, collect
 from .managers import Manager, ManagerError, discover
 from .procfs import ProcError, ProcFS
+from .quantities import format_size
 from .snapshot import Action, Decision
 from .text import printable as p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stop-timeout", type=float, default=5.0, help="seconds before SIGKILL (default 5)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .classify import CommandLine, is_protected
 from .config import Config
@@ -28,6 +28,9 @@ from .managers import (
 )
 from .procfs import ProcFS
 from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
@@ -62,7 +65,7 @@ class Sensor:
     def __init__(
         self,
         config: Config,
-        log: Any,
+        log: FilteringBoundLogger,
         clock: Callable[[], float] = time.monotonic,
         *,
         heartbeat: Callable[[], None] | None = None,
@@ -443,7 +446,7 @@ class Sensor:
         self.gpu.close()
 
 
-def sense_once(config: Config, log: Any) -> tuple[Snapshot, UnitRef | None]:
+def sense_once(config: Config, log: FilteringBoundLogger) -> tuple[Snapshot, UnitRef | None]:
     """One snapshot for a command (dump, preflight, audit), and the unit it runs in."""
     sensor = Sensor(config, log)
     sensor.wait_for_models = True

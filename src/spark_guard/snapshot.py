@@ -12,6 +12,26 @@ from dataclasses import dataclass, field
 
 SYSTEM = "system"
 
+# A loader takes tens of seconds per start, so restarts closer than this are a
+# storm, not a load being retried: doctor counts restarts within it, and audit
+# wants a unit's start limit to span at least this long.
+STORM_WINDOW = 300.0  # seconds
+
+
+def manager_uid(key: str) -> int:
+    """The uid a manager key names: 0 for 'system' (PID 1), UID for 'user:UID'.
+
+    ValueError for anything else. Digits as discover() accepts them: every key
+    the guard holds was built from a /run/user/UID directory it found.
+    """
+    if key == SYSTEM:
+        return 0
+    kind, _, uid = key.partition(":")
+    if kind != "user" or not uid.isdigit():
+        raise ValueError(f"not a manager key: {key!r} (use 'system' or 'user:UID')")
+    return int(uid)  # ValueError too for the few digits int() refuses (superscripts)
+
+
 # systemd's unit name grammar (systemd.unit(5)): at most 255 bytes of ASCII
 # letters, digits and ":-_.\\", one "@" for a template instance, a known type.
 UNIT_TYPES = (

@@ -14,11 +14,15 @@ import time
 from typing import Any
 
 from . import config as config_mod
-from .config import format_size
+from .quantities import format_size
 from .state import read
 from .text import printable as p
 
 STALE = 180.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ import pwd
 from dataclasses import dataclass
 
 from .safefs import Tree, UnsafePath, anchor_stat
-from .snapshot import SYSTEM
+from .snapshot import SYSTEM, manager_uid
 
 NULL = "/dev/null"
 SYSTEM_CONTROL = "/run/systemd/system.control"
@@ -76,10 +76,6 @@ class Owner:
                 return tree
         where = " or ".join(t.anchor for t in trees)
         raise UnitFileError(f"{path}: outside {where}: not changed for uid {self.uid}")
-
-
-def manager_uid(manager: str) -> int:
-    return 0 if manager == SYSTEM else int(manager.split(":", 1)[1])
 
 
 def mask_dir(manager: str, user_runtime: str) -> str:

@@ -1,0 +1,84 @@
+"""`spark-guard dump`: sense and decide once, print what the guard sees (acts on nothing)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from . import config as config_mod
+from . import log as log_mod
+from .policy import decide
+from .procfs import ProcError
+from .quantities import format_size
+from .sensor import Sensor
+from .snapshot import Decision, Snapshot
+from .text import printable as p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if hasattr(obj, "manager") and hasattr(obj, "name"):
+            return str(obj)
+        return out
+    if isinstance(obj, list | tuple):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_mod.load_for_command(args.config)
+    if config is None:
+        return 1
+    log_mod.configure("console", level="warning")
+    sensor = Sensor(config, log_mod.get_logger())
+    sensor.wait_for_models = True  # a command waits for model headers (up to their deadline)
+    try:
+        sensor.refresh_managers()
+        managers = sorted(sensor.managers)
+        snapshot = sensor.snapshot()
+    except ProcError as e:
+        print(f"spark-guard: {e}", file=sys.stderr)
+        return 1
+    finally:
+        sensor.close()
+    decision = decide(snapshot, config)
+    if args.json:
+        json.dump(
+            {"snapshot": _plain(snapshot), "decision": _plain(decision), "managers": managers},
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0
+    _print(snapshot, decision)
+    return 0
+
+
+def _print(snapshot: Snapshot, decision: Decision) -> None:
+    m = snapshot.memory
+    print(
+        f"phase {decision.phase}; MemAvailable {format_size(m.available)} of "
+        f"{format_size(m.total)}; reserve {format_size(decision.reserve)}; "
+        f"GPU accounting {'on' if snapshot.gpu_accounting else 'off'}"
+    )
+    # Unit names, evidence and details can hold a user's text: printed inert.
+    for loader in decision.loaders:
+        u = loader.usage
+        print(
+            f"loader {p(loader.ref)}: {p(u.active_state)}, rss {format_size(u.rss)}, "
+            f"gpu {format_size(u.gpu)}, expected "
+            f"{format_size(loader.expected) if loader.expected else '-'}; "
+            f"{p(', '.join(loader.evidence))}"
+        )
+    for action in decision.actions:
+        print(f"would {action.kind} {p(action.unit)}: {p(action.reason)}: {p(action.detail)}")

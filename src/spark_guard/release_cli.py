@@ -1,0 +1,79 @@
+"""`spark-guard release UNIT... | --all`: undo what the guard did to a unit.
+
+Unmasks it and re-enables it with the same links it had, then updates the
+login note. Exit 2 when neither units nor --all (or both) are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import banner
+from . import config as config_mod
+from . import log as log_mod
+from .records import RecordStore
+from .release import ReleaseError, log_release, release, select
+from .text import printable as p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "units", nargs="*", metavar="UNIT", help="llama.service, user:UID:x.service"
+    )
+    parser.add_argument("--all", action="store_true", help="release every blocked unit")
+
+
+def run(args: argparse.Namespace) -> int:
+    names: list[str] = args.units
+    config = config_mod.load_for_command(args.config)
+    if config is None:
+        return 1
+    store = RecordStore(config.state)
+    records, errors = store.all()
+    for error in errors:
+        print(f"spark-guard: {p(error)}", file=sys.stderr)
+    if args.all == bool(names):
+        blocked = p(", ".join(str(r.ref) for r in records) or "nothing")
+        print(
+            f"spark-guard: name the units to release, or --all (blocked: {blocked})",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        chosen = records if args.all else select(records, names, store)
+    except ReleaseError as e:
+        print(f"spark-guard: {p(e)}", file=sys.stderr)
+        return 1
+    _configure_audit_log()
+    log = log_mod.get_logger()
+    status = 0
+    for record in chosen:
+        try:
+            done = release(record, store, config.system_manager, config.user_runtime)
+        except ReleaseError as e:
+            print(f"spark-guard: {p(e)}", file=sys.stderr)
+            status = 1
+            continue
+        log_release(log, done)
+        print(
+            f"released {p(record.ref)}: "
+            + ("mask removed" if done.mask_removed else "no mask of ours left")
+            + f", {len(done.restored)} link(s) restored"
+            + (f"; reload failed ({p(done.reload_error)})" if done.reload_error else "")
+        )
+    remaining, _ = store.all()
+    try:
+        banner.publish(remaining, config.motd, config.issue)
+    except OSError as e:
+        print(f"spark-guard: cannot update the login note: {e}", file=sys.stderr)
+        status = 1
+    return status
+
+
+def _configure_audit_log() -> None:
+    """What an admin does by hand goes to the journal too, next to what the guard did."""
+    try:
+        log_mod.configure("journal")
+    except (ImportError, OSError):
+        log_mod.configure("console", level="error")
