@@ -89,6 +89,15 @@ def test_a_record_from_another_format_is_refused():
         Record.from_json('{"format": 2}', "x.json")
 
 
+def test_a_record_whose_manager_is_no_manager_key_is_refused(tmp_path):
+    # Every reader (metrics labels, the owner's rights, release) turns the key into a uid.
+    good = record("user:1000", "x.service").to_json()
+    for bad in ("user:xyz", "user:", "root"):
+        with pytest.raises(RecordError, match=r"r\.json: unreadable record: bad manager"):
+            Record.from_json(good.replace('"user:1000"', f'"{bad}"'), "r.json")
+    assert Record.from_json(good, "r.json").uid == 1000
+
+
 def test_release_picks_units_by_full_name_bare_name_or_ref(tmp_path):
     store = RecordStore(str(tmp_path))
     records = [record(), record(manager="user:1000"), record(unit="qwen.service")]

@@ -94,6 +94,10 @@ class Record:
             raise RecordError(f"{where}: unreadable record: {e}") from None
         if record.step not in STEPS or not record.unit or not record.manager:
             raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
+        try:
+            manager_uid(record.manager)  # 'system' or 'user:UID': what every reader assumes
+        except ValueError:
+            raise RecordError(f"{where}: unreadable record: bad manager") from None
         return record
 
 
