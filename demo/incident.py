@@ -65,7 +65,7 @@ def show(c: Container, title: str, *cmd: str, user: int | None = None) -> str:
     return text
 
 
-def lay_out(c: Container, deb: Path) -> None:
+def lay_out(c: Container) -> None:
     models = c.path("/srv/models")
     models.mkdir(parents=True)
     big = write(SPECS["deepseek-v3"], models)
@@ -167,7 +167,7 @@ def main() -> int:
     started = time.monotonic()
     with Container("bookworm", extra=("openssh-server",)) as c:
         step("laying out a wedge-prone model-serving machine")
-        lay_out(c, deb)
+        lay_out(c)
         say("  system: llama-qwen (Qwen3-0.6B), llama-deepseek (DeepSeek-V3 Q2_K, sparse")
         say("          GGUF of 200+ GiB: real header, no data on disk), ollama (idle, 400 MiB)")
         say("  alice (linger): llama-qwen, the same Qwen3-0.6B again")

@@ -86,7 +86,7 @@ class FakeNvmlLib:
     def _hang(self) -> None:
         self.release.wait()
 
-    def nvmlInitWithFlags(self, flags):
+    def nvmlInitWithFlags(self, _flags):
         self._called("nvmlInit")
         if self.hang_init:
             self._hang()
@@ -141,14 +141,14 @@ class FakeNvmlLib:
         ref._obj.value = value
         return pynvml.NVML_SUCCESS
 
-    def nvmlSystemGetDriverVersion(self, buf, size):
+    def nvmlSystemGetDriverVersion(self, buf, _size):
         buf.value = self.driver
         return 0
 
     def nvmlSystemGetCudaDriverVersion(self, ref):
         return self._put(ref, self.cuda)
 
-    def nvmlDeviceGetName(self, handle, buf, size):
+    def nvmlDeviceGetName(self, handle, buf, _size):
         buf.value = self._card(handle)["name"]
         return 0
 
@@ -167,7 +167,7 @@ class FakeNvmlLib:
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle, ref):
         return self._put(ref, self._card(handle)["pcie_width_max"])
 
-    def nvmlDeviceGetTemperature(self, handle, sensor, ref):
+    def nvmlDeviceGetTemperature(self, handle, _sensor, ref):
         return self._put(ref, self._card(handle)["temperature"])
 
     def nvmlDeviceGetTemperatureThreshold(self, handle, which, ref):
@@ -202,7 +202,7 @@ def install(monkeypatch, lib: FakeNvmlLib | None) -> None:
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
     if lib is None:
 
-        def no_library(name, *a, **k):
+        def no_library(name, *_a, **_k):
             raise OSError(f"{name}: cannot open shared object file")
 
         monkeypatch.setattr(pynvml, "CDLL", no_library)

@@ -30,7 +30,7 @@ def test_sizes(text, expected):
 
 @pytest.mark.parametrize("bad", ["8 parsecs", "", "-1G", "G8", True, 1.5, None, -5])
 def test_bad_sizes_are_refused(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="size"):
         parse_size(bad)
 
 

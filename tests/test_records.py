@@ -89,7 +89,7 @@ def test_a_record_from_another_format_is_refused():
         Record.from_json('{"format": 2}', "x.json")
 
 
-def test_a_record_whose_manager_is_no_manager_key_is_refused(tmp_path):
+def test_a_record_whose_manager_is_no_manager_key_is_refused():
     # Every reader (metrics labels, the owner's rights, release) turns the key into a uid.
     good = record("user:1000", "x.service").to_json()
     for bad in ("user:xyz", "user:", "root"):

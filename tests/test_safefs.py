@@ -142,7 +142,7 @@ def test_a_file_made_in_a_users_tree_is_theirs_and_the_kernel_refuses_them_the_r
 def test_a_symlink_planted_at_the_temporary_name_is_never_followed(lay, monkeypatch):
     user = lay.user
     before = lay.snapshot()
-    monkeypatch.setattr(secrets, "token_hex", lambda n: "c0ffee")
+    monkeypatch.setattr(secrets, "token_hex", lambda _n: "c0ffee")
     user.sh(f"ln -s {lay.victim}/secret {user.home}/.note.c0ffee.tmp")
     with pytest.raises(FileExistsError):  # O_EXCL: no temporary file is shared
         Tree(str(user.home), user.uid, user.gid).write(f"{user.home}/note", b"pwned\n")

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 
 
 class Actuator:
+    """Act: turns each Decision's actions into what is logged and what is stopped.
+
+    Owns the memory of what was already done (per run of a unit, for
+    `repeat_after` seconds), the last action taken and the action counts that
+    state.json and the metrics show. Warnings are only logged; stops go to the
+    Enforcer, or in a dry run are only said.
+    """
+
     def __init__(
         self,
         enforcer: Enforcer,

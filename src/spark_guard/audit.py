@@ -55,16 +55,16 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
             continue
         # As the guard decides: PID 1's unit keeps the model, the fix is for a user's copy.
         keep, *extra = sorted(units, key=lambda u: u.ref.manager != SYSTEM)
-        for info in extra:
-            out.append(
-                Finding(
-                    "critical",
-                    "duplicate",
-                    str(info.ref),
-                    f"loads {model}, as {keep.ref} does: two copies of one model",
-                    f"{systemctl(info.ref, info.user)} disable --now {info.ref.name}",
-                )
+        out.extend(
+            Finding(
+                "critical",
+                "duplicate",
+                str(info.ref),
+                f"loads {model}, as {keep.ref} does: two copies of one model",
+                f"{systemctl(info.ref, info.user)} disable --now {info.ref.name}",
             )
+            for info in extra
+        )
     rescue = _rescue_names(config)
     for info in inv.loaders:
         unit, ctl = str(info.ref), systemctl(info.ref, info.user)
@@ -117,30 +117,31 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
                     f"spark-guard harden {unit}",
                 )
             )
-    for info in inv.failed:
-        out.append(
-            Finding(
-                "warning",
-                "failed",
-                str(info.ref),
-                f"{info.ref.name} has failed",
-                f"journalctl {'--user-unit' if info.ref.manager != SYSTEM else '-u'} "
-                f"{info.ref.name} -b -n 50; {systemctl(info.ref, info.user)} reset-failed "
-                f"{info.ref.name}",
-            )
+    out.extend(
+        Finding(
+            "warning",
+            "failed",
+            str(info.ref),
+            f"{info.ref.name} has failed",
+            f"journalctl {'--user-unit' if info.ref.manager != SYSTEM else '-u'} "
+            f"{info.ref.name} -b -n 50; {systemctl(info.ref, info.user)} reset-failed "
+            f"{info.ref.name}",
         )
-    for name in inv.missing:
-        out.append(
-            Finding(
-                "critical",
-                "no-such-unit",
-                name,
-                f"{name}: no such unit on any manager (system, or any user's)",
-                "systemctl list-unit-files '*llama*'   # find its real name",
-            )
+        for info in inv.failed
+    )
+    out.extend(
+        Finding(
+            "critical",
+            "no-such-unit",
+            name,
+            f"{name}: no such unit on any manager (system, or any user's)",
+            "systemctl list-unit-files '*llama*'   # find its real name",
         )
-    for error in inv.errors:
-        out.append(Finding("warning", "unreadable", "", error, "run the audit as root"))
+        for name in inv.missing
+    )
+    out.extend(
+        Finding("warning", "unreadable", "", error, "run the audit as root") for error in inv.errors
+    )
     return out
 
 

@@ -1,8 +1,9 @@
 """The guard's settings: /etc/spark-guard.toml, parsed strictly.
 
-Every key is declared once in SCHEMA with its type and default; the parser
-refuses unknown keys, wrong types and bad sizes with an error that names the
-file, the key and the line, so an admin can fix it without reading code.
+Every key is declared once in SCHEMA, with the Config field it sets and the
+converter that checks it (defaults are Config's own); the parser refuses
+unknown keys, wrong types and bad sizes with an error that names the file,
+the key and the line, so an admin can fix it without reading code.
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ class Config:
         return self.protected + self.extra_protected
 
 
-# --- the schema: (section, key) -> (Config field, converter, what it is) ---
+# --- the schema: (section, key) -> (Config field, converter) ---
+# A converter takes the TOML value and returns the field's value, or raises ValueError
+# with what is wrong (the parser adds the file, key and line).
 
 
 def _enum(*choices: str) -> Callable[[object], str]:

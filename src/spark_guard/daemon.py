@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sdnotify
 
@@ -32,7 +32,7 @@ from .procfs import ProcError
 from .quantities import format_size
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot, UnitRef
-from .state import Publisher
+from .state import PublishedState, Publisher
 from .state import build as build_state
 from .text import printable
 
@@ -70,6 +70,15 @@ class PsiTrigger:
 
 
 class Guard:
+    """The daemon: one loop that senses, decides and acts, pass after pass, until SIGTERM.
+
+    Owns the Sensor (sense), the Actuator and its Enforcer (act), the state.json
+    Publisher, the metrics writer and the sd_notify link; decide() is the pure
+    function between them. Each pass reads MemAvailable, lets the brake freeze
+    what is about to cross the reserve, takes a full look (step()) when one is
+    due, then waits on the PSI trigger, a signal or a worker's wake-up.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -125,10 +134,10 @@ class Guard:
 
     # --- signals --------------------------------------------------------------
 
-    def _on_term(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_term(self, _signum: int, _frame: FrameType | None) -> None:
         self._stop = True
 
-    def _on_hup(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
         self._reload = True
 
     def _look_now(self) -> None:
@@ -295,7 +304,7 @@ class Guard:
         if written is not None and self.metrics.wanted:
             self._write_metrics(written)
 
-    def _write_metrics(self, state: dict[str, Any]) -> None:
+    def _write_metrics(self, state: PublishedState) -> None:
         root = v2_root(self.config.cgroup)
         cpu = {
             ld["unit"]: used

@@ -14,7 +14,7 @@ from .policy import decide
 from .procfs import ProcError
 from .quantities import format_size
 from .sensor import Sensor
-from .snapshot import Decision, Snapshot
+from .snapshot import Decision, Pressure, Snapshot
 from .text import printable as p
 
 
@@ -35,6 +35,19 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def _with_pressure(snapshot: dict[str, Any], pressure: Pressure | None) -> dict[str, Any]:
+    """The snapshot as dump --json has always shown it: memory PSI after the history.
+
+    The guard decides without PSI, so its Snapshot does not carry it; dump reads it here.
+    """
+    out: dict[str, Any] = {}
+    for key, value in snapshot.items():
+        out[key] = value
+        if key == "history":
+            out["pressure"] = _plain(pressure)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_mod.load_for_command(args.config)
     if config is None:
@@ -46,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         sensor.refresh_managers()
         managers = sorted(sensor.managers)
         snapshot = sensor.snapshot()
+        pressure = sensor.proc.pressure()
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 1
@@ -54,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     decision = decide(snapshot, config)
     if args.json:
         json.dump(
-            {"snapshot": _plain(snapshot), "decision": _plain(decision), "managers": managers},
+            {
+                "snapshot": _with_pressure(_plain(snapshot), pressure),
+                "decision": _plain(decision),
+                "managers": managers,
+            },
             sys.stdout,
             indent=1,
         )

@@ -84,6 +84,15 @@ def _cannot_freeze(error: str) -> bool:
 
 
 class Enforcer:
+    """Act for real: drives each block through the steps in this module's docstring.
+
+    Owns the records (a file per blocked unit, each step saved before the next), the
+    escalation of pending stops, the units the brake froze and the login notes
+    (banner). The Actuator hands it the stops a Decision asked for (block()); the
+    Guard calls advance() after each full look, so a block goes on across passes,
+    and brake() ahead of one when MemAvailable is about to cross the reserve.
+    """
+
     def __init__(
         self,
         managers: Mapping[str, Manager],
@@ -449,7 +458,7 @@ class Enforcer:
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
         record.step = "disable"
 
-    def _mask(self, record: Record, manager: Manager) -> None:
+    def _mask(self, record: Record, _manager: Manager) -> None:  # a _guarded() step
         expected = os.path.join(mask_dir(record.manager, self.user_runtime), record.unit)
         if record.mask_path != expected:  # a record from before the guard chose it itself
             raise UnitFileError(f"{record.mask_path}: not where a mask goes ({expected})")

@@ -19,6 +19,7 @@ from typing import Any
 
 from .safefs import own_tree
 from .snapshot import SYSTEM, manager_uid, parse_ref
+from .state import PublishedState
 
 PREFIX = "spark_guard"
 
@@ -42,7 +43,7 @@ def _client() -> Any:
     return prometheus_client
 
 
-def registry(state: Mapping[str, Any], cpu: Mapping[str, float]) -> Any:
+def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     """A CollectorRegistry holding the state's metrics; cpu: unit -> CPU seconds used."""
     client = _client()
     CollectorRegistry, Counter, Enum, Gauge = (
@@ -146,7 +147,7 @@ class TextfileWriter:
     def wanted(self) -> bool:
         return bool(self.path) and os.path.isdir(os.path.dirname(self.path))
 
-    def write(self, state: Mapping[str, Any], cpu: Mapping[str, float]) -> bool:
+    def write(self, state: PublishedState, cpu: Mapping[str, float]) -> bool:
         if not self.wanted:
             self.problem = f"{os.path.dirname(self.path) or self.path}: no such directory"
             return False

@@ -62,6 +62,15 @@ class _ProcCache:
 
 
 class Sensor:
+    """Sense: reads /proc, NVML and the systemd managers into one Snapshot per full look.
+
+    Owns what outlives one reading, so that decide() can stay a pure function of
+    the Snapshot: the manager connections (made and verified off the loop), the
+    MemAvailable history the trend is taken over, per-unit and per-process caches
+    and the model-file Predictor. The Guard calls snapshot(); the Enforcer acts
+    through the same managers.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -285,7 +294,6 @@ class Sensor:
             now=now,
             memory=memory,
             history=tuple(self.history),
-            pressure=self.proc.pressure(),
             units=tuple(units),
             rescue=() if self.boot_over else self._rescue(),
             guard_started=self.started,

@@ -86,7 +86,11 @@ class Memory:
 
 @dataclass(frozen=True)
 class Pressure:
-    """PSI for memory: share of time (percent) stalled over the last 10 s."""
+    """PSI for memory: share of time (percent) stalled over the last 10 s.
+
+    Not part of the Snapshot: decide() does not use it, and the daemon's PSI trigger
+    is the kernel's own wake-up. `spark-guard dump --json` shows it.
+    """
 
     some_avg10: float
     full_avg10: float
@@ -140,7 +144,6 @@ class Snapshot:
     memory: Memory
     # (time, MemAvailable) samples, oldest first, the last one being `memory`.
     history: tuple[tuple[float, int], ...] = ()
-    pressure: Pressure | None = None
     units: tuple[UnitUsage, ...] = ()
     rescue: tuple[RescueGroup, ...] = ()
     guard_started: float = 0.0

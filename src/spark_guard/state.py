@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from .records import Record
 from .safefs import MAKEDIRS, own_tree
@@ -20,6 +20,83 @@ from .snapshot import Decision, Snapshot
 
 REFRESH = 60.0  # rewritten at least this often; status also checks the pid
 FORMAT = 1
+
+
+# The shape of state.json, spelled out so mypy checks every key its readers
+# (status_cli, metrics, the daemon's metrics writer) use.
+
+
+class LoaderEntry(TypedDict):
+    """One loader the last decision saw (Decision.loaders)."""
+
+    unit: str
+    active_state: str
+    starting: bool
+    expected: int | None
+    expected_from: str | None  # "config" or "estimate"; None: footprint unknown
+    prediction: str | None
+    rss: int
+    gpu: int
+    evidence: list[str]
+    models: list[str]
+    cgroup: str
+
+
+class ActionEntry(TypedDict):
+    """One action the last decision asked for (Decision.actions)."""
+
+    kind: str
+    unit: str
+    reason: str
+    detail: str
+
+
+class BlockedEntry(TypedDict):
+    """One blocked unit, from its record (records.Record)."""
+
+    unit: str
+    step: str
+    reason: str
+    phase: str
+    detail: str
+    at: str
+    problem: str | None
+    history: list[tuple[str, str]]  # the last 5 (UTC time, what happened); lists once read
+
+
+class Counts(TypedDict):
+    actions: dict[str, int]  # action kind -> times taken since the guard started
+    starts: dict[str, int]  # unit -> loader starts seen since the guard started
+
+
+class PassState(TypedDict):
+    """What one pass builds; compared with the last one to tell whether it changed."""
+
+    format: int
+    pid: int
+    phase: str
+    dry_run: bool
+    config_error: str | None
+    mem_total: int
+    mem_available: int
+    reserve: int
+    slope: int
+    gpu_accounting: bool
+    gpu_stale: bool
+    loaders: list[LoaderEntry]
+    pending_actions: list[ActionEntry]
+    blocked: list[BlockedEntry]
+    last_action: str
+    counts: Counts
+    decided_at: float
+    decision_seconds: float
+    watchdog_at: float
+
+
+class PublishedState(PassState):
+    """state.json as written: a pass's state, stamped with when it was written."""
+
+    written_at: float
 
 
 def build(
@@ -30,11 +107,11 @@ def build(
     dry_run: bool,
     last_action: str,
     config_error: str | None,
-    counts: dict[str, dict[str, int]] | None = None,
+    counts: Counts | None = None,
     decided_at: float = 0.0,
     decision_seconds: float = 0.0,
     watchdog_at: float = 0.0,
-) -> dict[str, Any]:
+) -> PassState:
     return {
         "format": FORMAT,
         "pid": os.getpid(),
@@ -92,15 +169,15 @@ class Publisher:
     def __init__(self, directory: str, clock: Any = time.monotonic) -> None:
         self.path = os.path.join(directory, "state.json")
         self.clock = clock
-        self._last: dict[str, Any] | None = None
+        self._last: PassState | None = None
         self._at = 0.0
 
-    def publish(self, state: dict[str, Any]) -> dict[str, Any] | None:
+    def publish(self, state: PassState) -> PublishedState | None:
         """Writes state.json when due; returns what it wrote (None when it was not due)."""
         now = self.clock()
         if state == self._last and now - self._at < REFRESH:
             return None
-        written = {**state, "written_at": time.time()}
+        written: PublishedState = {**state, "written_at": time.time()}
         # 0644: status runs as any user; parent directories made as needed.
         data = json.dumps(written, indent=1).encode()
         own_tree().write(self.path, data, mode=0o644, create=MAKEDIRS)
@@ -108,7 +185,7 @@ class Publisher:
         return written
 
 
-def read(directory: str) -> dict[str, Any]:
+def read(directory: str) -> PublishedState:
+    """state.json as the daemon wrote it (not validated: the daemon is its only writer)."""
     with open(os.path.join(directory, "state.json"), encoding="utf-8") as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+        return cast(PublishedState, json.load(f))

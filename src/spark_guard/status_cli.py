@@ -11,11 +11,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 from . import config as config_mod
 from .quantities import format_size
-from .state import read
+from .state import PublishedState, read
 from .text import printable as p
 
 STALE = 180.0
@@ -60,7 +59,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _print(s: dict[str, Any], age: float, alive: bool) -> None:
+def _print(s: PublishedState, age: float, alive: bool) -> None:
     # Units, reasons, details, predictions and problems can hold a user's text: each is
     # printed through p() so no escape sequence or line break of theirs reaches the terminal.
     head = f"running (pid {s['pid']})" if alive else f"NOT RUNNING (last state from pid {s['pid']})"
@@ -79,9 +78,10 @@ def _print(s: dict[str, Any], age: float, alive: bool) -> None:
     loaders = s.get("loaders", [])
     print(f"\nloaders ({len(loaders)}):")
     for ld in loaders:
+        size = ld.get("expected")
         expected = (
-            f"{format_size(ld['expected'])} ({p(ld['expected_from'])})"
-            if ld.get("expected") is not None
+            f"{format_size(size)} ({p(ld['expected_from'])})"
+            if size is not None
             else f"unknown ({p(ld.get('prediction') or 'no size')})"
         )
         state = "starting" if ld.get("starting") else p(ld["active_state"])
