@@ -65,7 +65,7 @@ def ensure(packages: list[str]) -> None:
         )
 
 
-def measure_process(name: str, argv: list[str], idle: float) -> dict[str, float]:
+def measure_process(argv: list[str], idle: float) -> dict[str, float]:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(10)
@@ -75,6 +75,17 @@ def measure_process(name: str, argv: list[str], idle: float) -> dict[str, float]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
     return {"rss": rss, "pss": pss, "cpu": cpu}
+
+
+NEAR_MIB = 600
+
+
+def available_mib() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
 def measure_guard(idle: float) -> dict[str, float]:
@@ -92,6 +103,15 @@ def measure_guard(idle: float) -> dict[str, float]:
         time.sleep(10)
         rss, pss = memory(pid)
         cpu = idle_cpu(pid, idle)
+        # Near the reserve the quiet pass comes every poll.min (policy.FILL_RATE: a loader at
+        # 6 GB/s could take the headroom before a longer wait ends): 600 MiB above it here.
+        reserve_mib = available_mib() - NEAR_MIB
+        write_config(
+            um, f'[budget]\nreserve = "{reserve_mib}MiB"\nreserve_percent = 0\n', grace="0s"
+        )
+        um.systemctl("reload", GUARD)
+        time.sleep(3)
+        cpu_near = idle_cpu(pid, idle)
         offset = len(um.log.read_text())
         # An action: a reserve no machine has, so the steady guard stops the next loader.
         write_config(um, '[budget]\nreserve = "100TiB"\n', grace="0s")
@@ -105,6 +125,7 @@ def measure_guard(idle: float) -> dict[str, float]:
         "rss": rss,
         "pss": pss,
         "cpu": cpu,
+        "cpu_near": cpu_near,
         "ready_ms": ready,
         "rss_after": rss_after,
         "pss_after": pss_after,
@@ -117,9 +138,9 @@ def main() -> int:
     args = ap.parse_args()
     ensure(["earlyoom", "nohang"])
     rows = {
-        "earlyoom": measure_process("earlyoom", ["earlyoom"], args.idle),
+        "earlyoom": measure_process(["earlyoom"], args.idle),
         "nohang": measure_process(
-            "nohang", ["nohang", "--monitor", "--config", "/etc/nohang/nohang.conf"], args.idle
+            ["nohang", "--monitor", "--config", "/etc/nohang/nohang.conf"], args.idle
         ),
         "spark-guard": measure_guard(args.idle),
     }
@@ -143,6 +164,10 @@ def main() -> int:
         "RSS at most 32 MiB, also after a block": max(ours["rss"], ours["rss_after"]) <= 32 * 1024,
         "idle CPU no higher than earlyoom's": ours["cpu"] <= rows["earlyoom"]["cpu"],
     }
+    print(
+        f"\nspark-guard {NEAR_MIB} MiB above its reserve (a quiet pass every poll.min): "
+        f"idle CPU {ours['cpu_near']:.3f} % over {args.idle:g} s"
+    )
     missed = [goal for goal, met in goals.items() if not met]
     print("\ngoals missed: " + "; ".join(missed) if missed else "\nall goals met")
     return 1 if missed else 0

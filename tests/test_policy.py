@@ -359,11 +359,34 @@ def test_after_boot_a_quiet_pass_reads_memavailable_only():
     assert full_look_due(quiet, replace(last, boot_over=False), reserve, 1001.0, busy=False)
     assert full_look_due(quiet, last, reserve, 1001.0, busy=True)
     assert full_look_due(quiet, last, reserve, 1000.0 + FULL_LOOK_EVERY, busy=False)
-    # ...at once when MemAvailable falls by a step (1 % of MemTotal here) or nears the reserve.
+    # ...at once when MemAvailable falls by a step (1 % of MemTotal here).
     assert full_look_due(Memory(SPARK, 98 * GiB), last, reserve, 1001.0, busy=False)
-    near = replace(snap(17 * GiB, now=1000.0), boot_over=True)
-    assert full_look_due(Memory(SPARK, 17 * GiB), near, reserve, 1001.0, busy=False)
     assert full_look_due(quiet, None, reserve, 1001.0, busy=False)
+
+
+def test_near_the_reserve_a_full_look_comes_on_a_fall_or_each_second_not_each_read():
+    """A Spark holding its model 8 GiB above a 9 GiB reserve is read every poll.min; a full
+    look on each read was 4 % of a core (benchmarks/daemon_cost.py)."""
+    from dataclasses import replace
+
+    from spark_guard.policy import NEAR_LOOK_EVERY, full_look_due
+
+    reserve = 9 * GiB
+    near = replace(snap(17 * GiB, now=1000.0), boot_over=True)
+    steady = Memory(SPARK, 17 * GiB - 100 * 1024**2)  # 100 MiB less: noise, not a loader
+    assert not full_look_due(steady, near, reserve, 1000.1, busy=False)
+    assert not full_look_due(steady, near, reserve, 1000.0 + NEAR_LOOK_EVERY - 0.01, busy=False)
+    assert full_look_due(steady, near, reserve, 1000.0 + NEAR_LOOK_EVERY, busy=False)
+    # A quarter of the 8 GiB headroom gone since the last look: at once.
+    assert full_look_due(Memory(SPARK, 15 * GiB), near, reserve, 1000.1, busy=False)
+    # Below the reserve there is no headroom left to lose: every read.
+    under = replace(snap(8 * GiB, now=1000.0), boot_over=True)
+    assert full_look_due(Memory(SPARK, 8 * GiB), under, reserve, 1000.1, busy=False)
+    # Far from it, the same 100 MiB is no reason either.
+    far = replace(snap(60 * GiB, now=1000.0), boot_over=True)
+    assert not full_look_due(
+        Memory(SPARK, 60 * GiB - 100 * 1024**2), far, reserve, 1000.1, busy=False
+    )
 
 
 # --- a stop pending frees memory; the brake -----------------------------------

@@ -248,6 +248,7 @@ def poll_interval(
 
 
 FULL_LOOK_EVERY = 60.0  # seconds: the longest a steady guard goes without a full look
+NEAR_LOOK_EVERY = 1.0  # ...and below twice the reserve
 _FULL_LOOK_DROP = 256 * 1024**2
 
 
@@ -258,16 +259,24 @@ def full_look_due(
 
     At boot every pass is a full one. After boot a quiet machine costs one read of
     /proc/meminfo per pass: the full look comes back every FULL_LOOK_EVERY seconds, at
-    once when MemAvailable fell by a step since the last one or nears twice the reserve,
-    and while a block is unfinished (`busy`). A pressure event always brings it.
+    once when MemAvailable fell by a step since the last one, and while a block is
+    unfinished (`busy`). A pressure event always brings it. Below twice the reserve
+    the step is a quarter of the headroom the last look saw, and a look is at most
+    NEAR_LOOK_EVERY old: a machine that holds its model near the reserve is read every
+    poll.min (FILL_RATE), and a full look on each read cost 4 % of a core here (the
+    brake watches each read between looks).
     """
     if last is None or not last.boot_over or busy:
         return True
     if now - last.now >= FULL_LOOK_EVERY:
         return True
-    if last.memory.available - memory.available >= max(_FULL_LOOK_DROP, memory.total // 100):
+    fell = last.memory.available - memory.available
+    if fell >= max(_FULL_LOOK_DROP, memory.total // 100):
         return True
-    return memory.available < 2 * reserve
+    if memory.available >= 2 * reserve:
+        return False
+    headroom = max(last.memory.available - reserve, 0)
+    return fell >= headroom // 4 or now - last.now >= NEAR_LOOK_EVERY
 
 
 # Seconds of MemAvailable the brake takes its fall rate over: the last look or two, so a
