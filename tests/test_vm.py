@@ -84,7 +84,7 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
     run = Run("spark-guard")
     with VM(memory_mib=2048) as vm:
         prepare(vm, "spark-guard", deb)
-        observe(vm, run, seconds=60, snapshot=False)
+        observe(vm, run, seconds=45, snapshot=False)
         collect(vm, run)
         assert run.ssh_at_end, _why(run)
 
@@ -162,7 +162,7 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         # Second boot of the same disk: the offender stays down, the admitted one loads again.
         assert vm.poweroff(), "the guest did not shut down by itself"
         again = Run("spark-guard, second boot")
-        observe(vm, again, seconds=30, snapshot=False)
+        observe(vm, again, seconds=20, snapshot=False)
         collect(vm, again)
         offender = again.units[f"{blocked[0]}:llama-server.service"]
         assert offender["ActiveState"] == "inactive", _why(again)
