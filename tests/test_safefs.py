@@ -28,7 +28,7 @@ from spark_guard.config import Config
 from spark_guard.enforce import Enforcer
 from spark_guard.harden import MARKER
 from spark_guard.managers import Manager
-from spark_guard.records import LinkRecord, Record, RecordStore
+from spark_guard.records import LinkRecord, Record, RecordStore, Step
 from spark_guard.release import ReleaseError, release
 from spark_guard.safefs import MAKEDIRS, Tree, UnsafePath, anchor_stat, read_regular
 from spark_guard.snapshot import UnitRef
@@ -409,6 +409,7 @@ def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says
     record = Record(
         unit="cron.service", manager=lay.manager, reason="r", detail="d", phase="strict"
     )
+    record.step = Step.MASK  # _mask() is the mask step: it goes on to settle
     manager = Manager(lay.manager, NO_SOCKET)
     manager.unit_path_dirs = (str(lay.victim / "system.control"), str(lay.unit_dir))
     with pytest.raises(UnitFileError, match=rf"{lay.control} is not in its UnitPath"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .records import Record
+from .records import Record, Step
 from .safefs import MAKEDIRS, own_tree
 from .text import printable
 
@@ -28,7 +28,7 @@ def render(records: Iterable[Record]) -> str:
         ref, step, at, reason, detail = (
             printable(v, FIELD_LIMIT) for v in (r.ref, r.step, r.at, r.reason, r.detail)
         )
-        state = "blocked" if r.step == "blocked" else f"blocking ({step})"
+        state = "blocked" if r.step == Step.BLOCKED else f"blocking ({step})"
         lines.append(f"  {ref}  {state} since {at}: {reason}: {detail}")
         if r.problem:
             lines.append(f"      problem: {printable(r.problem, FIELD_LIMIT)}")

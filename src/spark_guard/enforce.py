@@ -30,6 +30,9 @@ Only the first look at a stop waits (QUICK_SETTLE: a loader that honours
 SIGTERM is gone in tens of milliseconds, and the block completes in the same
 call); after that the loop goes on sensing and calls advance() every pass.
 
+The step changes a block may make, the rewinds included, are written down once
+(records.TRANSITIONS); every change goes through Enforcer._move().
+
 Each step is saved before the next, so a crash resumes where it stopped. It
 is all D-Bus on the managers' private sockets and syscalls: no fork, no exec,
 nothing on the system bus. A manager that does not answer gets its unit's
@@ -50,7 +53,16 @@ from .config import Config
 from .managers import Manager, ManagerError
 from .procfs import ProcError, ProcFS
 from .quantities import format_size
-from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
+from .records import (
+    LinkRecord,
+    Record,
+    RecordError,
+    RecordStore,
+    Step,
+    StepError,
+    boot_id,
+    utc_now,
+)
 from .snapshot import Action, Decision, UnitRef
 from .unitfiles import (
     Owner,
@@ -159,12 +171,14 @@ class Enforcer:
             else:
                 # Blocked before, and running again (it started before its mask was back).
                 record.note(f"running again: {action.reason}: {action.detail}")
-                if record.step in ("blocked", "verify"):
-                    record.step = "settle"
+                if record.step in (Step.BLOCKED, Step.VERIFY):
                     if record.mask_path and not self._mask_present(record):
                         # Unmasked by hand while no guard watched: the mask goes back first.
-                        record.step, record.mask_made = "mask", True
-                        record.note("mask gone: laying it again")
+                        if self._move(record, Step.MASK):
+                            record.mask_made = True
+                            record.note("mask gone: laying it again")
+                    else:
+                        self._move(record, Step.SETTLE)
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
             self.records[key] = record
@@ -180,10 +194,10 @@ class Enforcer:
             manager = self.managers.get(record.manager)
             if manager is None:
                 continue  # its manager is not running: nothing can start the unit
-            if record.step == "blocked":
+            if record.step == Step.BLOCKED:
                 if record.mask_path and not self._mask_present(record):
                     due.append(record)  # renewed in _run, once it is sure not released
-            elif record.step == "settle" and key in self._stop_sent:
+            elif record.step == Step.SETTLE and key in self._stop_sent:
                 if now >= self._hold_until.get(key, 0.0):
                     due.append(record)  # a stop in progress: looked at on every pass
             elif now >= self._retry_at.get(key, 0.0):
@@ -253,14 +267,14 @@ class Enforcer:
     @property
     def busy(self) -> bool:
         """A block is unfinished: the guard keeps taking full looks until it is done."""
-        return any(r.step != "blocked" for r in self.records.values())
+        return any(r.step != Step.BLOCKED for r in self.records.values())
 
     @property
     def settling(self) -> bool:
         """A stop is in progress: the loop comes back within poll.min to look at it."""
         now = self.clock()
         return any(
-            r.step == "settle"
+            r.step == Step.SETTLE
             and str(r.ref) in self._stop_sent
             and now >= self._hold_until.get(str(r.ref), 0.0)
             for r in self.records.values()
@@ -279,25 +293,24 @@ class Enforcer:
                 )
             batch = [r for r in batch if not self._released_meanwhile(r)]
             for record in batch:
-                if record.step == "blocked":
-                    record.step = "mask"
+                if record.step == Step.BLOCKED and self._move(record, Step.MASK):
                     record.mask_made = True
                     record.note("mask gone (reboot or manager restart): laying it again")
                     self._stop_sent.pop(str(record.ref), None)  # that stop was for an old run
                     self._stage.pop(str(record.ref), None)
                     self._event("block-renewed", record, f"laying the mask on {record.ref} again")
             for record in batch:
-                if record.step != "settle":
+                if record.step != Step.SETTLE:
                     self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
-                if record.step == "stop" and str(record.ref) not in self._stop_sent:
+                if record.step == Step.STOP and str(record.ref) not in self._stop_sent:
                     self._request_stop(record)
-                if record.step == "plan":
+                if record.step == Step.PLAN:
                     self._guarded(record, self._plan)
-                if record.step == "disable":
+                if record.step == Step.DISABLE:
                     self._guarded(record, self._disable)
-                if record.step == "mask":
+                if record.step == Step.MASK:
                     self._guarded(record, self._mask)
-            settling = [r for r in batch if r.step == "settle"]
+            settling = [r for r in batch if r.step == Step.SETTLE]
             self._resume_stops(settling)
             deadline = self.clock() + wait
             while settling:
@@ -306,7 +319,7 @@ class Enforcer:
                     break
                 self.tick()
                 self.sleep(POLL)
-            self._verify([r for r in batch if r.step == "verify"])
+            self._verify([r for r in batch if r.step == Step.VERIFY])
             for record in batch:
                 key = str(record.ref)
                 now_is = (record.step, len(record.history), record.problem)
@@ -374,8 +387,8 @@ class Enforcer:
             msg=f"stopping {key} ({record.reason})" + (", frozen first" if frozen else ""),
         )
         record.note(f"stop requested ({job})")
-        if record.step == "stop":
-            record.step = "plan"
+        if record.step == Step.STOP:
+            self._move(record, Step.PLAN)
         if frozen and self._ignores_sigterm(record):
             # SIGTERM would end nothing: the stop would wait out its timeout, thawed and
             # allocating. Killed now, the frozen processes never run another instruction.
@@ -456,7 +469,7 @@ class Enforcer:
         except UnitFileError:
             record.mask_made = True  # the way there is not theirs: the mask step says so
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
-        record.step = "disable"
+        self._move(record, Step.DISABLE)
 
     def _mask(self, record: Record, _manager: Manager) -> None:  # a _guarded() step
         expected = os.path.join(mask_dir(record.manager, self.user_runtime), record.unit)
@@ -464,7 +477,7 @@ class Enforcer:
             raise UnitFileError(f"{record.mask_path}: not where a mask goes ({expected})")
         lay_mask(record.mask_path, self._owner(record))
         record.note(f"masked: {record.mask_path} -> /dev/null")
-        record.step = "settle"
+        self._move(record, Step.SETTLE)
 
     def _resume_stops(self, batch: list[Record]) -> None:
         """A record in 'settle' with no stop sent by this guard: resumed after a restart of
@@ -530,7 +543,8 @@ class Enforcer:
 
     def _settled(self, record: Record) -> None:
         key = str(record.ref)
-        record.step = "verify"
+        if not self._move(record, Step.VERIFY):
+            return
         self._stage.pop(key, None)
         self._hold_until.pop(key, None)
         if key not in self._stop_sent:
@@ -618,7 +632,7 @@ class Enforcer:
                 record.note(f"disabled: removed {lr.path} -> {lr.target}")
         if left:
             raise ManagerError(f"{record.manager} left {', '.join(left)} in place")
-        record.step = "mask"
+        self._move(record, Step.MASK)
 
     def _verify(self, batch: list[Record]) -> None:
         """LoadState must read 'masked'; a unit still loaded needs one daemon-reload."""
@@ -643,8 +657,9 @@ class Enforcer:
                 if st is not None and st.load_state == "masked":
                     self._blocked(r)
                 elif st is not None and st.active_state not in SETTLED:
-                    r.step = "settle"  # something started it again before the mask took
-                    self._problem(r, f"verify: {r.ref} is {st.active_state} again")
+                    # Something started it again before the mask took.
+                    if self._move(r, Step.SETTLE):
+                        self._problem(r, f"verify: {r.ref} is {st.active_state} again")
                 else:
                     try:
                         shadow = shadowing_file(
@@ -661,7 +676,8 @@ class Enforcer:
                     )
 
     def _blocked(self, record: Record) -> None:
-        record.step = "blocked"
+        if not self._move(record, Step.BLOCKED):
+            return
         record.problem = ""
         self._reported.pop(str(record.ref), None)
         removed = [lr.path for lr in record.links if lr.removed]
@@ -680,6 +696,18 @@ class Enforcer:
         )
 
     # --- bookkeeping ----------------------------------------------------------
+
+    def _move(self, record: Record, to: Step) -> bool:
+        """Every step change goes through here (records.TRANSITIONS says which may happen).
+        One it does not allow is a bug: reported as block-failed and refused, the record
+        staying where it was, rather than raised: an exception would end the guard's loop,
+        and the record, resumed after each restart, would end it again."""
+        try:
+            record.move(to)
+        except StepError as e:
+            self._problem(record, str(e))
+            return False
+        return True
 
     def _problem(self, record: Record, problem: str) -> None:
         record.problem = problem

@@ -18,19 +18,65 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from .safefs import MAKEDIRS, own_tree
 from .snapshot import UnitRef, manager_uid
 from .unitfiles import Link
 
-# The order a block goes through; a record always names the next one.
-STEPS = ("stop", "plan", "disable", "mask", "settle", "verify", "blocked")
+
+class Step(StrEnum):
+    """A block's steps, in order (enforce.py's docstring says what each does); a record
+    always names the next one. The values are what the records on disk say."""
+
+    STOP = "stop"
+    PLAN = "plan"
+    DISABLE = "disable"
+    MASK = "mask"
+    SETTLE = "settle"
+    VERIFY = "verify"
+    BLOCKED = "blocked"
+
+
+STEPS = tuple(Step)
+
+# Every step change a block may make, and only these: Record.move() refuses any other.
+TRANSITIONS: dict[Step, frozenset[Step]] = {
+    Step.STOP: frozenset({Step.PLAN}),
+    Step.PLAN: frozenset({Step.DISABLE}),
+    Step.DISABLE: frozenset({Step.MASK}),
+    Step.MASK: frozenset({Step.SETTLE}),
+    Step.SETTLE: frozenset({Step.VERIFY}),
+    Step.VERIFY: frozenset(
+        {
+            Step.BLOCKED,
+            # Rewind: active again before the mask took (verify finds it running, or a
+            # decision asks to stop it again).
+            Step.SETTLE,
+            # Rewind: a decision asks to stop it again and its mask is gone (unmasked by hand).
+            Step.MASK,
+        }
+    ),
+    Step.BLOCKED: frozenset(
+        {
+            # Rewind: its mask vanished (reboot, manager restart, by hand): laid again.
+            Step.MASK,
+            # Rewind: a decision asks to stop it again while the mask still stands (it
+            # started before the mask was back).
+            Step.SETTLE,
+        }
+    ),
+}
 FORMAT = 1
 
 
 class RecordError(RuntimeError):
     """A record file that cannot be read or parsed; str() names the file."""
+
+
+class StepError(RuntimeError):
+    """A step change TRANSITIONS does not allow; str() names the unit and both steps."""
 
 
 @dataclass
@@ -56,7 +102,7 @@ class Record:
     figures: dict[str, float] = field(default_factory=dict)
     at: str = ""  # wall-clock time of the decision, UTC
     boot_id: str = ""
-    step: str = "stop"
+    step: Step = Step.STOP
     cgroup: str = ""
     mask_path: str = ""
     mask_made: bool = False
@@ -76,9 +122,17 @@ class Record:
     def note(self, what: str) -> None:
         self.history.append((utc_now(), what))
 
+    def move(self, to: Step) -> None:
+        """Go on to step `to`: the one way a block changes step (StepError if TRANSITIONS
+        does not allow it; the step is then left as it was)."""
+        if to not in TRANSITIONS[Step(self.step)]:
+            raise StepError(f"{self.ref}: no step change from {self.step} to {to}")
+        self.step = to
+
     def to_json(self) -> str:
         data = asdict(self)
         data["format"] = FORMAT
+        data["step"] = str(self.step)  # the plain string, as ever
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -94,6 +148,7 @@ class Record:
             raise RecordError(f"{where}: unreadable record: {e}") from None
         if record.step not in STEPS or not record.unit or not record.manager:
             raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
+        record.step = Step(record.step)
         try:
             manager_uid(record.manager)  # 'system' or 'user:UID': what every reader assumes
         except ValueError:

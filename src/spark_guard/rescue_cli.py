@@ -20,6 +20,7 @@ from .inventory import UnitInfo, collect
 from .managers import Manager, ManagerError, discover
 from .procfs import ProcError, ProcFS
 from .quantities import format_size
+from .records import Step
 from .snapshot import Action, Decision
 from .text import printable as p
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             a
             for a in actions
             if enforcer.records.get(str(a.unit)) is None
-            or enforcer.records[str(a.unit)].step != "blocked"
+            or enforcer.records[str(a.unit)].step != Step.BLOCKED
         )
         if todo:
             enforcer.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))

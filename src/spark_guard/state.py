@@ -147,7 +147,7 @@ def build(
         "blocked": [
             {
                 "unit": str(r.ref),
-                "step": r.step,
+                "step": str(r.step),
                 "reason": r.reason,
                 "phase": r.phase,
                 "detail": r.detail,

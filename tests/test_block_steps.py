@@ -1,0 +1,293 @@
+"""A block's steps as a transcript: a fake manager in a dict, no systemd, no root.
+
+Each event changes the fake manager (or the files) and calls the Enforcer; the
+transcript says which step changes that call makes (every change goes through
+Record.move, which the test watches) and the step the record is left at. The
+masks and records land under tmp_path: the manager is `user:<euid>` and its
+runtime directory is tmp_path's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterable
+
+import pytest
+from structlog.testing import capture_logs
+
+from spark_guard import enforce, log
+from spark_guard.config import Config
+from spark_guard.enforce import Enforcer
+from spark_guard.managers import ManagerError, UnitState
+from spark_guard.records import STEPS, TRANSITIONS, Record, Step, StepError
+from spark_guard.safefs import own_tree
+from spark_guard.snapshot import Action, Decision, UnitRef, manager_uid
+from spark_guard.unitfiles import NULL, Owner, mask_dir
+
+UID = os.geteuid()
+KEY = f"user:{UID}"
+UNIT = "llama.service"
+REF = UnitRef(KEY, UNIT)
+
+
+class FakeManager:
+    """Just what the Enforcer asks of a Manager, with the units in a dict.
+
+    A stop leaves the unit 'deactivating' until the test says it is gone; LoadState
+    is read again from the files only at reload(), as a real manager does.
+    """
+
+    def __init__(self, key: str, control: str, links: dict[str, list[str]]) -> None:
+        self.key = key
+        self.uid = manager_uid(key)
+        self.control = control
+        self.unit_path_dirs = [control, os.path.dirname(control) + "/user"]
+        self.root_cgroup = f"/user.slice/user-{self.uid}.slice/user@{self.uid}.service"
+        self.persistent_config_dir: str | None = None
+        self.links = links
+        self.active: dict[str, str] = {}  # name -> ActiveState
+        self.load: dict[str, str] = {}  # name -> LoadState, as of the last reload
+        self.calls: list[str] = []
+        # Runs instead of the reload once: a start job that got in before it.
+        self.on_reload: Callable[[], None] | None = None
+
+    def start(self, name: str) -> None:
+        self.active[name] = "active"
+        self.load.setdefault(name, "loaded")
+
+    def unit_states(self, names: Iterable[str]) -> dict[str, UnitState]:
+        return {
+            n: UnitState(n, self.load[n], self.active[n], self.active[n])
+            for n in names
+            if n in self.active
+        }
+
+    def freeze_unit(self, name: str) -> None:
+        self.calls.append(f"freeze {name}")
+
+    def thaw_unit(self, name: str) -> None:
+        self.calls.append(f"thaw {name}")
+
+    def stop_unit(self, name: str) -> str:
+        self.calls.append(f"stop {name}")
+        if self.active.get(name) == "active":
+            self.active[name] = "deactivating"
+        return f"/org/freedesktop/systemd1/job/{len(self.calls)}"
+
+    def kill_unit(self, name: str, signal: int) -> None:
+        self.calls.append(f"kill {name} {int(signal)}")
+        self.active[name] = "failed"
+
+    def stopped(self, name: str) -> None:
+        self.active[name] = "inactive"
+
+    def reload(self) -> None:
+        self.calls.append("reload")
+        if self.on_reload is not None:
+            hook, self.on_reload = self.on_reload, None
+            hook()
+            return
+        for name in self.load:
+            masked = os.path.lexists(os.path.join(self.control, name))
+            self.load[name] = "masked" if masked else "loaded"
+
+    def unit_file_links(self, name: str) -> list[str]:
+        return list(self.links.get(name, []))
+
+    def disable_unit_files(self, name: str) -> list[str]:
+        self.calls.append(f"disable {name}")
+        gone = self.links.pop(name, [])
+        for path in gone:
+            os.unlink(path)
+        return gone
+
+    def unit_control_group(self, name: str) -> str:
+        return f"{self.root_cgroup}/app.slice/{name}"
+
+
+class Clock:
+    """Time that passes only when the Enforcer sleeps or the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def rig(tmp_path, monkeypatch):
+    if UID != 0:
+        # Without root, unitfiles.owner() would walk to <user_runtime>/UID through root's
+        # directories only, and tmp_path is ours: the masks are laid with our own rights.
+        gid = os.getegid()
+        monkeypatch.setattr(enforce, "owner", lambda *_: Owner(UID, gid, own_tree()))
+    runtime = tmp_path / "run-user"
+    (runtime / str(UID) / "systemd").mkdir(parents=True)
+    wants = tmp_path / "home" / ".config" / "systemd" / "user" / "default.target.wants"
+    wants.mkdir(parents=True)
+    link = wants / UNIT
+    link.symlink_to(tmp_path / "home" / ".config" / "systemd" / "user" / UNIT)
+    config = Config(
+        state=str(tmp_path / "state"),
+        motd=str(tmp_path / "motd"),
+        issue=str(tmp_path / "issue"),
+        user_runtime=str(runtime),
+        cgroup=str(tmp_path / "cgroup"),
+        proc=str(tmp_path / "proc"),  # no /proc: no boot id, no MemAvailable
+    )
+    control = mask_dir(KEY, config.user_runtime)
+    manager = FakeManager(KEY, control, {UNIT: [str(link)]})
+    manager.start(UNIT)
+    clock = Clock()
+    log.configure("console")
+    enforcer = Enforcer({KEY: manager}, config, log.get_logger(), clock=clock, sleep=clock.sleep)
+    moves: list[tuple[Step, Step]] = []
+    move = Record.move
+
+    def watched(record: Record, to: Step) -> None:
+        was = record.step
+        move(record, to)
+        moves.append((was, to))
+
+    monkeypatch.setattr(Record, "move", watched)
+    return enforcer, manager, clock, moves, os.path.join(control, UNIT), str(link)
+
+
+def stop_decision() -> tuple[list[Action], Decision]:
+    action = Action("stop", REF, "footprint", "expects 115GiB", {"mem_available": 1})
+    return [action], Decision("strict", 8, (), (action,))
+
+
+S = Step
+
+
+def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
+    enforcer, manager, clock, moves, mask, link = rig
+
+    def block() -> None:
+        enforcer.block(*stop_decision())
+
+    def unmask() -> None:  # by hand (systemctl unmask reloads), or a reboot/manager restart
+        os.unlink(mask)
+        manager.reload()
+
+    def sneak_in() -> None:
+        manager.start(UNIT)
+
+    def stop_timeout_passes() -> None:
+        clock.t += enforcer.config.stop_timeout
+        enforcer.advance()
+
+    # (event, what happens, the step changes it makes, the step it leaves)
+    transcript: list[tuple[str, Callable[[], None], list[tuple[Step, Step]], Step]] = [
+        (
+            "decision: stop it",
+            block,
+            [(S.STOP, S.PLAN), (S.PLAN, S.DISABLE), (S.DISABLE, S.MASK), (S.MASK, S.SETTLE)],
+            S.SETTLE,
+        ),
+        ("still stopping", enforcer.advance, [], S.SETTLE),
+        ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
+        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+        ("nothing new", enforcer.advance, [], S.BLOCKED),
+        # Rewind 1: the mask vanished (reboot or manager restart): block-renewed.
+        ("mask gone", unmask, [], S.BLOCKED),
+        (
+            "next pass",
+            enforcer.advance,
+            [(S.BLOCKED, S.MASK), (S.MASK, S.SETTLE), (S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)],
+            S.BLOCKED,
+        ),
+        # Rewind 2: started again while blocked, its mask still there.
+        ("started again", lambda: manager.start(UNIT), [], S.BLOCKED),
+        ("decision: stop it", block, [(S.BLOCKED, S.SETTLE)], S.SETTLE),
+        ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
+        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+        # Rewind 2, unmasked by hand: the mask goes back first.
+        ("unmasked and started", lambda: (unmask(), manager.start(UNIT)), [], S.BLOCKED),
+        ("decision: stop it", block, [(S.BLOCKED, S.MASK), (S.MASK, S.SETTLE)], S.SETTLE),
+        # Rewind 3: verify finds it running again: a start got in before the mask loaded.
+        ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
+        ("a start sneaks in", lambda: setattr(manager, "on_reload", sneak_in), [], S.SETTLE),
+        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.SETTLE)], S.SETTLE),
+        ("stop_timeout passes: KillUnit", stop_timeout_passes, [], S.SETTLE),
+        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+    ]
+    seen = []
+    with capture_logs() as events:
+        for event, happen, _moves, _step in transcript:
+            moves.clear()
+            happen()
+            record = enforcer.records[str(REF)]
+            seen.append((event, list(moves), record.step))
+    assert seen == [(event, m, step) for event, _, m, step in transcript]
+
+    record = enforcer.records[str(REF)]
+    assert isinstance(record.step, Step) and record.problem == ""
+    assert os.readlink(mask) == NULL and not os.path.lexists(link)
+    assert [lr.removed for lr in record.links] == [True]
+    assert manager.calls.count(f"stop {UNIT}") == 3 and f"kill {UNIT} 9" in manager.calls
+    kinds = [e["event"] for e in events]
+    assert kinds.count("unit-blocked") == 4 and kinds.count("block-renewed") == 1
+    assert [e["error"] for e in events if e["event"] == "block-failed"] == [
+        f"verify: {REF} is active again"
+    ]
+    # On disk as ever: the plain string, read back as a Step.
+    with open(enforcer.store.path_of(REF)) as f:
+        assert json.load(f)["step"] == "blocked"
+    assert enforcer.store.load(REF) == record
+
+
+def test_a_step_change_the_table_does_not_allow_is_refused(rig):
+    enforcer, manager, *_ = rig
+    enforcer.block(*stop_decision())
+    manager.stopped(UNIT)
+    enforcer.advance()
+    record = enforcer.records[str(REF)]
+    assert record.step == S.BLOCKED
+    with pytest.raises(StepError, match=rf"^{REF}: no step change from blocked to plan$"):
+        record.move(S.PLAN)
+    assert record.step == S.BLOCKED
+    # In the Enforcer: a block-failed problem, the record left where it was, the guard going on.
+    with capture_logs() as events:
+        assert not enforcer._move(record, S.STOP)
+    assert record.step == S.BLOCKED
+    assert record.problem == f"{REF}: no step change from blocked to stop"
+    assert [e["event"] for e in events] == ["block-failed"]
+
+
+def test_the_table_names_every_step_and_only_steps():
+    assert (
+        STEPS == tuple(Step) == ("stop", "plan", "disable", "mask", "settle", "verify", "blocked")
+    )
+    assert set(TRANSITIONS) == set(Step)
+    assert all(to and to <= set(Step) for to in TRANSITIONS.values())
+    # Forward, each step leads to the next.
+    assert all(b in TRANSITIONS[a] for a, b in itertools.pairwise(STEPS))
+
+
+def test_an_old_record_still_loads_and_is_written_the_same():
+    r = Record(unit=UNIT, manager=KEY, reason="footprint", detail="d", phase="strict")
+    r.step = "verify"  # as a record from before Step had it
+    text = r.to_json()
+    assert json.loads(text)["step"] == "verify"
+    back = Record.from_json(text, "x.json")
+    assert back.step is Step.VERIFY and back.to_json() == text
+
+
+def test_a_manager_that_fails_a_stop_leaves_the_step_for_later(rig):
+    enforcer, manager, _clock, moves, _mask, _link = rig
+
+    def refuse(*_: object) -> str:
+        raise ManagerError("timed out")
+
+    manager.stop_unit = refuse
+    enforcer.block(*stop_decision())
+    record = enforcer.records[str(REF)]
+    assert record.step == S.STOP and moves == [] and record.problem == "stop: timed out"
