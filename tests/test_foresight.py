@@ -66,6 +66,7 @@ def test_owner_of_a_unit_is_its_managers_user():
     assert owner_of("system") == 0
 
 
+@pytest.mark.root
 def test_asking_never_waits_and_a_fifo_is_answered_at_once(mallory: User):
     models = mallory.home / "models"
     mallory.sh(f"mkdir -p {models}; mkfifo {models}/fifo.gguf")  # no writer, ever
@@ -84,6 +85,7 @@ def test_asking_never_waits_and_a_fifo_is_answered_at_once(mallory: User):
     assert waited.source == got.source and time.monotonic() - t < 2.0
 
 
+@pytest.mark.root
 def test_her_own_model_is_read_with_her_rights(mallory: User):
     mine = mallory.home / "models" / "mine.gguf"
     mallory.sh(f"mkdir -p {mine.parent}; cp {testdata.smollm2()} {mine}")
@@ -91,6 +93,7 @@ def test_her_own_model_is_read_with_her_rights(mallory: User):
     assert got.bytes is not None and got.source.startswith("mine.gguf, ctx 8192: ")
 
 
+@pytest.mark.root
 def test_whether_a_root_only_path_exists_is_not_told_to_her(mallory: User, public_dir: Path):
     # As /etc/shadow: a root-only file in a directory she may search; as /root/x: a file in
     # a directory she may not; an absent file; a path through a file.
@@ -187,6 +190,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.root
 def test_a_read_that_never_returns_is_abandoned_and_the_loop_never_waits(tmp_path: Path):
     mnt = tmp_path / "hung"
     mnt.mkdir()

@@ -59,6 +59,7 @@ def collect_within(config: Config, seconds: float) -> Inventory:
     return box[0]
 
 
+@pytest.mark.root
 def test_her_unit_files_that_hang_or_never_end_are_error_lines(
     lingering: tuple[User, Config], vault: Path
 ) -> None:

@@ -114,6 +114,7 @@ def owned_by(path: Path, user: User) -> bool:
 # --- the primitive ----------------------------------------------------------------
 
 
+@pytest.mark.root
 def test_write_replaces_a_file_atomically_with_its_mode_and_leaves_nothing_else(tmp_path):
     path = tmp_path / "a" / "b" / "note"
     Tree("/").write(str(path), b"one\n", mode=0o640, create=MAKEDIRS)
@@ -125,6 +126,7 @@ def test_write_replaces_a_file_atomically_with_its_mode_and_leaves_nothing_else(
         Tree("/").write(str(tmp_path / "c" / "d" / "note"), b"", create=1)
 
 
+@pytest.mark.root
 def test_a_file_made_in_a_users_tree_is_theirs_and_the_kernel_refuses_them_the_rest(lay):
     user = lay.user
     home = Tree(str(user.home), user.uid, user.gid)
@@ -139,6 +141,7 @@ def test_a_file_made_in_a_users_tree_is_theirs_and_the_kernel_refuses_them_the_r
     assert list((user.home / "rootdir").iterdir()) == []
 
 
+@pytest.mark.root
 def test_a_symlink_planted_at_the_temporary_name_is_never_followed(lay, monkeypatch):
     user = lay.user
     before = lay.snapshot()
@@ -151,6 +154,7 @@ def test_a_symlink_planted_at_the_temporary_name_is_never_followed(lay, monkeypa
     assert not (user.home / "note").exists()
 
 
+@pytest.mark.root
 def test_a_symlink_at_the_final_name_is_replaced_not_written_through(lay):
     user = lay.user
     before = lay.snapshot()
@@ -161,6 +165,7 @@ def test_a_symlink_at_the_final_name_is_replaced_not_written_through(lay):
     assert not note.is_symlink() and note.read_bytes() == b"mine\n" and owned_by(note, user)
 
 
+@pytest.mark.root
 def test_a_directory_swapped_for_a_symlink_is_refused_wherever_it_is(lay):
     user = lay.user
     before = lay.snapshot()
@@ -179,6 +184,7 @@ def test_a_directory_swapped_for_a_symlink_is_refused_wherever_it_is(lay):
     assert lay.snapshot() == before
 
 
+@pytest.mark.root
 def test_roots_own_symlinks_are_followed_from_slash_and_dotdot_resolved(tmp_path):
     (tmp_path / "real" / "sub").mkdir(parents=True)
     (tmp_path / "alias").symlink_to("real")
@@ -190,6 +196,7 @@ def test_roots_own_symlinks_are_followed_from_slash_and_dotdot_resolved(tmp_path
         Tree(str(tmp_path)).write(f"{tmp_path}/alias/g", b"x")
 
 
+@pytest.mark.root
 def test_another_users_directory_is_refused_unless_any_owner_and_never_a_symlink(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
@@ -204,6 +211,7 @@ def test_another_users_directory_is_refused_unless_any_owner_and_never_a_symlink
         Tree("/", any_owner=True).write(f"{tmp_path}/link/g.prom", b"x")
 
 
+@pytest.mark.root
 def test_a_fifo_a_device_or_a_symlink_is_refused_by_a_read_without_blocking(lay):
     user = lay.user
     user.sh(f"mkfifo {user.home}/fifo; ln -s /dev/zero {user.home}/zero")
@@ -219,6 +227,7 @@ def test_a_fifo_a_device_or_a_symlink_is_refused_by_a_read_without_blocking(lay)
     assert home.read(f"{user.home}/nothing", 100) is None
 
 
+@pytest.mark.root
 def test_an_anchor_says_its_group_and_must_be_reached_through_roots_directories(lay):
     user = lay.user
     st = anchor_stat(str(lay.runtime))
@@ -250,6 +259,7 @@ def blocked_record(lay: Layout, unit: str, links: list[LinkRecord], mask_made: b
     return record
 
 
+@pytest.mark.root
 def test_release_never_follows_a_users_symlinked_wants_dir_into_etc(lay):
     user = lay.user
     wants = lay.unit_dir / "default.target.wants"
@@ -275,6 +285,7 @@ def test_release_never_follows_a_users_symlinked_wants_dir_into_etc(lay):
         read_link(link.path, owner(lay.manager, str(lay.run_user)))
 
 
+@pytest.mark.root
 def test_release_puts_back_links_and_wants_dirs_as_the_user_and_removes_the_mask(lay):
     user = lay.user
     wants = lay.unit_dir / "default.target.wants"
@@ -302,6 +313,7 @@ def user_manager(lay: Layout) -> Manager:
     return manager
 
 
+@pytest.mark.root
 def test_harden_writes_the_drop_in_in_the_users_home_as_the_user(lay):
     user, ref = lay.user, UnitRef(lay.manager, "llama.service")
     config = Config(state=str(lay.state))
@@ -320,6 +332,7 @@ def test_harden_writes_the_drop_in_in_the_users_home_as_the_user(lay):
     assert hardened.stat().st_uid == 0
 
 
+@pytest.mark.root
 def test_harden_refuses_a_unit_d_symlinked_into_roots_unit_dir(lay):
     user, ref = lay.user, UnitRef(lay.manager, "cron.service")
     config = Config(state=str(lay.state))
@@ -332,6 +345,7 @@ def test_harden_refuses_a_unit_d_symlinked_into_roots_unit_dir(lay):
     assert not (lay.state / "hardened").exists()
 
 
+@pytest.mark.root
 def test_harden_refuses_a_drop_in_that_is_a_symlink_or_a_fifo(lay):
     user, ref = lay.user, UnitRef(lay.manager, "llama.service")
     path, tree = harden_cli._place(ref, user_manager(lay))
@@ -343,6 +357,7 @@ def test_harden_refuses_a_drop_in_that_is_a_symlink_or_a_fifo(lay):
         tree.read(path, harden_cli.READ_LIMIT)
 
 
+@pytest.mark.root
 def test_harden_undo_does_not_remove_through_a_swapped_unit_d(lay):
     user, ref = lay.user, UnitRef(lay.manager, "cron.service")
     manager = user_manager(lay)
@@ -361,6 +376,7 @@ def test_harden_undo_does_not_remove_through_a_swapped_unit_d(lay):
     assert lay.snapshot() == before
 
 
+@pytest.mark.root
 def test_harden_writes_only_where_the_managers_unit_path_looks(lay):
     manager = user_manager(lay)
     manager.unit_path_dirs = (str(lay.control), str(lay.victim / "etc-system"))
@@ -371,6 +387,7 @@ def test_harden_writes_only_where_the_managers_unit_path_looks(lay):
 # --- 3: the mask, redirected --------------------------------------------------------
 
 
+@pytest.mark.root
 def test_a_user_control_dir_symlinked_to_pid1s_masks_nothing_there(lay):
     user = lay.user
     user.sh(f"ln -s {lay.victim}/system.control {lay.control}")
@@ -390,6 +407,7 @@ def test_a_user_control_dir_symlinked_to_pid1s_masks_nothing_there(lay):
     assert lay.snapshot() == before
 
 
+@pytest.mark.root
 def test_release_of_a_redirected_mask_leaves_the_admins_mask(lay):
     user = lay.user
     record = blocked_record(lay, "cron.service", [], mask_made=True)
@@ -403,6 +421,7 @@ def test_release_of_a_redirected_mask_leaves_the_admins_mask(lay):
     assert os.readlink(lay.victim / "system.control" / "cron.service") == "/dev/null"
 
 
+@pytest.mark.root
 def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says(lay, tmp_path):
     config = Config(state=str(tmp_path / "state"), user_runtime=str(lay.run_user))
     enforcer = Enforcer({}, config, None)

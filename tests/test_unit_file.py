@@ -3,6 +3,8 @@
 import subprocess
 from pathlib import Path
 
+import pytest
+
 UNIT = Path(__file__).parent.parent / "units" / "spark-guard.service"
 
 
@@ -20,6 +22,7 @@ def unit_settings() -> dict[str, list[str]]:
     return values
 
 
+@pytest.mark.root
 def test_systemd_analyze_verify_is_clean(tmp_path):
     # The binary is not installed here; point ExecStart at one that exists.
     text = UNIT.read_text().replace("ExecStart=/usr/bin/spark-guard", "ExecStart=/bin/true")

@@ -57,6 +57,7 @@ def run_user(user: User) -> Iterator[Path]:
         shutil.rmtree(base)
 
 
+@pytest.mark.root
 def test_a_mask_is_laid_once_and_removed_only_while_it_is_ours(tmp_path):
     mask = str(tmp_path / "system.control" / "llama.service")
     assert lay_mask(mask, ROOT) is True
@@ -79,6 +80,7 @@ def test_the_mask_goes_where_the_guard_says_not_where_a_manager_says():
     assert mask_dir("user:1000", "/run/user/") == "/run/user/1000/systemd/user.control"
 
 
+@pytest.mark.root
 def test_a_user_mask_and_its_directory_belong_to_the_user(user, run_user):
     who = owner(f"user:{user.uid}", str(run_user))
     assert (who.uid, who.gid, who.runtime.anchor) == (user.uid, user.gid, f"{run_user}/{user.uid}")
@@ -93,6 +95,7 @@ def test_a_user_mask_and_its_directory_belong_to_the_user(user, run_user):
     assert remove_mask(mask, who) is True and not os.path.lexists(mask)
 
 
+@pytest.mark.root
 def test_a_mask_outside_the_users_runtime_dir_is_refused(user, run_user, tmp_path):
     who = owner(f"user:{user.uid}", str(run_user))
     with pytest.raises(UnitFileError, match=rf"^{tmp_path}/x.service: outside {run_user}/"):
@@ -100,6 +103,7 @@ def test_a_mask_outside_the_users_runtime_dir_is_refused(user, run_user, tmp_pat
     assert not (tmp_path / "x.service").exists()
 
 
+@pytest.mark.root
 def test_a_path_through_someone_elses_directory_is_refused(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
@@ -109,6 +113,7 @@ def test_a_path_through_someone_elses_directory_is_refused(tmp_path):
     assert not (other / "system.control").exists()
 
 
+@pytest.mark.root
 def test_roots_own_symlinked_directory_is_followed(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
@@ -117,6 +122,7 @@ def test_roots_own_symlinked_directory_is_followed(tmp_path):
     assert (real / "x.service").is_symlink()
 
 
+@pytest.mark.root
 def test_a_link_is_restored_with_its_target_and_owner(user, run_user):
     unit_dir = user.home / ".config" / "systemd" / "user"
     user.sh(f"mkdir -p {unit_dir}/default.target.wants")
@@ -132,6 +138,7 @@ def test_a_link_is_restored_with_its_target_and_owner(user, run_user):
     assert restore_link(before, who) is False  # already back
 
 
+@pytest.mark.root
 def test_a_wants_directory_that_was_removed_is_made_again_by_its_owner(user, run_user):
     unit_dir = user.home / ".config" / "systemd" / "user"
     user.sh(f"mkdir -p {unit_dir}")
@@ -150,6 +157,7 @@ def test_a_wants_directory_that_was_removed_is_made_again_by_its_owner(user, run
     )
 
 
+@pytest.mark.root
 def test_a_link_is_not_restored_over_something_else(tmp_path):
     link = Link(str(tmp_path / "x.service"), "/etc/systemd/system/x.service", 0, 0)
     (tmp_path / "x.service").symlink_to("/srv/other.service")
@@ -160,6 +168,7 @@ def test_a_link_is_not_restored_over_something_else(tmp_path):
         restore_link(link, ROOT)
 
 
+@pytest.mark.root
 def test_a_link_outside_the_users_trees_is_refused_and_named(user, run_user, tmp_path):
     who = owner(f"user:{user.uid}", str(run_user), home=True)
     link = Link(str(tmp_path / "multi-user.target.wants" / "x.service"), "/etc/x", 0, 0)
@@ -172,12 +181,14 @@ def test_a_link_outside_the_users_trees_is_refused_and_named(user, run_user, tmp
     assert not (tmp_path / "multi-user.target.wants").exists()
 
 
+@pytest.mark.root
 def test_a_wants_directory_of_root_that_was_removed_is_made_again(tmp_path):
     link = Link(str(tmp_path / "multi-user.target.wants" / "x.service"), "/etc/x.service", 0, 0)
     assert restore_link(link, ROOT) is True
     assert os.readlink(link.path) == "/etc/x.service"
 
 
+@pytest.mark.root
 def test_a_file_in_a_higher_directory_outranks_the_mask(tmp_path):
     dirs = tuple(str(tmp_path / d) for d in ("persistent.control", "runtime.control", "etc"))
     for d in dirs:
@@ -188,6 +199,7 @@ def test_a_file_in_a_higher_directory_outranks_the_mask(tmp_path):
     assert shadowing_file(dirs, dirs[1], "x.service", ROOT) == f"{dirs[0]}/x.service"
 
 
+@pytest.mark.root
 def test_a_user_without_a_runtime_dir_has_no_trees_for_the_daemon(user, run_user):
     shutil.rmtree(run_user / str(user.uid))  # logged out
     with pytest.raises(UnitFileError, match=rf"^{run_user}/{user.uid}: .*'s runtime dir\)$"):
