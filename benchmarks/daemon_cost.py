@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from spark_guard.procfs import ProcFS  # noqa: E402
+
 from guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -80,14 +82,6 @@ def measure_process(argv: list[str], idle: float) -> dict[str, float]:
 NEAR_MIB = 600
 
 
-def available_mib() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
 def measure_guard(idle: float) -> dict[str, float]:
     with guard_manager() as um:
         write_config(um, grace="0s")  # steady: boot is over, the idle case
@@ -105,7 +99,7 @@ def measure_guard(idle: float) -> dict[str, float]:
         cpu = idle_cpu(pid, idle)
         # Near the reserve the quiet pass comes every poll.min (policy.FILL_RATE: a loader at
         # 6 GB/s could take the headroom before a longer wait ends): 600 MiB above it here.
-        reserve_mib = available_mib() - NEAR_MIB
+        reserve_mib = ProcFS().memory().available // 2**20 - NEAR_MIB
         write_config(
             um, f'[budget]\nreserve = "{reserve_mib}MiB"\nreserve_percent = 0\n', grace="0s"
         )

@@ -25,9 +25,7 @@ manager cycles and 1,000 loader start/stops (docs/benchmarks.md).
 from __future__ import annotations
 
 import os
-import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -115,15 +113,10 @@ def test_a_manager_that_goes_away_costs_no_memory():
         try:
             for _ in range(30):  # first imports, pystemd's tables
                 cycle()
-            before = own_rss_kb()
+            before = guard_figures(os.getpid())["rss_kb"]
             said = {cycle() for _ in range(cycles)}
-            grown = own_rss_kb() - before
+            grown = guard_figures(os.getpid())["rss_kb"] - before
         finally:
             user.close()
     assert said == {"user:61500: ListJobs: the manager closed the connection"}, said
     assert grown <= noise_kb, f"{grown} kB over {cycles} managers that went away"
-
-
-def own_rss_kb() -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
