@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from spark_guard.classify import CommandLine  # noqa: E402
 from spark_guard.config import Config  # noqa: E402
 from spark_guard.policy import decide  # noqa: E402
-from spark_guard.procfs import ProcFS  # noqa: E402
-from spark_guard.snapshot import Memory, Snapshot, UnitRef, UnitUsage  # noqa: E402
+from spark_guard.snapshot import Memory, SeenUnit, Snapshot, UnitRef  # noqa: E402
+from spark_guard.system.procfs import ProcFS  # noqa: E402
 
 GiB = 1024**3
 REF = UnitRef("user:1000", "argv.service")
@@ -119,10 +119,10 @@ def lay_out(proc: Path, procs: int, argv: list[bytes]) -> list[int]:
 
 
 def snapshot(exec_start: tuple[tuple[str, ...], ...], cmdlines: list[tuple[str, ...]]) -> Snapshot:
-    usage = UnitUsage(
+    seen = SeenUnit(
         REF, pids=(1,), exec_start=exec_start, cmdlines=tuple(cmdlines), active_since=1.0
     )
-    return Snapshot(now=100.0, memory=Memory(121 * GiB, 100 * GiB), units=(usage,))
+    return Snapshot(now=100.0, memory=Memory(121 * GiB, 100 * GiB), units=(seen,))
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

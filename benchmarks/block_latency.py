@@ -2,7 +2,7 @@
 
 For each of N runs: an enabled loader unit (Restart=always) allocates memory,
 the guard's own sensor takes a snapshot, decide() says stop, and the
-Actuator/Enforcer acts for real. Four times are taken from the moment
+Actuator/Blocker acts for real. Four times are taken from the moment
 decide() returned (nothing runs between it and the Actuator):
 
   stop call   StopUnit has been answered by the manager
@@ -35,11 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from spark_guard.act import Actuator  # noqa: E402
+from spark_guard.block.blocker import Blocker  # noqa: E402
+from spark_guard.block.records import RecordStore  # noqa: E402
+from spark_guard.block.release import release  # noqa: E402
 from spark_guard.config import Config  # noqa: E402
-from spark_guard.enforce import Enforcer  # noqa: E402
 from spark_guard.policy import decide  # noqa: E402
-from spark_guard.records import RecordStore  # noqa: E402
-from spark_guard.release import release  # noqa: E402
 from spark_guard.sensor import Sensor  # noqa: E402
 
 from harness import UserManager  # noqa: E402
@@ -109,8 +109,8 @@ def main() -> int:
             log = TimingLog()
             sensor = Sensor(config, log)
             sensor.refresh_managers()
-            enforcer = Enforcer(sensor.managers, config, log)
-            actuator = Actuator(enforcer, log, dry_run=False, repeat_after=30)
+            blocker = Blocker(sensor.managers, config, log)
+            actuator = Actuator(blocker, log, dry_run=False, repeat_after=30)
             exited: list[float] = []
             watcher = watch_exit(int(um.show(UNIT, "MainPID")["MainPID"]), exited)
             snapshot = sensor.snapshot()

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from spark_guard.procfs import ProcFS  # noqa: E402
+from spark_guard.system.procfs import ProcFS  # noqa: E402
 
 from guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config  # noqa: E402
 

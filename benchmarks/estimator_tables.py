@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from spark_guard.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes  # noqa: E402
-from spark_guard.gguf import read_model  # noqa: E402
+from spark_guard.foresight.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes  # noqa: E402
+from spark_guard.foresight.gguf import read_model  # noqa: E402
 from test_estimate import FIT_PARAMS, MEASURED  # noqa: E402
 
 import synth  # noqa: E402

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import gguf  # noqa: E402
 
-from spark_guard.gguf import read_header  # noqa: E402
+from spark_guard.foresight.gguf import read_header  # noqa: E402
 
 import synth  # noqa: E402
 import testdata  # noqa: E402

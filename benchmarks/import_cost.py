@@ -27,7 +27,7 @@ ROWS = (
     ("structlog", "import structlog"),
     (
         "pystemd's D-Bus module, as the guard loads it",
-        "from spark_guard.managers import _dbuslib; _dbuslib()",
+        "from spark_guard.system.managers import _dbuslib; _dbuslib()",
     ),
     ("pystemd.dbuslib (the whole package)", "import pystemd.dbuslib"),
     ("systemd.journal", "import systemd.journal"),
@@ -35,7 +35,7 @@ ROWS = (
     (
         "all of the above as the running guard loads them",
         "import spark_guard.daemon, sdnotify, systemd.journal; from spark_guard import log;"
-        " log.configure('journal'); from spark_guard.managers import _dbuslib; _dbuslib()",
+        " log.configure('journal'); from spark_guard.system.managers import _dbuslib; _dbuslib()",
     ),
 )
 

@@ -13,7 +13,7 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from spark_guard.gguf import GgufError, read_header
+    from spark_guard.foresight.gguf import GgufError, read_header
 
 FD, PATH = tempfile.mkstemp(suffix=".gguf")
 

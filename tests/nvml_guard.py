@@ -25,7 +25,7 @@ import fake_nvml
 
 def main() -> int:
     spec, sep, *argv = sys.argv[1:]
-    assert sep == "--", "usage: nvml_guard.py SPEC -- ARGS"
+    assert sep == "--", "seen: nvml_guard.py SPEC -- ARGS"
     kw: dict[str, object] = {}
     procs: list[tuple[int, int | None]] = []
     for item in filter(None, spec.split(",")):

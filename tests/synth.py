@@ -212,7 +212,7 @@ def write(spec: Spec, directory: Path, *, shards: int = 1, vocabulary: bool = Fa
 
 
 def _data_end(path: Path) -> int:
-    from spark_guard.gguf import read_header
+    from spark_guard.foresight.gguf import read_header
 
     h = read_header(str(path))
     end = h.data_offset

@@ -4,9 +4,9 @@ from structlog.testing import capture_logs
 
 from spark_guard import log
 from spark_guard.act import Actuator
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import RecordStore
 from spark_guard.config import Config
-from spark_guard.enforce import Enforcer
-from spark_guard.records import RecordStore
 from spark_guard.snapshot import Action, Decision, UnitRef
 
 UNIT = UnitRef("system", "llama-ds4-0731.service")
@@ -25,19 +25,19 @@ class Clock:
         return self.t
 
 
-def enforcer(tmp_path) -> Enforcer:
+def blocker(tmp_path) -> Blocker:
     config = Config(
         state=str(tmp_path / "state"),
         motd=str(tmp_path / "motd.d" / "spark-guard"),
         issue=str(tmp_path / "issue"),
     )
-    return Enforcer({}, config, log.get_logger())
+    return Blocker({}, config, log.get_logger())
 
 
 def test_same_run_is_not_repeated_but_a_restart_is_acted_on_at_once(tmp_path):
     log.configure("console")
     clock = Clock()
-    act = Actuator(enforcer(tmp_path), log.get_logger(), dry_run=True, repeat_after=30, clock=clock)
+    act = Actuator(blocker(tmp_path), log.get_logger(), dry_run=True, repeat_after=30, clock=clock)
     with capture_logs() as events:
         assert len(act.apply(decision(since=10.0))) == 1
         clock.t = 1.0
@@ -53,7 +53,7 @@ def test_same_run_is_not_repeated_but_a_restart_is_acted_on_at_once(tmp_path):
 
 def test_stop_without_a_connected_manager_is_reported_recorded_and_shown(tmp_path):
     log.configure("console")
-    act = Actuator(enforcer(tmp_path), log.get_logger(), dry_run=False, repeat_after=30)
+    act = Actuator(blocker(tmp_path), log.get_logger(), dry_run=False, repeat_after=30)
     with capture_logs() as events:
         act.apply(decision(since=1.0))
     failed = [e for e in events if e["event"] == "unit-stop-failed"]

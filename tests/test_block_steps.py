@@ -1,6 +1,6 @@
 """A block's steps as a transcript: a fake manager in a dict, no systemd, no root.
 
-Each event changes the fake manager (or the files) and calls the Enforcer; the
+Each event changes the fake manager (or the files) and calls the Blocker; the
 transcript says which step changes that call makes (every change goes through
 Record.move, which the test watches) and the step the record is left at. The
 masks and records land under tmp_path: the manager is `user:<euid>` and its
@@ -17,14 +17,15 @@ from collections.abc import Callable, Iterable
 import pytest
 from structlog.testing import capture_logs
 
-from spark_guard import enforce, log
+from spark_guard import log
+from spark_guard.block import blocker as enforce
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import STEPS, TRANSITIONS, Record, Step, StepError
 from spark_guard.config import Config
-from spark_guard.enforce import Enforcer
-from spark_guard.managers import ManagerError, UnitState
-from spark_guard.records import STEPS, TRANSITIONS, Record, Step, StepError
-from spark_guard.safefs import own_tree
 from spark_guard.snapshot import Action, Decision, UnitRef, manager_uid
-from spark_guard.unitfiles import NULL, Owner, mask_dir
+from spark_guard.system.managers import ManagerError, UnitState
+from spark_guard.system.safefs import own_tree
+from spark_guard.system.unitfiles import NULL, Owner, mask_dir
 
 UID = os.geteuid()
 KEY = f"user:{UID}"
@@ -33,7 +34,7 @@ REF = UnitRef(KEY, UNIT)
 
 
 class FakeManager:
-    """Just what the Enforcer asks of a Manager, with the units in a dict.
+    """Just what the Blocker asks of a Manager, with the units in a dict.
 
     A stop leaves the unit 'deactivating' until the test says it is gone; LoadState
     is read again from the files only at reload(), as a real manager does.
@@ -108,7 +109,7 @@ class FakeManager:
 
 
 class Clock:
-    """Time that passes only when the Enforcer sleeps or the test says so."""
+    """Time that passes only when the Blocker sleeps or the test says so."""
 
     def __init__(self) -> None:
         self.t = 1000.0
@@ -146,7 +147,7 @@ def rig(tmp_path, monkeypatch):
     manager.start(UNIT)
     clock = Clock()
     log.configure("console")
-    enforcer = Enforcer({KEY: manager}, config, log.get_logger(), clock=clock, sleep=clock.sleep)
+    blocker = Blocker({KEY: manager}, config, log.get_logger(), clock=clock, sleep=clock.sleep)
     moves: list[tuple[Step, Step]] = []
     move = Record.move
 
@@ -156,7 +157,7 @@ def rig(tmp_path, monkeypatch):
         moves.append((was, to))
 
     monkeypatch.setattr(Record, "move", watched)
-    return enforcer, manager, clock, moves, os.path.join(control, UNIT), str(link)
+    return blocker, manager, clock, moves, os.path.join(control, UNIT), str(link)
 
 
 def stop_decision() -> tuple[list[Action], Decision]:
@@ -168,10 +169,10 @@ S = Step
 
 
 def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
-    enforcer, manager, clock, moves, mask, link = rig
+    blocker, manager, clock, moves, mask, link = rig
 
     def block() -> None:
-        enforcer.block(*stop_decision())
+        blocker.block(*stop_decision())
 
     def unmask() -> None:  # by hand (systemctl unmask reloads), or a reboot/manager restart
         os.unlink(mask)
@@ -181,8 +182,8 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
         manager.start(UNIT)
 
     def stop_timeout_passes() -> None:
-        clock.t += enforcer.config.stop_timeout
-        enforcer.advance()
+        clock.t += blocker.config.stop_timeout
+        blocker.advance()
 
     # (event, what happens, the step changes it makes, the step it leaves)
     transcript: list[tuple[str, Callable[[], None], list[tuple[Step, Step]], Step]] = [
@@ -192,15 +193,15 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
             [(S.STOP, S.PLAN), (S.PLAN, S.DISABLE), (S.DISABLE, S.MASK), (S.MASK, S.SETTLE)],
             S.SETTLE,
         ),
-        ("still stopping", enforcer.advance, [], S.SETTLE),
+        ("still stopping", blocker.advance, [], S.SETTLE),
         ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
-        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
-        ("nothing new", enforcer.advance, [], S.BLOCKED),
+        ("next pass", blocker.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+        ("nothing new", blocker.advance, [], S.BLOCKED),
         # Rewind 1: the mask vanished (reboot or manager restart): block-renewed.
         ("mask gone", unmask, [], S.BLOCKED),
         (
             "next pass",
-            enforcer.advance,
+            blocker.advance,
             [(S.BLOCKED, S.MASK), (S.MASK, S.SETTLE), (S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)],
             S.BLOCKED,
         ),
@@ -208,27 +209,27 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
         ("started again", lambda: manager.start(UNIT), [], S.BLOCKED),
         ("decision: stop it", block, [(S.BLOCKED, S.SETTLE)], S.SETTLE),
         ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
-        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+        ("next pass", blocker.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
         # Rewind 2, unmasked by hand: the mask goes back first.
         ("unmasked and started", lambda: (unmask(), manager.start(UNIT)), [], S.BLOCKED),
         ("decision: stop it", block, [(S.BLOCKED, S.MASK), (S.MASK, S.SETTLE)], S.SETTLE),
         # Rewind 3: verify finds it running again: a start got in before the mask loaded.
         ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
         ("a start sneaks in", lambda: setattr(manager, "on_reload", sneak_in), [], S.SETTLE),
-        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.SETTLE)], S.SETTLE),
+        ("next pass", blocker.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.SETTLE)], S.SETTLE),
         ("stop_timeout passes: KillUnit", stop_timeout_passes, [], S.SETTLE),
-        ("next pass", enforcer.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
+        ("next pass", blocker.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
     ]
     seen = []
     with capture_logs() as events:
         for event, happen, _moves, _step in transcript:
             moves.clear()
             happen()
-            record = enforcer.records[str(REF)]
+            record = blocker.records[str(REF)]
             seen.append((event, list(moves), record.step))
     assert seen == [(event, m, step) for event, _, m, step in transcript]
 
-    record = enforcer.records[str(REF)]
+    record = blocker.records[str(REF)]
     assert isinstance(record.step, Step) and record.problem == ""
     assert os.readlink(mask) == NULL and not os.path.lexists(link)
     assert [lr.removed for lr in record.links] == [True]
@@ -239,24 +240,24 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
         f"verify: {REF} is active again"
     ]
     # On disk as ever: the plain string, read back as a Step.
-    with open(enforcer.store.path_of(REF)) as f:
+    with open(blocker.store.path_of(REF)) as f:
         assert json.load(f)["step"] == "blocked"
-    assert enforcer.store.load(REF) == record
+    assert blocker.store.load(REF) == record
 
 
 def test_a_step_change_the_table_does_not_allow_is_refused(rig):
-    enforcer, manager, *_ = rig
-    enforcer.block(*stop_decision())
+    blocker, manager, *_ = rig
+    blocker.block(*stop_decision())
     manager.stopped(UNIT)
-    enforcer.advance()
-    record = enforcer.records[str(REF)]
+    blocker.advance()
+    record = blocker.records[str(REF)]
     assert record.step == S.BLOCKED
     with pytest.raises(StepError, match=rf"^{REF}: no step change from blocked to plan$"):
         record.move(S.PLAN)
     assert record.step == S.BLOCKED
-    # In the Enforcer: a block-failed problem, the record left where it was, the guard going on.
+    # In the Blocker: a block-failed problem, the record left where it was, the guard going on.
     with capture_logs() as events:
-        assert not enforcer._move(record, S.STOP)
+        assert not blocker._move(record, S.STOP)
     assert record.step == S.BLOCKED
     assert record.problem == f"{REF}: no step change from blocked to stop"
     assert [e["event"] for e in events] == ["block-failed"]
@@ -282,12 +283,12 @@ def test_an_old_record_still_loads_and_is_written_the_same():
 
 
 def test_a_manager_that_fails_a_stop_leaves_the_step_for_later(rig):
-    enforcer, manager, _clock, moves, _mask, _link = rig
+    blocker, manager, _clock, moves, _mask, _link = rig
 
     def refuse(*_: object) -> str:
         raise ManagerError("timed out")
 
     manager.stop_unit = refuse
-    enforcer.block(*stop_decision())
-    record = enforcer.records[str(REF)]
+    blocker.block(*stop_decision())
+    record = blocker.records[str(REF)]
     assert record.step == S.STOP and moves == [] and record.problem == "stop: timed out"

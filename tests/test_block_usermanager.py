@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from spark_guard import cgroupfs
-from spark_guard.procfs import ProcFS
+from spark_guard.system import cgroupfs
+from spark_guard.system.procfs import ProcFS
 
 from guardunit import (
     GUARD,
@@ -242,10 +242,10 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
     from structlog.testing import capture_logs
 
     from spark_guard import log
+    from spark_guard.block.blocker import Blocker
+    from spark_guard.block.records import Record, RecordStore
     from spark_guard.config import Config
-    from spark_guard.enforce import Enforcer
-    from spark_guard.managers import Manager
-    from spark_guard.records import Record, RecordStore
+    from spark_guard.system.managers import Manager
 
     control = um.runtime / "systemd" / "user.control"
     config = Config(
@@ -266,10 +266,10 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
     manager = Manager("user:0", str(um.socket))
     manager.connect()
     log.configure("console")
-    enforcer = Enforcer({"user:0": manager}, config, log.get_logger())
+    blocker = Blocker({"user:0": manager}, config, log.get_logger())
     with capture_logs() as events:
         with store.lock():
-            guard = threading.Thread(target=enforcer.advance)
+            guard = threading.Thread(target=blocker.advance)
             guard.start()
             time.sleep(0.3)  # the guard has seen the mask missing and waits for the lock
             store.retire(store.load(record.ref))
@@ -278,4 +278,4 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
     assert not (control / "llama-race.service").exists()
     assert store.load(record.ref) is None
     assert not any(e["event"] == "block-renewed" for e in events)
-    assert enforcer.records == {}
+    assert blocker.records == {}

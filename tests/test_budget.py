@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from spark_guard.managers import Manager, ManagerError
+from spark_guard.system.managers import Manager, ManagerError
 
 from churn import Churn, FakeUser, guard_figures
 from guardunit import GUARD, guard_manager, restart_guard, write_config

@@ -4,13 +4,13 @@ import os
 
 from spark_guard.classify import canonical_model, classify, model_files
 from spark_guard.config import Config, parse
-from spark_guard.snapshot import UnitRef, UnitUsage
+from spark_guard.snapshot import SeenUnit, UnitRef
 
 C = Config()
 
 
-def usage(name: str, manager: str = "system", **kw) -> UnitUsage:
-    return UnitUsage(UnitRef(manager, name), **kw)
+def seen(name: str, manager: str = "system", **kw) -> SeenUnit:
+    return SeenUnit(UnitRef(manager, name), **kw)
 
 
 def test_name_patterns_of_the_default_family():
@@ -24,18 +24,18 @@ def test_name_patterns_of_the_default_family():
         "text-generation-inference.service",
         "DeepSeek.service",
     ):
-        loader = classify(usage(name), C)
+        loader = classify(seen(name), C)
         assert loader is not None, name
         assert loader.evidence[0].startswith("name:")
 
 
 def test_plain_units_are_not_loaders():
     for name in ("nginx.service", "cron.service", "postgresql@15-main.service"):
-        assert classify(usage(name, exec_start=(("/usr/sbin/nginx",),)), C) is None
+        assert classify(seen(name, exec_start=(("/usr/sbin/nginx",),)), C) is None
 
 
 def test_exec_start_binary_and_model_argument():
-    u = usage(
+    u = seen(
         "inference.service",
         exec_start=(
             (
@@ -55,18 +55,18 @@ def test_exec_start_binary_and_model_argument():
 
 
 def test_shell_wrapped_and_python_module_loaders():
-    sh = usage("a.service", exec_start=(("/bin/sh", "-c", "exec ollama serve"),))
+    sh = seen("a.service", exec_start=(("/bin/sh", "-c", "exec ollama serve"),))
     assert "exec:ollama" in classify(sh, C).evidence
-    py = usage("b.service", cmdlines=(("python3", "-m", "vllm.entrypoints.openai.api_server"),))
+    py = seen("b.service", cmdlines=(("python3", "-m", "vllm.entrypoints.openai.api_server"),))
     assert "exec:python -m vllm" in classify(py, C).evidence
-    st = usage("c.service", exec_start=(("/usr/bin/serve", "--model=/m/w.safetensors"),))
+    st = seen("c.service", exec_start=(("/usr/bin/serve", "--model=/m/w.safetensors"),))
     assert classify(st, C).models == ("/m/w.safetensors",)
 
 
 def test_runtime_evidence_gpu_and_mapped_gguf():
-    gpu = classify(usage("node-worker.service", gpu_pids=(42,), gpu=27 * 2**30), C)
+    gpu = classify(seen("node-worker.service", gpu_pids=(42,), gpu=27 * 2**30), C)
     assert gpu is not None and gpu.evidence == ("gpu-process:1",)
-    mapped = classify(usage("x.service", mapped_models=("/srv/m.gguf",)), C)
+    mapped = classify(seen("x.service", mapped_models=("/srv/m.gguf",)), C)
     assert mapped is not None and mapped.models == ("/srv/m.gguf",)
 
 
@@ -79,27 +79,27 @@ def test_protected_units_are_never_loaders_whatever_matches():
         "spark-guard.service",
         "user@1000.service",
     ):
-        assert classify(usage(name, gpu_pids=(1,), mapped_models=("/m.gguf",)), C) is None
+        assert classify(seen(name, gpu_pids=(1,), mapped_models=("/m.gguf",)), C) is None
     c = parse('[protected]\nextra = ["llama-keep.service"]\n')
-    assert classify(usage("llama-keep.service"), c) is None
-    assert classify(usage("llama-other.service"), c) is not None
+    assert classify(seen("llama-keep.service"), c) is None
+    assert classify(seen("llama-other.service"), c) is not None
 
 
 def test_guard_own_unit_is_protected_under_any_name():
     me = UnitRef("system", "my-guard-llama.service")
-    assert classify(usage("my-guard-llama.service"), C, guard_unit=me) is None
+    assert classify(seen("my-guard-llama.service"), C, guard_unit=me) is None
 
 
 def test_only_services_are_loaders():
-    assert classify(usage("llama.scope", gpu_pids=(1,)), C) is None
-    assert classify(usage("llama.slice"), C) is None
+    assert classify(seen("llama.scope", gpu_pids=(1,)), C) is None
+    assert classify(seen("llama.slice"), C) is None
 
 
 def test_footprint_from_config_exact_and_glob():
     c = parse('[loaders.footprint]\n"llama@*.service" = "40GiB"\n"llama@big.service" = "100GiB"\n')
-    assert classify(usage("llama@big.service"), c).expected == 100 * 2**30
-    assert classify(usage("llama@small.service"), c).expected == 40 * 2**30
-    assert classify(usage("ollama.service"), c).expected is None
+    assert classify(seen("llama@big.service"), c).expected == 100 * 2**30
+    assert classify(seen("llama@small.service"), c).expected == 40 * 2**30
+    assert classify(seen("ollama.service"), c).expected is None
 
 
 def test_model_paths():
@@ -121,7 +121,7 @@ def test_named_is_not_loaded():
     assert spaced.loads == "/srv/DeepSeek V4.gguf"
     broken = CommandLine(("llama-server", "-m", "/m.gguf", "-c", "lots"))  # would not start
     assert broken.loads is None and broken.named == ("/m.gguf",)
-    u = usage(
+    u = seen(
         "x.service",
         exec_start=(("sleep", "infinity", "/a.gguf"),),
         cmdlines=(("llama-server", "--model", "/b.gguf"),),
@@ -152,9 +152,9 @@ def test_command_lines_are_bounded_and_read_once():
     assert huge == ("llama-server", "-m", "/m.gguf")  # the argument past the limit is left out
     assert command_line(huge) is huge
     # Plain argv (audit's, dump's) is read once in classify() and kept on the loader.
-    loader = classify(usage("x.service", exec_start=(("llama-server", "-m", "/m.gguf"),)), C)
-    assert isinstance(loader.usage.exec_start[0], CommandLine)
-    assert loader.usage.exec_start == (("llama-server", "-m", "/m.gguf"),)
+    loader = classify(seen("x.service", exec_start=(("llama-server", "-m", "/m.gguf"),)), C)
+    assert isinstance(loader.seen.exec_start[0], CommandLine)
+    assert loader.seen.exec_start == (("llama-server", "-m", "/m.gguf"),)
     # A 60 kB shell script: split on whitespace past the shell budget, and not read as a
     # loader's (shlex would take 35 ms); a loader's script is a line, and is read.
     script = "exec llama-server -m /m.gguf " + "'a b' " * 10_000
@@ -169,7 +169,7 @@ def test_command_lines_are_bounded_and_read_once():
 def test_evidence_shows_hostile_paths_inert():
     evil = "/srv/x\x1b[2J\r\n\u202e" + "a" * 5000 + ".gguf"
     loader = classify(
-        usage("x.service", exec_start=(("llama-server", "-m", evil),), mapped_models=(evil,)), C
+        seen("x.service", exec_start=(("llama-server", "-m", evil),), mapped_models=(evil,)), C
     )
     shown = [e for e in loader.evidence if e.startswith(("model-arg:", "loads:", "mapped:"))]
     assert len(shown) == 3

@@ -301,7 +301,7 @@ import json, os, signal, sys, threading, time
 from structlog.testing import capture_logs
 from spark_guard import config, log
 from spark_guard.act import Actuator
-from spark_guard.enforce import RETRY_AFTER, Enforcer
+from spark_guard.block.blocker import RETRY_AFTER, Blocker
 from spark_guard.policy import decide
 from spark_guard.sensor import Sensor
 
@@ -322,8 +322,8 @@ def watch(since):
 with capture_logs() as events:
     sensor = Sensor(c, log.get_logger())
     sensor.refresh_managers()
-    enforcer = Enforcer(sensor.managers, c, log.get_logger())
-    act = Actuator(enforcer, log.get_logger(), dry_run=False, repeat_after=30)
+    blocker = Blocker(sensor.managers, c, log.get_logger())
+    act = Actuator(blocker, log.get_logger(), dry_run=False, repeat_after=30)
     decision = decide(sensor.snapshot(), c)
     out["decided"] = [str(a.unit) for a in decision.actions]
     os.kill(manager_pid, signal.SIGSTOP)
@@ -335,14 +335,14 @@ with capture_logs() as events:
         out["apply_took"] = time.monotonic() - began
         watcher.join(timeout=1)
         out["emptied_after"] = emptied[0] if emptied else None
-        (record,) = enforcer.records.values()
+        (record,) = blocker.records.values()
         out["step_while_frozen"] = record.step
     finally:
         os.kill(manager_pid, signal.SIGCONT)
     answered = time.monotonic()
     # The daemon calls advance() on every pass; its retry is due RETRY_AFTER after the try.
     while record.step != "blocked" and time.monotonic() - answered < RETRY_AFTER + 15:
-        enforcer.advance()
+        blocker.advance()
         time.sleep(0.2)
     out["retried_after"] = time.monotonic() - answered
     out["retry_after"] = RETRY_AFTER

@@ -18,10 +18,10 @@ import pynvml
 import pytest
 
 from spark_guard.cli import main
-from spark_guard.doctor import Evidence, judge
-from spark_guard.gpu import inspect
-from spark_guard.logscan import parse_kmsg
-from spark_guard.xid import CATALOGUE, describe, parse_line
+from spark_guard.system.gpu import inspect
+from spark_guard.tools.doctor.judge import Evidence, judge
+from spark_guard.tools.doctor.logscan import parse_kmsg
+from spark_guard.tools.doctor.xid import CATALOGUE, describe, parse_line
 
 import fake_nvml
 from fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
@@ -173,8 +173,8 @@ def test_kmsg_records_with_continuations():
 
 
 def test_only_application_xids_make_it_app_level():
-    from spark_guard.gpu import Card, GpuFacts
-    from spark_guard.logscan import LogLine
+    from spark_guard.system.gpu import Card, GpuFacts
+    from spark_guard.tools.doctor.logscan import LogLine
 
     card = Card(0, "GPU", True, 4, 4, 16, 16, 40, 90, 50.0, 300.0, 0, 1)
     facts = GpuFacts("ok", "1 device(s)", "580", "13.0", (card,))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_guard.estimate import (
+from spark_guard.foresight.estimate import (
     EstimateError,
     MiB,
     Settings,
@@ -13,7 +13,7 @@ from spark_guard.estimate import (
     kv_bytes,
     layers,
 )
-from spark_guard.gguf import Model, read_model
+from spark_guard.foresight.gguf import Model, read_model
 
 import synth
 import testdata

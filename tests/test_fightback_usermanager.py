@@ -2,7 +2,7 @@
 
 The loader catches SIGTERM and goes on (a handler that does nothing: its
 SIGTERM is caught, not ignored, so nothing but time or memory says it will
-not stop). The Enforcer acts for real through the manager's private socket;
+not stop). The Blocker acts for real through the manager's private socket;
 MemAvailable comes from a /proc whose meminfo the test writes (the guard's
 `paths.proc`), so the test says when memory is short. This host has no
 cgroup v2 freezer (hybrid cgroups): FreezeUnit is refused and noted, and the
@@ -17,10 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from spark_guard import log
+from spark_guard.block.blocker import QUICK_SETTLE, Blocker
 from spark_guard.config import Config
-from spark_guard.enforce import QUICK_SETTLE, Enforcer
-from spark_guard.managers import Manager
 from spark_guard.snapshot import Action, Decision, UnitRef
+from spark_guard.system.managers import Manager
 
 from guardunit import PY, guard_manager
 
@@ -70,33 +70,33 @@ def test_a_pending_stop_is_a_state_and_memory_below_the_reserve_escalates_it(um,
     manager = Manager("user:0", str(um.socket))
     manager.connect()
     log.configure("console")
-    enforcer = Enforcer({"user:0": manager}, config, log.get_logger())
+    blocker = Blocker({"user:0": manager}, config, log.get_logger())
     ref = UnitRef("user:0", unit)
     action = Action("stop", ref, "trend", "test", {})
     try:
         with capture_logs() as events:
             began = time.monotonic()
-            enforcer.block([action], Decision("strict", 200 * MiB, (), (action,)))
+            blocker.block([action], Decision("strict", 200 * MiB, (), (action,)))
             took = time.monotonic() - began
             # It did not stop: block() came back after its first look, not at the timeouts.
             assert took < QUICK_SETTLE + 1.0, took
-            assert enforcer.records[str(ref)].step == "settle"
-            assert enforcer.settling
+            assert blocker.records[str(ref)].step == "settle"
+            assert blocker.settling
             assert um.show(unit, "ActiveState")["ActiveState"] == "deactivating"
             for _ in range(5):  # passes of the loop: memory is fine, nothing is escalated
-                enforcer.advance()
+                blocker.advance()
             assert not any(e["event"] == "unit-killed" for e in events)
             meminfo(proc, 150)  # below the reserve, with the stop still pending
-            enforcer.advance()
+            blocker.advance()
             killed = [e for e in events if e["event"] == "unit-killed"]
             assert killed and killed[0]["how"] == "KillUnit SIGKILL", events
             assert "below the reserve" in killed[0]["error"], killed
             deadline = time.monotonic() + 10
-            while enforcer.settling and time.monotonic() < deadline:
+            while blocker.settling and time.monotonic() < deadline:
                 time.sleep(0.05)
-                enforcer.advance()
-            enforcer.advance()
-        record = enforcer.records[str(ref)]
+                blocker.advance()
+            blocker.advance()
+        record = blocker.records[str(ref)]
         assert record.step == "blocked", record.history
         notes = [what for _, what in record.history]
         assert any(n.startswith("not frozen: ") for n in notes), notes  # no freezer here

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_guard.foresight import PENDING, Prediction, Predictor, owner_of
-from spark_guard.loadspec import LoadSpec
+from spark_guard.foresight.loadspec import LoadSpec
+from spark_guard.foresight.predict import PENDING, Prediction, Predictor, owner_of
 
 import testdata
 from accounts import User, unprivileged_user
@@ -145,8 +145,8 @@ HUNG = """
 import json, os, sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from hangfs import HangFS
-from spark_guard.foresight import Predictor
-from spark_guard.loadspec import LoadSpec
+from spark_guard.foresight.predict import Predictor
+from spark_guard.foresight.loadspec import LoadSpec
 
 mnt, good = sys.argv[3], sys.argv[4]
 fs = HangFS(mnt)

@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_guard import gguf as ours
-from spark_guard.gguf import (
+from spark_guard.foresight.gguf import (
     GGML_TYPES,
     GgufError,
     GgufTimeout,
@@ -28,6 +27,7 @@ from spark_guard.gguf import (
     read_header,
     read_model,
 )
+from spark_guard.foresight import gguf as ours
 
 import synth
 import testdata
@@ -260,7 +260,7 @@ def sparse(tmp_path: Path, data: bytes, name: str = "sparse.gguf", size: int = T
 # Run in a fresh interpreter: its peak RSS (VmHWM) before and after the read, and the time.
 MEASURE = """
 import re, sys, time
-from spark_guard.gguf import GgufError, read_header
+from spark_guard.foresight.gguf import GgufError, read_header
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
 before = hwm()
@@ -461,7 +461,7 @@ def test_atheris_finds_nothing_in_a_bounded_run(tmp_path, seed_header):
 
 def test_the_guard_never_imports_gguf_py_or_numpy():
     code = (
-        "import sys, spark_guard.daemon, spark_guard.cli, spark_guard.preflight_cli;"
+        "import sys, spark_guard.daemon, spark_guard.cli, spark_guard.tools.preflight_cli;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'numpy')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

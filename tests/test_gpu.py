@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from spark_guard.gpu import GpuUnavailable, GpuWatch, Nvml
+from spark_guard.system.gpu import GpuUnavailable, GpuWatch, Nvml
 
 from fake_nvml import FakeNvmlLib, install
 

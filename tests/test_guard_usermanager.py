@@ -85,11 +85,11 @@ def test_loader_is_seen_attributed_and_classified(um):
     )
     dump = json.loads(out.stdout)
     assert "user:0" in dump["managers"]
-    loaders = {ld["usage"]["ref"]: ld for ld in dump["decision"]["loaders"]}
+    loaders = {ld["seen"]["ref"]: ld for ld in dump["decision"]["loaders"]}
     worker = loaders["user:0:worker-a.service"]
-    assert worker["usage"]["rss"] >= 300 * MiB
+    assert worker["seen"]["rss"] >= 300 * MiB
     main_pid = int(um.show("worker-a.service", "MainPID")["MainPID"])
-    assert main_pid in worker["usage"]["pids"]
+    assert main_pid in worker["seen"]["pids"]
     assert any(e.startswith("mapped:") and e.endswith("ds4.gguf") for e in worker["evidence"])
     # The guard's own unit and the rescue unit are not loaders.
     assert not any("spark-guard" in k or "rescue" in k for k in loaders)
@@ -201,21 +201,21 @@ def hook(event, args):
         raise RuntimeError("forbidden on the action path: " + event)
 from spark_guard import config, log
 from spark_guard.act import Actuator
-from spark_guard.enforce import Enforcer
+from spark_guard.block.blocker import Blocker
 from spark_guard.policy import decide
 from spark_guard.sensor import Sensor
 log.configure("console")
 c = config.load(sys.argv[1])
 sensor = Sensor(c, log.get_logger())
-enforcer = Enforcer(sensor.managers, c, log.get_logger())
-act = Actuator(enforcer, log.get_logger(), dry_run=False, repeat_after=30)
+blocker = Blocker(sensor.managers, c, log.get_logger())
+act = Actuator(blocker, log.get_logger(), dry_run=False, repeat_after=30)
 sys.addaudithook(hook)
 # From here on: sense -> decide -> act: stop, mask, disable, verify, all for real.
 sensor.refresh_managers()
 decision = decide(sensor.snapshot(), c)
 taken = act.apply(decision)
 print("TAKEN", [str(a.unit) for a in taken], "FORBIDDEN", seen)
-print("STEP", enforcer.records["user:0:llama-nofork.service"].step)  # others may be on record
+print("STEP", blocker.records["user:0:llama-nofork.service"].step)  # others may be on record
 """
 
 

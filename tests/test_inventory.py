@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spark_guard.config import Config
-from spark_guard.inventory import UNIT_FILE_MAX, Inventory, collect
+from spark_guard.tools.inventory import UNIT_FILE_MAX, Inventory, collect
 
 from accounts import User, unprivileged_user
 

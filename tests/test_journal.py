@@ -26,13 +26,13 @@ DECISION = """
 from spark_guard import log
 from spark_guard.act import Actuator
 from spark_guard.config import Config
-from spark_guard.enforce import Enforcer
+from spark_guard.block.blocker import Blocker
 from spark_guard.snapshot import Action, Decision, UnitRef
 log.configure("journal")
-enforcer = Enforcer({}, Config(state="/nonexistent"), log.get_logger())
+blocker = Blocker({}, Config(state="/nonexistent"), log.get_logger())
 a = Action("stop", UnitRef("user:1000", "llama-ds4-0731.service"), "footprint",
            "expects 115.0GiB", {"mem_available": 110 * 2**30, "reserve": 9094593249})
-Actuator(enforcer, log.get_logger(), dry_run=True, repeat_after=30).apply(
+Actuator(blocker, log.get_logger(), dry_run=True, repeat_after=30).apply(
     Decision("strict", 9094593249, (), (a,)))
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_guard.estimate import Settings
-from spark_guard.loadspec import SpecError, first_spec, parse
+from spark_guard.foresight.estimate import Settings
+from spark_guard.foresight.loadspec import SpecError, first_spec, parse
 
 
 def test_llama_server_flags_in_every_spelling():

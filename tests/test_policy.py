@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from spark_guard.config import Config, parse
 from spark_guard.policy import STEADY, STRICT, brake, decide, phase, slope
-from spark_guard.snapshot import Memory, RescueGroup, Snapshot, UnitRef, UnitUsage
+from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
 
 GiB = 1024**3
 SPARK = 121 * GiB
@@ -16,7 +16,7 @@ def loader(
     name, *, manager="system", rss=0, gpu=0, since=1.0, model=None, growth=0.0, state="active"
 ):
     argv = ("llama-server", "-m", model) if model else ("llama-server",)
-    return UnitUsage(
+    return SeenUnit(
         UnitRef(manager, name),
         state,
         pids=(100,),
@@ -101,7 +101,7 @@ def test_strict_trend_stops_growing_loaders():
     # Falling 3 GiB/s from 30 GiB: 0 GiB in 10 s, far below the 8.47 GiB reserve.
     hist = tuple((20.0 - i, (30 + 3 * i) * GiB) for i in range(5, -1, -1))  # 3 GiB/s
     grower = loader("ollama.service", growth=3 * GiB)
-    idle = UnitUsage(UnitRef("user:1000", "lmstudio-server.service"), pids=(7,), gpu=27 * GiB)
+    idle = SeenUnit(UnitRef("user:1000", "lmstudio-server.service"), pids=(7,), gpu=27 * GiB)
     d = decide(snap(30 * GiB, grower, idle, history=hist), Config())
     assert [(a.unit.name, a.reason) for a in d.actions] == [("ollama.service", "trend")]
     assert d.slope < -2.9 * GiB
@@ -140,7 +140,7 @@ LLAMA_QWEN = ("/usr/bin/llama-server", "-m", QWEN, "-c", "8192")
 
 def unit(ref, since, *argvs, mapped=(), state="active"):
     manager, name = ref.rsplit(":", 1) if ref.startswith("user:") else ("system", ref)
-    return UnitUsage(
+    return SeenUnit(
         UnitRef(manager, name),
         state,
         pids=(100,),
@@ -259,7 +259,7 @@ def test_inactive_units_are_not_acted_on():
 
 
 def test_protected_unit_is_never_acted_on_even_below_reserve():
-    ssh = UnitUsage(
+    ssh = SeenUnit(
         UnitRef("system", "ssh.service"),
         pids=(9,),
         rss=50 * GiB,

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from spark_guard.procfs import PAGE_SIZE, ProcError, ProcFS
+from spark_guard.system.procfs import PAGE_SIZE, ProcError, ProcFS
 
 MEMINFO = """MemTotal:       126976000 kB
 MemFree:         1000000 kB

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from spark_guard.config import Config, ConfigError, parse
 from spark_guard.policy import decide
-from spark_guard.snapshot import Memory, RescueGroup, Snapshot, UnitRef, UnitUsage
+from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
 
 GiB = 1024**3
 
@@ -95,7 +95,7 @@ names = st.sampled_from(
     [*NEVER_ACTED_ON, "llama-a.service", "ollama.service", "worker.service", "vllm.service"]
 )
 units = st.builds(
-    UnitUsage,
+    SeenUnit,
     ref=st.builds(UnitRef, st.sampled_from(["system", "user:1000"]), names),
     active_state=st.sampled_from(["active", "activating", "deactivating"]),
     pids=st.just((1,)),

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from spark_guard import banner, log
+from spark_guard import log
+from spark_guard.block import banner
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import LinkRecord, Record, RecordError, RecordStore
+from spark_guard.block.release import ReleaseError, select
 from spark_guard.config import Config
-from spark_guard.enforce import Enforcer
-from spark_guard.records import LinkRecord, Record, RecordError, RecordStore
-from spark_guard.release import ReleaseError, select
 
 
 def record(manager: str = "system", unit: str = "llama.service", **kw: object) -> Record:
@@ -74,13 +75,13 @@ def test_the_guard_reports_a_corrupt_record_once_and_goes_on(tmp_path):
     with open(os.path.join(store.blocked, "bad.service.json"), "w") as f:
         f.write("not json")
     log.configure("console")
-    enforcer = Enforcer({}, config, log.get_logger())
+    blocker = Blocker({}, config, log.get_logger())
     with capture_logs() as events:
-        enforcer.advance()
-        enforcer.advance()
+        blocker.advance()
+        blocker.advance()
     unreadable = [e for e in events if e["event"] == "record-unreadable"]
     assert len(unreadable) == 1 and "bad.service.json: unreadable record" in unreadable[0]["msg"]
-    assert list(enforcer.records) == ["llama.service"]
+    assert list(blocker.records) == ["llama.service"]
     assert "llama.service  blocking (stop)" in (tmp_path / "motd").read_text()
 
 

@@ -23,16 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from spark_guard import harden_cli
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import LinkRecord, Record, RecordStore, Step
+from spark_guard.block.release import ReleaseError, release
 from spark_guard.config import Config
-from spark_guard.enforce import Enforcer
-from spark_guard.harden import MARKER
-from spark_guard.managers import Manager
-from spark_guard.records import LinkRecord, Record, RecordStore, Step
-from spark_guard.release import ReleaseError, release
-from spark_guard.safefs import MAKEDIRS, Tree, UnsafePath, anchor_stat, read_regular
 from spark_guard.snapshot import UnitRef
-from spark_guard.unitfiles import (
+from spark_guard.system.managers import Manager
+from spark_guard.system.safefs import MAKEDIRS, Tree, UnsafePath, anchor_stat, read_regular
+from spark_guard.system.unitfiles import (
     UnitFileError,
     lay_mask,
     mask_dir,
@@ -40,6 +38,8 @@ from spark_guard.unitfiles import (
     present,
     read_link,
 )
+from spark_guard.tools import harden_cli
+from spark_guard.tools.harden import MARKER
 
 from accounts import User, unprivileged_user
 from harness import file_tree
@@ -424,7 +424,7 @@ def test_release_of_a_redirected_mask_leaves_the_admins_mask(lay):
 @pytest.mark.root
 def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says(lay, tmp_path):
     config = Config(state=str(tmp_path / "state"), user_runtime=str(lay.run_user))
-    enforcer = Enforcer({}, config, None)
+    blocker = Blocker({}, config, None)
     record = Record(
         unit="cron.service", manager=lay.manager, reason="r", detail="d", phase="strict"
     )
@@ -432,14 +432,14 @@ def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says
     manager = Manager(lay.manager, NO_SOCKET)
     manager.unit_path_dirs = (str(lay.victim / "system.control"), str(lay.unit_dir))
     with pytest.raises(UnitFileError, match=rf"{lay.control} is not in its UnitPath"):
-        enforcer._plan(record, manager)
+        blocker._plan(record, manager)
     # A record naming another mask path is not acted on either.
     record.mask_path = str(lay.victim / "system.control" / "cron.service")
     before = lay.snapshot()
     with pytest.raises(UnitFileError, match=r"not where a mask goes"):
-        enforcer._mask(record, manager)
+        blocker._mask(record, manager)
     record.mask_path = f"{lay.control}/cron.service"
-    enforcer._mask(record, manager)
+    blocker._mask(record, manager)
     assert os.readlink(record.mask_path) == "/dev/null"
     assert owned_by(Path(record.mask_path), lay.user) and owned_by(lay.control, lay.user)
     assert lay.snapshot() == before

@@ -16,30 +16,23 @@ import re
 import pytest
 import structlog
 
-from spark_guard import (
-    audit_cli,
-    banner,
-    cli,
-    doctor_cli,
-    dump_cli,
-    log,
-    preflight_cli,
-    rescue_cli,
-    status_cli,
-)
-from spark_guard.audit import Finding, reconcile
+from spark_guard import cli, log
+from spark_guard.block import banner
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import Record, RecordStore
 from spark_guard.config import Config
-from spark_guard.doctor import Finding as DoctorFinding
-from spark_guard.doctor import Report
-from spark_guard.enforce import Enforcer
-from spark_guard.estimate import Estimate, Term
-from spark_guard.foresight import Prediction
-from spark_guard.inventory import Inventory, Linger, UnitInfo
-from spark_guard.preflight import Verdict
-from spark_guard.procfs import ProcFS
-from spark_guard.records import Record, RecordStore
-from spark_guard.snapshot import Action, Decision, Loader, Memory, Snapshot, UnitRef, UnitUsage
+from spark_guard.foresight.estimate import Estimate, Term
+from spark_guard.foresight.predict import Prediction
+from spark_guard.snapshot import Action, Decision, Loader, Memory, SeenUnit, Snapshot, UnitRef
+from spark_guard.system.procfs import ProcFS
 from spark_guard.text import printable
+from spark_guard.tools import audit_cli, dump_cli, preflight_cli, rescue_cli, status_cli
+from spark_guard.tools.audit import Finding, reconcile
+from spark_guard.tools.doctor import cli as doctor_cli
+from spark_guard.tools.doctor.judge import Finding as DoctorFinding
+from spark_guard.tools.doctor.judge import Report
+from spark_guard.tools.inventory import Inventory, Linger, UnitInfo
+from spark_guard.tools.preflight import Verdict
 
 GiB = 1024**3
 # What an attacker puts in a model path: clear the screen, go home, overwrite the line,
@@ -258,10 +251,10 @@ def test_rescue_report_shows_units_and_problems_inert(tmp_path, capsys):
     (proc / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 500 kB\n")
     (proc / "loadavg").write_text("0.1 0.2 0.3 1/2 3\n")
     ref = UnitRef("user:1000", "llama\x1b[2J.service")
-    enforcer = Enforcer({}, Config(state=str(tmp_path / "state")), structlog.get_logger())
-    enforcer.records[str(ref)] = record(ref.name, ref.manager, step="stop", problem=EVIL)
+    blocker = Blocker({}, Config(state=str(tmp_path / "state")), structlog.get_logger())
+    blocker.records[str(ref)] = record(ref.name, ref.manager, step="stop", problem=EVIL)
     info = UnitInfo(ref, "u", "loaded", "active", "enabled")
-    assert rescue_cli._report([info], {}, ProcFS(str(proc)), enforcer) == 1
+    assert rescue_cli._report([info], {}, ProcFS(str(proc)), blocker) == 1
     out = capsys.readouterr().out
     assert inert(out)
     assert "user:1000:llama\\x1b[2J.service" in out and f"({EVIL_SHOWN})" in out
@@ -286,10 +279,10 @@ def test_doctor_shows_journal_lines_inert(capsys):
 
 def test_dump_shows_loaders_and_actions_inert(capsys):
     ref = UnitRef("user:1000", "x\x1b[2J.service")
-    usage = UnitUsage(ref, pids=(1,))
-    loader = Loader(usage, (f"model-arg:{EVIL}",), (EVIL,), None)
+    seen = SeenUnit(ref, pids=(1,))
+    loader = Loader(seen, (f"model-arg:{EVIL}",), (EVIL,), None)
     action = Action("stop", ref, "duplicate", f"{EVIL} is already loaded by a.service")
-    snapshot = Snapshot(now=1.0, memory=Memory(100 * GiB, 50 * GiB), units=(usage,))
+    snapshot = Snapshot(now=1.0, memory=Memory(100 * GiB, 50 * GiB), units=(seen,))
     dump_cli._print(snapshot, Decision("strict", 8 * GiB, (loader,), (action,)))
     out = capsys.readouterr().out
     assert inert(out) and out.count(EVIL_SHOWN) == 2

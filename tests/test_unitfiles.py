@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_guard.safefs import Tree
-from spark_guard.unitfiles import (
+from spark_guard.system.safefs import Tree
+from spark_guard.system.unitfiles import (
     Link,
     Owner,
     UnitFileError,

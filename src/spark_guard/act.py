@@ -1,4 +1,4 @@
-"""Act: log each new action of a Decision, and hand the stops to the Enforcer.
+"""Act: log each new action of a Decision, and hand the stops to the Blocker.
 
 An action is not repeated for the same run of a unit and the same reason
 within `repeat_after` seconds; a unit that Restart= brought back is a new
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .enforce import Enforcer
+from .block.blocker import Blocker
 from .snapshot import Action, Decision
 
 if TYPE_CHECKING:
@@ -24,19 +24,19 @@ class Actuator:
     Owns the memory of what was already done (per run of a unit, for
     `repeat_after` seconds), the last action taken and the action counts that
     state.json and the metrics show. Warnings are only logged; stops go to the
-    Enforcer, or in a dry run are only said.
+    Blocker, or in a dry run are only said.
     """
 
     def __init__(
         self,
-        enforcer: Enforcer,
+        blocker: Blocker,
         log: FilteringBoundLogger,
         *,
         dry_run: bool,
         repeat_after: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.enforcer = enforcer
+        self.blocker = blocker
         self.log = log
         self.dry_run = dry_run
         self.repeat_after = repeat_after
@@ -71,7 +71,7 @@ class Actuator:
                     msg=f"dry run: would stop, mask and disable {action.unit}",
                 )
         elif stops:
-            self.enforcer.block(stops, decision)
+            self.blocker.block(stops, decision)
         return taken
 
     def _log_decision(self, decision: Decision, action: Action) -> None:

@@ -15,21 +15,13 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from .config import Config
-from .loadspec import SpecError, parse
-from .snapshot import Loader, UnitRef, UnitUsage
+from .foresight.loadspec import SpecError, parse
+from .snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Loader, SeenUnit, UnitRef
 from .text import printable
 
-MODEL_SUFFIXES = (".gguf", ".safetensors")
 _MODEL_FLAGS = {"-m", "--model", "--model-path", "--mmproj", "-md", "--model-draft"}
 _SHARD = re.compile(r"-\d{5}-of-\d{5}(\.gguf)$", re.IGNORECASE)
 
-# What of one command line is looked at. A loader's command line, every flag spelled out,
-# is under 2 KiB and under 100 arguments; a model path is at most PATH_MAX (4 KiB). 64 KiB
-# holds sixteen such paths, and 1024 arguments ten times any real loader's. The kernel
-# allows 2 MiB and more (ARG_MAX): a process could otherwise make every pass read and
-# split megabytes, and the watchdog fires after 20 s.
-ARGV_MAX_BYTES = 64 * 1024
-ARGV_MAX_ARGS = 1024
 # Shell words (sh -c '...') are split by shlex, about 35 ms per 64 KiB in Python; past
 # this many characters of one command line, arguments are split on whitespace only.
 SHELL_SPLIT_MAX = 8 * 1024
@@ -164,12 +156,12 @@ def model_files(argvs: Iterable[Sequence[str]]) -> list[str]:
     return [m for argv in argvs for m in command_line(argv).named]
 
 
-def loaded_models(usage: UnitUsage) -> tuple[str, ...]:
+def loaded_models(seen: SeenUnit) -> tuple[str, ...]:
     """Models the unit loads on real evidence: mapped by its processes, or given to a known
     loader on its command line. A path merely named (`sleep infinity /m.gguf`) is not."""
-    lines = (command_line(a) for a in usage.exec_start + usage.cmdlines)
+    lines = (command_line(a) for a in seen.exec_start + seen.cmdlines)
     found = [line.loads for line in lines if line.loads]
-    found += [canonical_model(m) for m in usage.mapped_models]
+    found += [canonical_model(m) for m in seen.mapped_models]
     return tuple(dict.fromkeys(found))
 
 
@@ -193,13 +185,13 @@ def expected_footprint(ref: UnitRef, config: Config) -> int | None:
     return None
 
 
-def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None) -> Loader | None:
+def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) -> Loader | None:
     """A Loader with its evidence, or None if nothing marks the unit as one.
 
     Only services are loaders: slices and scopes are not restarted by the
     manager and are not what autostarts a model.
     """
-    ref = usage.ref
+    ref = seen.ref
     if not ref.name.endswith(".service") or is_protected(ref, config, guard_unit):
         return None
     evidence: list[str] = []
@@ -208,7 +200,7 @@ def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None
         if pattern.lower() in lowered:
             evidence.append(f"name:{pattern}")
             break
-    lines = [command_line(a) for a in usage.exec_start + usage.cmdlines]
+    lines = [command_line(a) for a in seen.exec_start + seen.cmdlines]
     binary = _binary_evidence(lines, config.loader_binaries)
     if binary:
         evidence.append(f"exec:{binary}")
@@ -219,22 +211,22 @@ def classify(usage: UnitUsage, config: Config, guard_unit: UnitRef | None = None
     loads = [line.loads for line in lines if line.loads]
     if loads:
         evidence.append(f"loads:{printable(loads[0], SHOWN_PATH_MAX)}")
-    if usage.gpu_pids:
-        evidence.append(f"gpu-process:{len(usage.gpu_pids)}")
-    if usage.mapped_models:
-        evidence.append(f"mapped:{printable(usage.mapped_models[0], SHOWN_PATH_MAX)}")
+    if seen.gpu_pids:
+        evidence.append(f"gpu-process:{len(seen.gpu_pids)}")
+    if seen.mapped_models:
+        evidence.append(f"mapped:{printable(seen.mapped_models[0], SHOWN_PATH_MAX)}")
     if not evidence:
         return None
-    if any(a is not b for a, b in zip(lines, usage.exec_start + usage.cmdlines, strict=True)):
+    if any(a is not b for a, b in zip(lines, seen.exec_start + seen.cmdlines, strict=True)):
         # Plain argv (a one-shot command's): keep what was read, so no one reads it again.
-        n = len(usage.exec_start)
-        usage = replace(usage, exec_start=tuple(lines[:n]), cmdlines=tuple(lines[n:]))
+        n = len(seen.exec_start)
+        seen = replace(seen, exec_start=tuple(lines[:n]), cmdlines=tuple(lines[n:]))
     # Every model it names or loads, for display; the duplicate rule asks loaded_models().
-    models = tuple(dict.fromkeys(named + loads + [canonical_model(m) for m in usage.mapped_models]))
+    models = tuple(dict.fromkeys(named + loads + [canonical_model(m) for m in seen.mapped_models]))
     # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
     expected = expected_footprint(ref, config)
     if expected is not None:
-        return Loader(usage, tuple(evidence), models, expected, "config")
-    if usage.predicted is not None:
-        return Loader(usage, tuple(evidence), models, usage.predicted, "estimate")
-    return Loader(usage, tuple(evidence), models, None)
+        return Loader(seen, tuple(evidence), models, expected, "config")
+    if seen.predicted is not None:
+        return Loader(seen, tuple(evidence), models, seen.predicted, "estimate")
+    return Loader(seen, tuple(evidence), models, None)

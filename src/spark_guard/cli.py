@@ -20,7 +20,7 @@ from . import config as config_mod
 
 
 class Command(NamedTuple):
-    module: str  # spark_guard.<module> has add_arguments(parser) and run(args) -> int
+    module: str  # spark_guard.<module> (dotted) has add_arguments(parser) and run(args) -> int
     help: str  # the line in `spark-guard --help`, known without importing the module
     config: bool = True  # takes --config (check-config takes its file as an argument)
 
@@ -29,28 +29,30 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "run": Command("run_cli", "run the guard (the daemon behind spark-guard.service)"),
     "check-config": Command(
-        "check_config_cli", "validate a config file; non-zero exit on errors", config=False
+        "tools.check_config_cli", "validate a config file; non-zero exit on errors", config=False
     ),
-    "dump": Command("dump_cli", "sense and decide once, print what the guard sees"),
+    "dump": Command("tools.dump_cli", "sense and decide once, print what the guard sees"),
     "preflight": Command(
-        "preflight_cli",
+        "tools.preflight_cli",
         "would this load fit now? exit 0 if it fits, 1 if not (usable as ExecStartPre=)",
     ),
     "audit": Command(
-        "audit_cli", "every model loader on every level, what can wedge the machine, the fixes"
+        "tools.audit_cli",
+        "every model loader on every level, what can wedge the machine, the fixes",
     ),
-    "status": Command("status_cli", "what the running guard sees and has done"),
+    "status": Command("tools.status_cli", "what the running guard sees and has done"),
     "harden": Command(
-        "harden_cli", "write a hardening drop-in for a loader unit (shows it, asks first)"
+        "tools.harden_cli", "write a hardening drop-in for a loader unit (shows it, asks first)"
     ),
     "rescue": Command(
-        "rescue_cli", "stop, mask and disable every model loader now, on every level"
+        "tools.rescue_cli", "stop, mask and disable every model loader now, on every level"
     ),
     "doctor": Command(
-        "doctor_cli", "why a model server died or the GPU fell off: Xid, driver, card, logs"
+        "tools.doctor.cli", "why a model server died or the GPU fell off: Xid, driver, card, logs"
     ),
     "release": Command(
-        "release_cli", "undo what the guard did to a unit: unmask, re-enable with the same links"
+        "tools.release_cli",
+        "undo what the guard did to a unit: unmask, re-enable with the same links",
     ),
 }
 

@@ -21,19 +21,20 @@ import sdnotify
 
 from . import config as config_mod
 from .act import Actuator
-from .cgroupfs import cpu_seconds, v2_root
+from .block.blocker import Blocker
 from .config import Config, ConfigError
-from .enforce import Enforcer
-from .foresight import PENDING
-from .memlock import mlockall
+from .foresight.predict import PENDING
 from .metrics import TextfileWriter
 from .policy import STEADY, brake, decide, full_look_due, poll_interval
-from .procfs import ProcError
 from .quantities import format_size
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot, UnitRef
-from .state import PublishedState, Publisher
-from .state import build as build_state
+from .statefile import PublishedState, Publisher
+from .statefile import build as build_state
+from .system.cgroupfs import cpu_seconds, v2_root
+from .system.memlock import mlockall
+from .system.procfs import ProcError
+from .system.psi import PsiTrigger
 from .text import printable
 
 if TYPE_CHECKING:
@@ -43,36 +44,11 @@ if TYPE_CHECKING:
 # read of MemAvailable): the look's time and the wait both vary pass to pass.
 BRAKE_MARGIN = 1.5
 
-# 2 s: the shortest window an unprivileged process may ask for (no CAP_SYS_RESOURCE).
-PSI_WINDOW_US = 2_000_000
-
-
-class PsiTrigger:
-    """A kernel PSI trigger on memory: poll() wakes when stalls pass a threshold."""
-
-    def __init__(self, proc_root: str, stall: float) -> None:
-        self.fd: int | None = None
-        if stall <= 0:
-            return
-        path = os.path.join(proc_root, "pressure", "memory")
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        try:
-            os.write(fd, f"some {int(stall * 1e6)} {PSI_WINDOW_US}\0".encode())
-        except OSError:
-            os.close(fd)
-            raise
-        self.fd = fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
 
 class Guard:
     """The daemon: one loop that senses, decides and acts, pass after pass, until SIGTERM.
 
-    Owns the Sensor (sense), the Actuator and its Enforcer (act), the state.json
+    Owns the Sensor (sense), the Actuator and its Blocker (act), the state.json
     Publisher, the metrics writer and the sd_notify link; decide() is the pure
     function between them. Each pass reads MemAvailable, lets the brake freeze
     what is about to cross the reserve, takes a full look (step()) when one is
@@ -97,11 +73,11 @@ class Guard:
         # A manager call that came back, answered or timed out, is progress: the watchdog
         # is pinged then too, so a pass of several bounded calls is never taken for a wedge.
         self.sensor = Sensor(config, log, heartbeat=lambda: self._watchdog(time.monotonic()))
-        self.enforcer = Enforcer(
+        self.blocker = Blocker(
             self.sensor.managers, config, log, tick=lambda: self.notifier.notify("WATCHDOG=1")
         )
         self.actuator = Actuator(
-            self.enforcer, log, dry_run=self.dry_run, repeat_after=config.repeat_after
+            self.blocker, log, dry_run=self.dry_run, repeat_after=config.repeat_after
         )
         self.publisher = Publisher(config.runtime)
         self.metrics = TextfileWriter(config.metrics_textfile)
@@ -194,8 +170,8 @@ class Guard:
                     self.sensor.refresh_managers(wait=0)  # connections come in off the loop
                     next_refresh = now + 2.0
                 decision, snapshot = self.step()
-            if self.enforcer.braked:
-                self.enforcer.release_brakes()  # what the decision did not block goes on
+            if self.blocker.braked:
+                self.blocker.release_brakes()  # what the decision did not block goes on
             if not ready and snapshot is not None:
                 ready = True
                 self.log.info(
@@ -211,7 +187,7 @@ class Guard:
             interval = poll_interval(
                 decision, snapshot, self.config, memory.available if memory else None
             )
-            if self.enforcer.settling:
+            if self.blocker.settling:
                 # A stop in progress is a state the loop looks at (advance(), in step()),
                 # not a wait inside it: back within poll.min, to escalate on memory or time.
                 interval = min(interval, self.config.poll_min)
@@ -239,7 +215,7 @@ class Guard:
             self.sensor.boot_over = True
             self.log.info("phase-changed", phase=STEADY, msg="boot phase over: steady")
         for loader in decision.loaders:
-            if loader.ref not in self.seen_loaders and loader.usage.prediction != PENDING:
+            if loader.ref not in self.seen_loaders and loader.seen.prediction != PENDING:
                 # (While its model is read, the trend guards it; it is told once the read
                 # has answered, with the footprint or why there is none: a pass later.)
                 self.seen_loaders.add(loader.ref)
@@ -251,15 +227,15 @@ class Guard:
                     models=loader.models,
                     expected=loader.expected,
                     expected_from=loader.expected_from or None,
-                    prediction=loader.usage.prediction or None,
-                    starting=loader.usage.starting or None,
-                    unit_rss=loader.usage.rss,
-                    unit_gpu=loader.usage.gpu,
-                    pids=loader.usage.pids,
+                    prediction=loader.seen.prediction or None,
+                    starting=loader.seen.starting or None,
+                    unit_rss=loader.seen.rss,
+                    unit_gpu=loader.seen.gpu,
+                    pids=loader.seen.pids,
                     msg=f"model loader {loader.ref}: {', '.join(loader.evidence)}",
                 )
                 if loader.expected is None:
-                    why = loader.usage.prediction or "no model file or size in its command line"
+                    why = loader.seen.prediction or "no model file or size in its command line"
                     self.log.warning(
                         "footprint-unknown",
                         unit=str(loader.ref),
@@ -272,13 +248,13 @@ class Guard:
         refs = frozenset(ld.ref for ld in decision.loaders)
         self._new_loaders, self._loader_refs = refs - self._loader_refs, refs
         for loader in decision.loaders:
-            since = loader.usage.active_since
+            since = loader.seen.active_since
             if since is not None and self._started_at.get(loader.ref) != since:
                 self._started_at[loader.ref] = since
                 self._starts[str(loader.ref)] = self._starts.get(str(loader.ref), 0) + 1
         self.actuator.apply(decision)
         if not self.dry_run:
-            self.enforcer.advance()
+            self.blocker.advance()
         self._status(decision, snapshot)
         self._publish(decision, snapshot)
         return decision, snapshot
@@ -287,7 +263,7 @@ class Guard:
         state = build_state(
             decision,
             snapshot,
-            self.enforcer.records.values(),
+            self.blocker.records.values(),
             dry_run=self.dry_run,
             last_action=self.actuator.last,
             config_error=str(self.config_error) if self.config_error else None,
@@ -353,7 +329,7 @@ class Guard:
             + ("below" if memory.available < reserve else "falling toward")
             + f" the reserve {format_size(reserve)}"
         )
-        frozen = self.enforcer.brake(
+        frozen = self.blocker.brake(
             refs, why, mem_available=memory.available, reserve=reserve, lookahead=lookahead
         )
         return bool(frozen)
@@ -368,7 +344,7 @@ class Guard:
         """A quiet steady pass reads MemAvailable only (and keeps it for the trend)."""
         if snapshot is None or decision is None or memory is None:
             return True
-        if full_look_due(memory, snapshot, decision.reserve, now, busy=self.enforcer.busy):
+        if full_look_due(memory, snapshot, decision.reserve, now, busy=self.blocker.busy):
             return True
         self.sensor.history.append((now, memory.available))
         return False
@@ -431,7 +407,7 @@ class Guard:
                 f"{decision.phase}{' dry-run' if self.dry_run else ''}; "
                 f"available {format_size(snapshot.memory.available)}, "
                 f"reserve {format_size(decision.reserve)}; "
-                f"loaders {len(decision.loaders)}; blocked {len(self.enforcer.records)}; "
+                f"loaders {len(decision.loaders)}; blocked {len(self.blocker.records)}; "
                 f"last action: {self.actuator.last}"
             )
         return " | ".join(parts)
@@ -453,7 +429,7 @@ class Guard:
             self.config_error = None
             self.sensor.reconfigure(new)
             self.actuator.repeat_after = new.repeat_after
-            self.enforcer.config = new  # timeouts; its paths keep their start-up values
+            self.blocker.config = new  # timeouts; its paths keep their start-up values
             self.dry_run = self.dry_run or new.dry_run
             self.actuator.dry_run = self.dry_run
             self.metrics = TextfileWriter(new.metrics_textfile)

@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .safefs import own_tree
 from .snapshot import SYSTEM, manager_uid, parse_ref
-from .state import PublishedState
+from .statefile import PublishedState
+from .system.safefs import own_tree
 
 PREFIX = "spark_guard"
 

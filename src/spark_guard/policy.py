@@ -54,7 +54,7 @@ def slope(history: Iterable[tuple[float, int]], window: float, now: float) -> fl
 
 
 def _start_order(loader: Loader) -> tuple[float, str]:
-    since = loader.usage.active_since
+    since = loader.seen.active_since
     return (since if since is not None else float("inf"), str(loader.ref))
 
 
@@ -75,8 +75,8 @@ def _figures(
         "mem_available": snapshot.memory.available,
         "mem_total": snapshot.memory.total,
         "reserve": reserve,
-        "unit_rss": loader.usage.rss,
-        "unit_gpu": loader.usage.gpu,
+        "unit_rss": loader.seen.rss,
+        "unit_gpu": loader.seen.gpu,
     }
     if loader.expected is not None:
         figures["expected"] = loader.expected
@@ -88,13 +88,13 @@ def _growth(loader: Loader, now: float, config: Config) -> float:
     """Its growth; for a young loader measured once (growth 0: no earlier look to compare
     with), its average since it started, when that is more than noise. Without this the
     reserve rule took an old idle loader, bigger, for a new one that was taking it all."""
-    usage = loader.usage
-    since = usage.active_since
-    if usage.growth == 0 and since is not None and 0 < now - since <= 2 * config.trend_window:
-        average = usage.used / (now - since)
+    seen = loader.seen
+    since = seen.active_since
+    if seen.growth == 0 and since is not None and 0 < now - since <= 2 * config.trend_window:
+        average = seen.used / (now - since)
         if average > _SLOPE_NOISE:
             return average
-    return usage.growth
+    return seen.growth
 
 
 def decide(snapshot: Snapshot, config: Config) -> Decision:
@@ -102,9 +102,9 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     current_phase = phase(snapshot, config)
     loaders = tuple(
         loader
-        for usage in snapshot.units
-        if (loader := classify(usage, config, snapshot.guard_unit)) is not None
-        and (usage.starting or usage.active_state in ("active", "activating", "reloading"))
+        for seen in snapshot.units
+        if (loader := classify(seen, config, snapshot.guard_unit)) is not None
+        and (seen.starting or seen.active_state in ("active", "activating", "reloading"))
     )
     rate = slope(snapshot.history, config.trend_window, snapshot.now)
     available = snapshot.memory.available
@@ -122,7 +122,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 reason,
                 detail,
                 _figures(snapshot, reserve, loader, **extra),
-                since=loader.usage.active_since,
+                since=loader.seen.active_since,
             )
 
     if current_phase == STEADY and config.steady == "off":
@@ -133,7 +133,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     # known loader: a path merely named (`sleep infinity /srv/models/x.gguf`) is no load.
     by_model: dict[str, Loader] = {}
     for loader in sorted(loaders, key=_keep_order):
-        for model in loaded_models(loader.usage):
+        for model in loaded_models(loader.seen):
             first = by_model.setdefault(model, loader)
             if first is not loader:
                 over = first.ref.manager in _ROOTS and loader.ref.manager not in _ROOTS
@@ -151,7 +151,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         for loader in sorted(loaders, key=_start_order):
             if str(loader.ref) in actions or loader.expected is None:
                 continue
-            remaining = max(loader.expected - loader.usage.used, 0)
+            remaining = max(loader.expected - loader.seen.used, 0)
             if available - pending - remaining < reserve:
                 act(
                     loader,
@@ -169,15 +169,15 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         projected = available + rate * config.trend_horizon
         if rate < -_SLOPE_NOISE and projected < reserve:
             for loader in loaders:
-                foreseen = loader.expected is not None and loader.usage.used <= loader.expected
-                if loader.usage.growth > 0 and not foreseen:
+                foreseen = loader.expected is not None and loader.seen.used <= loader.expected
+                if loader.seen.growth > 0 and not foreseen:
                     act(
                         loader,
                         "trend",
                         f"MemAvailable falling {format_size(-rate)}/s, "
                         f"{format_size(projected)} in {config.trend_horizon:g}s "
                         f"(reserve {format_size(reserve)}); unit growing "
-                        f"{format_size(loader.usage.growth)}/s",
+                        f"{format_size(loader.seen.growth)}/s",
                         slope=rate,
                         projected=projected,
                     )
@@ -188,19 +188,19 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         # is pending (deactivating: frozen, killed, their memory on its way back). Without
         # the second, the pass after a stop took another, innocent loader for the same gap.
         leaving = sum(
-            usage.used
-            for usage in snapshot.units
-            if usage.active_state == "deactivating"
-            and classify(usage, config, snapshot.guard_unit) is not None
+            seen.used
+            for seen in snapshot.units
+            if seen.active_state == "deactivating"
+            and classify(seen, config, snapshot.guard_unit) is not None
         )
         deficit = (
             reserve
             - available
             - leaving
-            - sum(ld.usage.used for ld in loaders if str(ld.ref) in actions)
+            - sum(ld.seen.used for ld in loaders if str(ld.ref) in actions)
         )
         now = snapshot.now
-        by = lambda ld: (_growth(ld, now, config) <= 0, -ld.usage.used)  # noqa: E731
+        by = lambda ld: (_growth(ld, now, config) <= 0, -ld.seen.used)  # noqa: E731
         for loader in sorted(loaders, key=by):
             if deficit <= 0:
                 break
@@ -210,9 +210,9 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 loader,
                 "reserve",
                 f"MemAvailable {format_size(available)} is below the reserve "
-                f"{format_size(reserve)}; unit holds {format_size(loader.usage.used)}",
+                f"{format_size(reserve)}; unit holds {format_size(loader.seen.used)}",
             )
-            deficit -= loader.usage.used
+            deficit -= loader.seen.used
 
     return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)
 
@@ -310,4 +310,4 @@ def brake(
         rate = slope([*history, (now, available)], BRAKE_WINDOW, now)
         if rate >= -_SLOPE_NOISE or available + rate * lookahead >= reserve:
             return ()
-    return tuple(ld.ref for ld in last.loaders if ld.usage.growth > 0 or ld.ref in new)
+    return tuple(ld.ref for ld in last.loaders if ld.seen.growth > 0 or ld.ref in new)

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from .classify import CommandLine, is_protected
 from .config import Config
-from .foresight import Prediction, Predictor, owner_of, parse_environment
-from .gpu import GpuWatch
-from .managers import (
+from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
+from .snapshot import SYSTEM, RescueGroup, SeenUnit, Snapshot, UnitRef
+from .system.gpu import GpuWatch
+from .system.managers import (
     Connecting,
     Manager,
     ManagerError,
@@ -26,8 +27,7 @@ from .managers import (
     unit_cgroup,
     unit_of_cgroup,
 )
-from .procfs import ProcFS
-from .snapshot import SYSTEM, RescueGroup, Snapshot, UnitRef, UnitUsage
+from .system.procfs import ProcFS
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
@@ -67,7 +67,7 @@ class Sensor:
     Owns what outlives one reading, so that decide() can stay a pure function of
     the Snapshot: the manager connections (made and verified off the loop), the
     MemAvailable history the trend is taken over, per-unit and per-process caches
-    and the model-file Predictor. The Guard calls snapshot(); the Enforcer acts
+    and the model-file Predictor. The Guard calls snapshot(); the Blocker acts
     through the same managers.
     """
 
@@ -280,10 +280,10 @@ class Sensor:
             state = states.get(ref)
             if state is None:
                 continue
-            usage = self._usage(ref, procs, state, gpu, now, cgroups.get(ref, ""), memory.total)
+            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), memory.total)
             if ref in starting:
-                usage = replace(usage, starting=True)
-            units.append(usage)
+                seen = replace(seen, starting=True)
+            units.append(seen)
         for ref in [r for r in self._units if r not in groups]:
             del self._units[ref]
         live = {pid for procs in groups.values() for pid, _, _ in procs}
@@ -336,7 +336,7 @@ class Sensor:
                 out[UnitRef(key, name)] = st.active_state
         return out
 
-    def _usage(
+    def _seen_unit(
         self,
         ref: UnitRef,
         procs: list[tuple[int, int, int | None]],
@@ -345,7 +345,7 @@ class Sensor:
         now: float,
         cgroup: str,
         mem_total: int,
-    ) -> UnitUsage:
+    ) -> SeenUnit:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
         gpu_bytes = sum(g or 0 for _, _, g in procs)
@@ -362,7 +362,7 @@ class Sensor:
             ref, self.config, self.guard_unit
         )
         if not interesting:
-            return UnitUsage(
+            return SeenUnit(
                 ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth, cgroup=cgroup
             )
         if cache.details is None:
@@ -396,7 +396,7 @@ class Sensor:
                 pc.maps_at = now
                 pc.models = self.proc.mapped_models(pid) or ()
             models.extend(pc.models)
-        return UnitUsage(
+        return SeenUnit(
             ref,
             state,
             pids,

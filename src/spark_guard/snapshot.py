@@ -18,6 +18,18 @@ SYSTEM = "system"
 STORM_WINDOW = 300.0  # seconds
 
 
+# Files a loader maps or names that are models (procfs finds them mapped, classify named).
+MODEL_SUFFIXES = (".gguf", ".safetensors")
+
+# What of one command line is looked at. A loader's command line, every flag spelled out,
+# is under 2 KiB and under 100 arguments; a model path is at most PATH_MAX (4 KiB). 64 KiB
+# holds sixteen such paths, and 1024 arguments ten times any real loader's. The kernel
+# allows 2 MiB and more (ARG_MAX): a process could otherwise make every pass read and
+# split megabytes, and the watchdog fires after 20 s.
+ARGV_MAX_BYTES = 64 * 1024
+ARGV_MAX_ARGS = 1024
+
+
 def manager_uid(key: str) -> int:
     """The uid a manager key names: 0 for 'system' (PID 1), UID for 'user:UID'.
 
@@ -97,7 +109,7 @@ class Pressure:
 
 
 @dataclass(frozen=True)
-class UnitUsage:
+class SeenUnit:
     """One unit that has processes right now, with what they hold."""
 
     ref: UnitRef
@@ -112,7 +124,7 @@ class UnitUsage:
     cmdlines: tuple[tuple[str, ...], ...] = ()
     mapped_models: tuple[str, ...] = ()
     active_since: float | None = None
-    # Bytes per second the unit's usage grew since the previous snapshot.
+    # Bytes per second what the unit holds grew since the previous snapshot.
     growth: float = 0.0
     # The unit's own cgroup, as /proc shows it: what a kill of last resort targets.
     cgroup: str = ""
@@ -144,7 +156,7 @@ class Snapshot:
     memory: Memory
     # (time, MemAvailable) samples, oldest first, the last one being `memory`.
     history: tuple[tuple[float, int], ...] = ()
-    units: tuple[UnitUsage, ...] = ()
+    units: tuple[SeenUnit, ...] = ()
     rescue: tuple[RescueGroup, ...] = ()
     guard_started: float = 0.0
     # Set once the strict phase has ended: boot does not come back.
@@ -158,7 +170,7 @@ class Snapshot:
 class Loader:
     """A unit the classifier judged to be a model loader, and why."""
 
-    usage: UnitUsage
+    seen: SeenUnit
     evidence: tuple[str, ...]
     models: tuple[str, ...]
     expected: int | None
@@ -167,7 +179,7 @@ class Loader:
 
     @property
     def ref(self) -> UnitRef:
-        return self.usage.ref
+        return self.seen.ref
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,18 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from . import config as config_mod
-from . import log as log_mod
-from .classify import expected_footprint
-from .config import Config
-from .estimate import Estimate, Settings
-from .foresight import Prediction, Predictor, parse_environment
-from .loadspec import LoadSpec, SpecError, first_spec
-from .managers import ManagerError, command_manager, connect_to
+from .. import config as config_mod
+from .. import log as log_mod
+from ..classify import expected_footprint
+from ..config import Config
+from ..foresight.estimate import Estimate, Settings
+from ..foresight.loadspec import LoadSpec, SpecError, first_spec
+from ..foresight.predict import Prediction, Predictor, parse_environment
+from ..quantities import format_size
+from ..snapshot import UnitRef, parse_ref
+from ..system.managers import ManagerError, command_manager, connect_to
+from ..text import printable as p
 from .preflight import Verdict, verdict
-from .quantities import format_size
-from .snapshot import UnitRef, parse_ref
-from .text import printable as p
 
 
 class PreflightError(RuntimeError):
@@ -127,9 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .policy import decide
-    from .procfs import ProcError
-    from .sensor import sense_once
+    from ..policy import decide
+    from ..sensor import sense_once
+    from ..system.procfs import ProcError
 
     config = config_mod.load_for_command(args.config)
     if config is None:

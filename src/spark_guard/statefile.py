@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypedDict, cast
 
-from .records import Record
-from .safefs import MAKEDIRS, own_tree
+from .block.records import Record
 from .snapshot import Decision, Snapshot
+from .system.safefs import MAKEDIRS, own_tree
 
 REFRESH = 60.0  # rewritten at least this often; status also checks the pid
 FORMAT = 1
@@ -127,16 +127,16 @@ def build(
         "loaders": [
             {
                 "unit": str(ld.ref),
-                "active_state": ld.usage.active_state,
-                "starting": ld.usage.starting,
+                "active_state": ld.seen.active_state,
+                "starting": ld.seen.starting,
                 "expected": ld.expected,
                 "expected_from": ld.expected_from or None,
-                "prediction": ld.usage.prediction or None,
-                "rss": ld.usage.rss,
-                "gpu": ld.usage.gpu,
+                "prediction": ld.seen.prediction or None,
+                "rss": ld.seen.rss,
+                "gpu": ld.seen.gpu,
                 "evidence": list(ld.evidence),
                 "models": list(ld.models),
-                "cgroup": ld.usage.cgroup,
+                "cgroup": ld.seen.cgroup,
             }
             for ld in decision.loaders
         ],

@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass
 from itertools import islice
 
-from .classify import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES
-from .snapshot import Memory, Pressure
+from ..snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Memory, Pressure
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -138,7 +137,7 @@ class ProcFS:
 
     def cmdline(self, pid: int) -> tuple[str, ...] | None:
         """The process's arguments, bounded: the first ARGV_MAX_ARGS non-empty ones within
-        the first ARGV_MAX_BYTES bytes (classify.py says why those figures). The kernel
+        the first ARGV_MAX_BYTES bytes (snapshot.py says why those figures). The kernel
         allows megabytes; a process must not make each look read and split them. An
         argument cut by the byte limit is left out: a cut path would name a file nobody
         gave."""

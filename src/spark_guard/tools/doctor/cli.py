@@ -15,17 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import config as config_mod
-from . import gpu as gpu_mod
+from ... import config as config_mod
+from ...classify import expected_footprint
+from ...config import Config
+from ...foresight.predict import Predictor, parse_environment
+from ...system import gpu as gpu_mod
+from ...system.managers import unit_of_cgroup
+from ...system.procfs import ProcError, ProcFS
+from ...text import printable
+from ..inventory import Inventory, collect
 from . import logscan
-from .classify import expected_footprint
-from .config import Config
-from .doctor import STEPS, Evidence, LoaderBudget, Report, judge
-from .foresight import Predictor, parse_environment
-from .inventory import Inventory, collect
-from .managers import unit_of_cgroup
-from .procfs import ProcError, ProcFS
-from .text import printable
+from .judge import STEPS, Evidence, LoaderBudget, Report, judge
 
 MARK = {"ok": "ok  ", "info": "info", "warning": "WARN", "critical": "CRIT"}
 AUTOSTART = ("enabled", "enabled-runtime", "linked", "alias")

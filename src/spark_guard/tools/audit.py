@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .classify import canonical_model, model_files
-from .config import Config
+from ..classify import canonical_model, model_files
+from ..config import Config
+from ..quantities import format_size
+from ..snapshot import STORM_WINDOW, SYSTEM, UnitRef
 from .inventory import INFINITY, Inventory, UnitInfo
-from .quantities import format_size
-from .snapshot import STORM_WINDOW, SYSTEM, UnitRef
 
 SEVERITIES = ("critical", "warning", "info")
 

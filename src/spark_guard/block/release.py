@@ -17,16 +17,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .managers import ManagerError, ManagerNotRunning, connect_to
-from .records import Record, RecordStore
-from .snapshot import SYSTEM, parse_ref
-from .unitfiles import (
+from ..snapshot import SYSTEM, parse_ref
+from ..system.managers import ManagerError, ManagerNotRunning, connect_to
+from ..system.unitfiles import (
     UnitFileError,
     owner,
     remove_mask,
     restore_conflict,
     restore_link,
 )
+from .records import Record, RecordStore
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..system.safefs import MAKEDIRS, own_tree
+from ..text import printable
 from .records import Record, Step
-from .safefs import MAKEDIRS, own_tree
-from .text import printable
 
 # Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.
 FIELD_LIMIT = 300

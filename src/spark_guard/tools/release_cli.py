@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import banner
-from . import config as config_mod
-from . import log as log_mod
-from .records import RecordStore
-from .release import ReleaseError, log_release, release, select
-from .text import printable as p
+from .. import config as config_mod
+from .. import log as log_mod
+from ..block import banner
+from ..block.records import RecordStore
+from ..block.release import ReleaseError, log_release, release, select
+from ..text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,12 +13,12 @@ import json
 import sys
 from typing import Any
 
-from . import config as config_mod
-from . import log as log_mod
+from .. import config as config_mod
+from .. import log as log_mod
+from ..quantities import format_size
+from ..text import printable as p
 from .audit import Finding, loader_findings, memory_findings, reconcile, worst
 from .inventory import INFINITY, Inventory, collect
-from .quantities import format_size
-from .text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .procfs import ProcError, ProcFS
-    from .sensor import sense_once
+    from ..sensor import sense_once
+    from ..system.procfs import ProcError, ProcFS
 
     config = config_mod.load_for_command(args.config)
     if config is None:
@@ -112,7 +112,7 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
         print("\nmodel loaders:")
         rows = [["UNIT", "ENABLED", "ACTIVE", "MemoryMax", "Restart", "MODEL"]]
         for u in inv.loaders:
-            from .classify import model_files
+            from ..classify import model_files
 
             models = model_files(u.exec_start)
             rows.append(

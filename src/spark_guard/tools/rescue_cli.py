@@ -1,7 +1,7 @@
 """`spark-guard rescue`: for the admin with a shell in the first seconds after boot.
 
 Every model loader on every running manager is stopped, masked and disabled
-at once, through the same Enforcer and records as the daemon's (so
+at once, through the same Blocker and records as the daemon's (so
 `spark-guard release` undoes it), all in this one process: no fork per unit.
 Then it prints what holds: each loader's state on its level, MemAvailable,
 the load average and the GPU holders.
@@ -13,16 +13,16 @@ import argparse
 import dataclasses
 import sys
 
-from . import config as config_mod
-from . import log as log_mod
-from .enforce import Enforcer
+from .. import config as config_mod
+from .. import log as log_mod
+from ..block.blocker import Blocker
+from ..block.records import Step
+from ..quantities import format_size
+from ..snapshot import Action, Decision
+from ..system.managers import Manager, ManagerError, discover
+from ..system.procfs import ProcError, ProcFS
+from ..text import printable as p
 from .inventory import UnitInfo, collect
-from .managers import Manager, ManagerError, discover
-from .procfs import ProcError, ProcFS
-from .quantities import format_size
-from .records import Step
-from .snapshot import Action, Decision
-from .text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,18 +59,18 @@ def run(args: argparse.Namespace) -> int:
             Action("stop", u.ref, "rescue", "stopped by an admin: spark-guard rescue", figures)
             for u in loaders
         )
-        enforcer = Enforcer(managers, config, log)
-        enforcer.advance()  # load what is already recorded: a unit blocked before stays as it is
+        blocker = Blocker(managers, config, log)
+        blocker.advance()  # load what is already recorded: a unit blocked before stays as it is
         todo = tuple(
             a
             for a in actions
-            if enforcer.records.get(str(a.unit)) is None
-            or enforcer.records[str(a.unit)].step != Step.BLOCKED
+            if blocker.records.get(str(a.unit)) is None
+            or blocker.records[str(a.unit)].step != Step.BLOCKED
         )
         if todo:
-            enforcer.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))
-            enforcer.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
-        return _report(loaders, managers, proc, enforcer)
+            blocker.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))
+            blocker.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
+        return _report(loaders, managers, proc, blocker)
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
@@ -80,14 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(
-    loaders: list[UnitInfo], managers: dict[str, Manager], proc: ProcFS, enforcer: Enforcer
+    loaders: list[UnitInfo], managers: dict[str, Manager], proc: ProcFS, blocker: Blocker
 ) -> int:
     ok = True
     print(f"{'UNIT':40} {'LOAD':10} {'ACTIVE':10} BLOCK")
     for u in loaders:
         m = managers.get(u.ref.manager)
         st = m.unit_states([u.ref.name]).get(u.ref.name) if m else None
-        record = enforcer.records.get(str(u.ref))
+        record = blocker.records.get(str(u.ref))
         step = record.step if record else "not recorded"
         held = bool(st and st.load_state == "masked" and st.active_state in ("inactive", "failed"))
         ok = ok and held
@@ -119,7 +119,7 @@ def _report(
 
 
 def _gpu_holders() -> list[tuple[int, int]]:
-    from .gpu import GpuUnavailable, Nvml
+    from ..system.gpu import GpuUnavailable, Nvml
 
     nvml = Nvml()
     try:

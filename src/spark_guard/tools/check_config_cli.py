@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import config as config_mod
-from .quantities import format_size
+from .. import config as config_mod
+from ..quantities import format_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

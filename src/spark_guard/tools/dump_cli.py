@@ -8,14 +8,14 @@ import json
 import sys
 from typing import Any
 
-from . import config as config_mod
-from . import log as log_mod
-from .policy import decide
-from .procfs import ProcError
-from .quantities import format_size
-from .sensor import Sensor
-from .snapshot import Decision, Pressure, Snapshot
-from .text import printable as p
+from .. import config as config_mod
+from .. import log as log_mod
+from ..policy import decide
+from ..quantities import format_size
+from ..sensor import Sensor
+from ..snapshot import Decision, Pressure, Snapshot
+from ..system.procfs import ProcError
+from ..text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +91,7 @@ def _print(snapshot: Snapshot, decision: Decision) -> None:
     )
     # Unit names, evidence and details can hold a user's text: printed inert.
     for loader in decision.loaders:
-        u = loader.usage
+        u = loader.seen
         print(
             f"loader {p(loader.ref)}: {p(u.active_state)}, rss {format_size(u.rss)}, "
             f"gpu {format_size(u.gpu)}, expected "

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..snapshot import SYSTEM, manager_uid, valid_unit_name
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
-from .snapshot import SYSTEM, manager_uid, valid_unit_name
 
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"

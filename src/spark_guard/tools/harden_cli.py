@@ -22,16 +22,16 @@ import sys
 import time
 from typing import Any
 
-from . import config as config_mod
-from .classify import expected_footprint
-from .config import Config, ConfigError
-from .foresight import Predictor, owner_of, parse_environment
+from .. import config as config_mod
+from ..classify import expected_footprint
+from ..config import Config, ConfigError
+from ..foresight.predict import Predictor, owner_of, parse_environment
+from ..quantities import format_size
+from ..snapshot import SYSTEM, UnitRef, parse_ref
+from ..system.managers import Manager, ManagerError, command_manager, connect_to
+from ..system.procfs import ProcError, ProcFS
+from ..system.safefs import MAKEDIRS, Tree, UnsafePath, own_tree
 from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
-from .managers import Manager, ManagerError, command_manager, connect_to
-from .procfs import ProcError, ProcFS
-from .quantities import format_size
-from .safefs import MAKEDIRS, Tree, UnsafePath, own_tree
-from .snapshot import SYSTEM, UnitRef, parse_ref
 
 SYSTEM_CONFIG = "/etc/systemd/system"
 READ_LIMIT = 1 << 20  # a drop-in or record of ours is a few hundred bytes

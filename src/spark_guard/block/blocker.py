@@ -31,7 +31,7 @@ SIGTERM is gone in tens of milliseconds, and the block completes in the same
 call); after that the loop goes on sensing and calls advance() every pass.
 
 The step changes a block may make, the rewinds included, are written down once
-(records.TRANSITIONS); every change goes through Enforcer._move().
+(records.TRANSITIONS); every change goes through Blocker._move().
 
 Each step is saved before the next, so a crash resumes where it stopped. It
 is all D-Bus on the managers' private sockets and syscalls: no fork, no exec,
@@ -48,11 +48,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import banner, cgroupfs
-from .config import Config
-from .managers import Manager, ManagerError
-from .procfs import ProcError, ProcFS
-from .quantities import format_size
+from ..config import Config
+from ..quantities import format_size
+from ..snapshot import Action, Decision, UnitRef
+from ..system import cgroupfs
+from ..system.managers import Manager, ManagerError
+from ..system.procfs import ProcError, ProcFS
+from ..system.unitfiles import (
+    Owner,
+    UnitFileError,
+    lay_mask,
+    mask_dir,
+    owner,
+    present,
+    read_link,
+    shadowing_file,
+)
+from . import banner
 from .records import (
     LinkRecord,
     Record,
@@ -62,17 +74,6 @@ from .records import (
     StepError,
     boot_id,
     utc_now,
-)
-from .snapshot import Action, Decision, UnitRef
-from .unitfiles import (
-    Owner,
-    UnitFileError,
-    lay_mask,
-    mask_dir,
-    owner,
-    present,
-    read_link,
-    shadowing_file,
 )
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def _cannot_freeze(error: str) -> bool:
     return "NotSupported" in error or "not support" in error or "UnknownMethod" in error
 
 
-class Enforcer:
+class Blocker:
     """Act for real: drives each block through the steps in this module's docstring.
 
     Owns the records (a file per blocked unit, each step saved before the next), the
@@ -149,7 +150,7 @@ class Enforcer:
         # The store first: a unit blocked before (by a guard since restarted, or by rescue)
         # keeps its record, the only account of the links its release must put back.
         self._refresh()
-        cgroups = {ld.ref: ld.usage.cgroup for ld in decision.loaders}
+        cgroups = {ld.ref: ld.seen.cgroup for ld in decision.loaders}
         batch = []
         for action in actions:
             key = str(action.unit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .snapshot import Decision, Snapshot, UnitRef
+from ..snapshot import Decision, Snapshot, UnitRef
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def verdict(
     need: int, snapshot: Snapshot, decision: Decision, itself: UnitRef | None = None
 ) -> Verdict:
     pending = sum(
-        max(loader.expected - loader.usage.used, 0)
+        max(loader.expected - loader.seen.used, 0)
         for loader in decision.loaders
         if loader.expected is not None and loader.ref != itself
     )

@@ -12,10 +12,10 @@ import os
 import sys
 import time
 
-from . import config as config_mod
-from .quantities import format_size
-from .state import PublishedState, read
-from .text import printable as p
+from .. import config as config_mod
+from ..quantities import format_size
+from ..statefile import PublishedState, read
+from ..text import printable as p
 
 STALE = 180.0
 

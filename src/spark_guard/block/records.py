@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .safefs import MAKEDIRS, own_tree
-from .snapshot import UnitRef, manager_uid
-from .unitfiles import Link
+from ..snapshot import UnitRef, manager_uid
+from ..system.safefs import MAKEDIRS, own_tree
+from ..system.unitfiles import Link
 
 
 class Step(StrEnum):

@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .classify import classify
-from .config import Config
-from .managers import Manager, ManagerError, discover
-from .quantities import parse_duration, parse_size
-from .safefs import UnsafePath, as_user, read_regular
-from .snapshot import SYSTEM, UnitRef, UnitUsage, manager_uid, parse_ref
+from ..classify import classify
+from ..config import Config
+from ..quantities import parse_duration, parse_size
+from ..snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref
+from ..system.managers import Manager, ManagerError, discover
+from ..system.safefs import UnsafePath, as_user, read_regular
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
@@ -105,8 +105,8 @@ def _info(manager: Manager, name: str, load: str, active: str, file_state: str) 
 
 
 def is_loader(info: UnitInfo, config: Config) -> bool:
-    usage = UnitUsage(info.ref, info.active_state, exec_start=info.exec_start)
-    return classify(usage, config) is not None
+    seen = SeenUnit(info.ref, info.active_state, exec_start=info.exec_start)
+    return classify(seen, config) is not None
 
 
 def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[str]) -> None:

@@ -35,6 +35,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..quantities import format_size
+from ..snapshot import manager_uid
+from ..system.safefs import as_user
 from .estimate import Estimate, EstimateError, estimate
 from .gguf import (
     READ_SECONDS,
@@ -46,9 +49,6 @@ from .gguf import (
     read_model,
 )
 from .loadspec import LoadSpec, SpecError, first_spec
-from .quantities import format_size
-from .safefs import as_user
-from .snapshot import manager_uid
 
 PENDING = "reading the model header"
 FRESH = 5.0  # seconds a model read stays the answer before the file is looked at again

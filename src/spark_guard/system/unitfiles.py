@@ -28,8 +28,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
+from ..snapshot import SYSTEM, manager_uid
 from .safefs import Tree, UnsafePath, anchor_stat
-from .snapshot import SYSTEM, manager_uid
 
 NULL = "/dev/null"
 SYSTEM_CONTROL = "/run/systemd/system.control"

@@ -16,10 +16,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .gpu import GpuFacts
+from ...quantities import format_size
+from ...snapshot import STORM_WINDOW
+from ...system.gpu import GpuFacts
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
-from .quantities import format_size
-from .snapshot import STORM_WINDOW
 from .xid import CATALOGUE_URL, XidEvent, describe, parse_line
 
 SEVERITY_ORDER = ("ok", "info", "warning", "critical")

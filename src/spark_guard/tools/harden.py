@@ -8,7 +8,7 @@ MemoryMax= does not bound GPU memory on a unified-memory machine
 
 from __future__ import annotations
 
-from .config import Config
+from ..config import Config
 
 MARKER = "# Written by spark-guard harden"
 DROP_IN = "50-spark-guard.conf"
