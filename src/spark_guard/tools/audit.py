@@ -13,18 +13,9 @@ from ..classify import canonical_model, model_files
 from ..config import Config
 from ..quantities import format_size
 from ..snapshot import STORM_WINDOW, SYSTEM, UnitRef
+from .findings import Finding, Severity
+from .harden import rescue_units
 from .inventory import INFINITY, Inventory, UnitInfo
-
-SEVERITIES = ("critical", "warning", "info")
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str
-    code: str
-    unit: str
-    message: str
-    fix: str
 
 
 def systemctl(ref: UnitRef, user: str) -> str:
@@ -40,10 +31,6 @@ def _models(info: UnitInfo) -> list[str]:
     return model_files(info.exec_start)
 
 
-def _rescue_names(config: Config) -> list[str]:
-    return [n for group in config.rescue_units for n in group.split("|") if "*" not in n]
-
-
 def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
     out: list[Finding] = []
     by_model: dict[str, list[UnitInfo]] = {}
@@ -57,46 +44,47 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
         keep, *extra = sorted(units, key=lambda u: u.ref.manager != SYSTEM)
         out.extend(
             Finding(
-                "critical",
+                Severity.CRITICAL,
                 "duplicate",
-                str(info.ref),
                 f"loads {model}, as {keep.ref} does: two copies of one model",
-                f"{systemctl(info.ref, info.user)} disable --now {info.ref.name}",
+                unit=str(info.ref),
+                fix=f"{systemctl(info.ref, info.user)} disable --now {info.ref.name}",
             )
             for info in extra
         )
-    rescue = _rescue_names(config)
+    rescue = rescue_units(config)
     for info in inv.loaders:
         unit, ctl = str(info.ref), systemctl(info.ref, info.user)
         autostart = info.file_state in ("enabled", "enabled-runtime", "linked", "alias")
         if autostart and info.ref.manager != SYSTEM and info.user:
             out.append(
                 Finding(
-                    "warning",
+                    Severity.WARNING,
                     "linger-autostart",
-                    unit,
                     f"starts at boot for {info.user} (linger) without anyone logging in",
-                    f"{ctl} disable {info.ref.name}   # or: loginctl disable-linger {info.user}",
+                    unit=unit,
+                    fix=f"{ctl} disable {info.ref.name}   "
+                    f"# or: loginctl disable-linger {info.user}",
                 )
             )
         if info.memory_max >= INFINITY:
             out.append(
                 Finding(
-                    "warning",
+                    Severity.WARNING,
                     "no-memory-max",
-                    unit,
                     "no MemoryMax=: nothing bounds its CPU-side memory",
-                    f"spark-guard harden {unit}",
+                    unit=unit,
+                    fix=f"spark-guard harden {unit}",
                 )
             )
         if rescue and not set(info.after) & set(rescue):
             out.append(
                 Finding(
-                    "warning",
+                    Severity.WARNING,
                     "not-after-rescue",
-                    unit,
                     f"not ordered after {' '.join(rescue[:3])}: it can load before ssh is up",
-                    f"spark-guard harden {unit}",
+                    unit=unit,
+                    fix=f"spark-guard harden {unit}",
                 )
             )
         if info.restart != "no" and (
@@ -110,20 +98,20 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
             )
             out.append(
                 Finding(
-                    "warning",
+                    Severity.WARNING,
                     "restart-storm",
-                    unit,
                     f"Restart={info.restart} with {limit}: a crashing load restarts forever",
-                    f"spark-guard harden {unit}",
+                    unit=unit,
+                    fix=f"spark-guard harden {unit}",
                 )
             )
     out.extend(
         Finding(
-            "warning",
+            Severity.WARNING,
             "failed",
-            str(info.ref),
             f"{info.ref.name} has failed",
-            f"journalctl {'--user-unit' if info.ref.manager != SYSTEM else '-u'} "
+            unit=str(info.ref),
+            fix=f"journalctl {'--user-unit' if info.ref.manager != SYSTEM else '-u'} "
             f"{info.ref.name} -b -n 50; {systemctl(info.ref, info.user)} reset-failed "
             f"{info.ref.name}",
         )
@@ -131,16 +119,17 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
     )
     out.extend(
         Finding(
-            "critical",
+            Severity.CRITICAL,
             "no-such-unit",
-            name,
             f"{name}: no such unit on any manager (system, or any user's)",
-            "systemctl list-unit-files '*llama*'   # find its real name",
+            unit=name,
+            fix="systemctl list-unit-files '*llama*'   # find its real name",
         )
         for name in inv.missing
     )
     out.extend(
-        Finding("warning", "unreadable", "", error, "run the audit as root") for error in inv.errors
+        Finding(Severity.WARNING, "unreadable", error, fix="run the audit as root")
+        for error in inv.errors
     )
     return out
 
@@ -191,29 +180,21 @@ def memory_findings(r: Reconciliation, holders: Sequence[tuple[str, int]]) -> li
     if r.large:
         out.append(
             Finding(
-                "warning",
+                Severity.WARNING,
                 "unaccounted-memory",
-                "",
                 f"{format_size(r.gap)} used by nothing /proc or NVML shows: probably {r.probably}",
-                "spark-guard audit --json   # and nvidia-smi --query-compute-apps=pid,used_memory "
-                "--format=csv",
+                fix="spark-guard audit --json   # and nvidia-smi "
+                "--query-compute-apps=pid,used_memory --format=csv",
             )
         )
     for unit, held in holders:
         out.append(
             Finding(
-                "info",
+                Severity.INFO,
                 "gpu-holder",
-                unit,
                 f"holds {format_size(held)} of GPU memory",
-                f"spark-guard preflight {unit}",
+                unit=unit,
+                fix=f"spark-guard preflight {unit}",
             )
         )
     return out
-
-
-def worst(findings: Sequence[Finding]) -> str | None:
-    for severity in SEVERITIES:
-        if any(f.severity == severity for f in findings):
-            return severity
-    return None

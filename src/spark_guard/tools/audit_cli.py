@@ -17,7 +17,8 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..quantities import format_size
 from ..text import printable as p
-from .audit import Finding, loader_findings, memory_findings, reconcile, worst
+from .audit import loader_findings, memory_findings, reconcile
+from .findings import Finding, Severity, worst, worst_first
 from .inventory import INFINITY, Inventory, collect
 
 
@@ -54,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
         findings.insert(
             0,
             Finding(
-                "critical",
+                Severity.CRITICAL,
                 "nothing-audited",
-                "-",
                 f"no systemd manager reachable, so no running unit was audited ({why})",
-                "run it as root on a machine where systemd is PID 1",
+                unit="-",
+                fix="run it as root on a machine where systemd is PID 1",
             ),
         )
     if args.json:
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         _print(inv, findings, memory, holders)
     if not inv.managers:
         return 2
-    return 1 if worst(findings) in ("critical", "warning") else 0
+    return 1 if worst(findings).at_least(Severity.WARNING) else 0
 
 
 def _json(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> dict[str, Any]:
@@ -84,9 +85,20 @@ def _json(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) ->
         "failed": [unit(u) for u in inv.failed],
         "lingering": [dataclasses.asdict(x) for x in inv.lingering],
         "missing": inv.missing,
-        "findings": [dataclasses.asdict(f) for f in findings],
+        "findings": [_finding(f) for f in findings],
         "memory": {**dataclasses.asdict(memory), "probably": memory.probably},
         "gpu_holders": [{"unit": u, "bytes": b} for u, b in holders],
+    }
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    # audit's --json names: "fix" for what doctor calls "next_step".
+    return {
+        "severity": f.severity,
+        "code": f.code,
+        "unit": f.unit,
+        "message": f.message,
+        "fix": f.fix,
     }
 
 
@@ -137,6 +149,6 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
         print("\nno findings")
         return
     print(f"\nfindings ({len(findings)}):")
-    for f in sorted(findings, key=lambda f: ("critical", "warning", "info").index(f.severity)):
+    for f in sorted(findings, key=worst_first):
         print(f"  {f.severity.upper():8} {f.code:18} {p(f.unit)}: {p(f.message)}")
         print(f"  {'':8} {'':18} fix: {p(f.fix)}")

@@ -1,7 +1,7 @@
 """The drop-in `spark-guard harden` writes for a loader unit: plain text from plain data.
 
 It bounds what can be bounded (CPU-side memory, restarts), orders the
-loader after the way in, and makes it the kernel OOM killer's first choice.
+loader after the rescue units, and makes it the kernel OOM killer's first choice.
 MemoryMax= does not bound GPU memory on a unified-memory machine
 (cudaMalloc is not charged to the cgroup): that is what the guard is for.
 """
@@ -37,7 +37,7 @@ def drop_in(unit: str, config: Config, max_bytes: int, why: str, when: str) -> s
 # Undo: spark-guard harden --undo {unit}
 # {NOTE}
 [Unit]
-# Load only once the way in (ssh, the console) is up.
+# Load only once the rescue units (ssh, the console) are up.
 After={after}
 # A load that keeps crashing stops after 3 tries in 15 minutes, not never.
 StartLimitIntervalSec=15min

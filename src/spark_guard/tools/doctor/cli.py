@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import subprocess
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,17 @@ from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
 from ...text import printable
+from ..findings import Finding, Severity
 from ..inventory import Inventory, collect
 from . import logscan
 from .judge import STEPS, Evidence, LoaderBudget, Report, judge
 
-MARK = {"ok": "ok  ", "info": "info", "warning": "WARN", "critical": "CRIT"}
+MARK = {
+    Severity.OK: "ok  ",
+    Severity.INFO: "info",
+    Severity.WARNING: "WARN",
+    Severity.CRITICAL: "CRIT",
+}
 AUTOSTART = ("enabled", "enabled-runtime", "linked", "alias")
 
 
@@ -140,8 +145,20 @@ def _print(report: Report) -> None:
             print(f"  {MARK[f.severity]}  {printable(f.message)}")
             for line in f.evidence:
                 print(f"          | {printable(line)}")
-            if f.next_step:
-                print(f"          next: {printable(f.next_step)}")
+            if f.fix:
+                print(f"          next: {printable(f.fix)}")
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    # doctor's --json names: "next_step" for what audit calls "fix".
+    return {
+        "step": f.step,
+        "severity": f.severity,
+        "code": f.code,
+        "message": f.message,
+        "evidence": list(f.evidence),
+        "next_step": f.fix,
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {
             "classification": report.kind,
             "worst": report.worst,
-            "findings": [asdict(f) for f in report.findings],
+            "findings": [_finding(f) for f in report.findings],
         }
         print(json.dumps(out, indent=1))
     else:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from ...quantities import format_size
 from ...snapshot import STORM_WINDOW
 from ...system.gpu import GpuFacts
+from ..findings import Finding, Severity, worst
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
 from .xid import CATALOGUE_URL, XidEvent, describe, parse_line
 
-SEVERITY_ORDER = ("ok", "info", "warning", "critical")
 STEPS = ("classify", "kernel", "driver", "card", "application")
 STORM_COUNT = 3
 CUDA_OOM = re.compile(
@@ -62,27 +62,17 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Finding:
-    step: str
-    severity: str
-    code: str
-    message: str
-    evidence: tuple[str, ...]
-    next_step: str
-
-
-@dataclass(frozen=True)
 class Report:
     kind: str  # healthy | app-level | driver-level | hardware/firmware-level | no-gpu
     findings: tuple[Finding, ...]
 
     @property
-    def worst(self) -> str:
-        return max((f.severity for f in self.findings), key=SEVERITY_ORDER.index, default="ok")
+    def worst(self) -> Severity:
+        return worst(self.findings)
 
     @property
     def exit_code(self) -> int:
-        return {"critical": 2, "warning": 1}.get(self.worst, 0)
+        return {Severity.CRITICAL: 2, Severity.WARNING: 1}.get(self.worst, 0)
 
 
 def _when(at: float) -> str:
@@ -120,21 +110,21 @@ def classify(ev: Evidence, xids: list[XidEvent], cuda: list[tuple[str, LogLine]]
     app = [x for x in xids if describe(x.code).origin == "app"]
     if gpu.state == "no-library" and not ev.nvidia_pci and not ev.nvidiactl:
         return Finding(
-            "classify",
-            "info",
+            Severity.INFO,
             "no-gpu",
             "no NVIDIA GPU and no driver here: GPU checks skipped",
-            (gpu.detail,),
-            "nothing to do, unless this machine should have one (lspci | grep -i nvidia)",
+            step="classify",
+            evidence=(gpu.detail,),
+            fix="nothing to do, unless this machine should have one (lspci | grep -i nvidia)",
         )
     if gpu.state == "no-permission":
         return Finding(
-            "classify",
-            "info",
+            Severity.INFO,
             "no-permission",
             "cannot open the NVIDIA devices as this user: run as root to classify",
-            (gpu.detail,),
-            "sudo spark-guard doctor",
+            step="classify",
+            evidence=(gpu.detail,),
+            fix="sudo spark-guard doctor",
         )
     if gpu.state != "ok" or not ev.nvidiactl or not gpu.cards:
         evidence = [gpu.detail]
@@ -144,31 +134,29 @@ def classify(ev: Evidence, xids: list[XidEvent], cuda: list[tuple[str, LogLine]]
             evidence.append(f"{ev.nvidia_pci} NVIDIA device(s) on the PCI bus")
         evidence += [x.line for x in hardware[-3:]]
         return Finding(
-            "classify",
-            "critical",
+            Severity.CRITICAL,
             "driver-level",
             "driver-level: the driver or the GPU is gone from NVML's view",
-            tuple(evidence),
-            "lsmod | grep nvidia; dkms status; journalctl -k | grep NVRM; after an Xid 79 "
+            step="classify",
+            evidence=tuple(evidence),
+            fix="lsmod | grep nvidia; dkms status; journalctl -k | grep NVRM; after an Xid 79 "
             "only a reboot brings the GPU back",
         )
     if hardware:
-        worst = max((describe(x.code).severity for x in hardware), key=SEVERITY_ORDER.index)
         codes = sorted({x.code for x in hardware})
         return Finding(
-            "classify",
-            worst,
+            worst(describe(x.code) for x in hardware),
             "hardware/firmware-level",
             f"hardware/firmware-level: NVML sees the GPU, but the kernel logged Xid "
             f"{', '.join(map(str, codes))}",
-            tuple(x.line for x in hardware[-3:]),
-            "read the Xid findings below; they say what to check first",
+            step="classify",
+            evidence=tuple(x.line for x in hardware[-3:]),
+            fix="read the Xid findings below; they say what to check first",
         )
     if app or cuda:
         evidence = [x.line for x in app[-3:]] + [line.message for _, line in cuda[-3:]]
         return Finding(
-            "classify",
-            "warning",
+            Severity.WARNING,
             "app-level",
             "app-level: the GPU and driver are fine; an application hit CUDA errors"
             + (
@@ -177,16 +165,15 @@ def classify(ev: Evidence, xids: list[XidEvent], cuda: list[tuple[str, LogLine]]
                 if app
                 else ""
             ),
-            tuple(evidence),
-            "read the loader's own log (journalctl -u UNIT) and its memory budget below",
+            step="classify",
+            evidence=tuple(evidence),
+            fix="read the loader's own log (journalctl -u UNIT) and its memory budget below",
         )
     return Finding(
-        "classify",
-        "ok",
+        Severity.OK,
         "healthy",
         f"healthy: NVML sees {len(gpu.cards)} GPU(s), no Xid, no CUDA errors in the window",
-        (),
-        "",
+        step="classify",
     )
 
 
@@ -203,18 +190,18 @@ def xid_findings(xids: list[XidEvent], ev: Evidence) -> list[Finding]:
         who += f" ({', '.join(units)})" if units else ""
         out.append(
             Finding(
-                "kernel",
                 info.severity,
                 f"xid-{code}",
                 f"Xid {code} ({info.name}) x{len(events)} on {events[-1].device}, "
                 f"{_when(events[0].at)} .. {_when(events[-1].at)}{who}. Usual causes: "
                 f"{info.causes}",
-                (events[-1].line, f"catalogue: {CATALOGUE_URL}"),
-                info.first_check,
+                step="kernel",
+                evidence=(events[-1].line, f"catalogue: {CATALOGUE_URL}"),
+                fix=info.first_check,
             )
         )
     if not xids and ev.logs:
-        out.append(Finding("kernel", "ok", "no-xid", "no NVRM Xid lines in the window", (), ""))
+        out.append(Finding(Severity.OK, "no-xid", "no NVRM Xid lines in the window", step="kernel"))
     return out
 
 
@@ -224,41 +211,38 @@ def driver_findings(ev: Evidence, storms: set[str]) -> list[Finding]:
         return []
     out = [
         Finding(
-            "driver",
-            "info",
+            Severity.INFO,
             "versions",
             f"driver {gpu.driver_version or '?'}, CUDA {gpu.cuda_version or '?'} (the highest "
             "CUDA the driver supports)",
-            (),
-            "",
+            step="driver",
         )
     ]
     for card in gpu.cards:
         if card.persistence is None:
             out.append(
                 Finding(
-                    "driver",
-                    "info",
+                    Severity.INFO,
                     "persistence-unknown",
                     f"GPU {card.index}: persistence mode not reported by this GPU",
-                    (f"nvidia-persistenced: {ev.persistenced}",),
-                    "",
+                    step="driver",
+                    evidence=(f"nvidia-persistenced: {ev.persistenced}",),
                 )
             )
         elif not card.persistence and ev.persistenced != "active":
             loader_storm = any(_is_loader(u, ev) for u in storms)
             out.append(
                 Finding(
-                    "driver",
-                    "warning" if loader_storm else "info",
+                    Severity.WARNING if loader_storm else Severity.INFO,
                     "persistence-off",
                     f"GPU {card.index}: persistence mode off and nvidia-persistenced not "
                     "running. It matters when GPU processes start and stop often or "
                     "initialise concurrently (each first open re-initialises the GPU, "
                     "seconds); a long-running server does not care"
                     + ("; a loader is in a restart storm here" if loader_storm else ""),
-                    (f"nvidia-persistenced: {ev.persistenced}",),
-                    "systemctl enable --now nvidia-persistenced",
+                    step="driver",
+                    evidence=(f"nvidia-persistenced: {ev.persistenced}",),
+                    fix="systemctl enable --now nvidia-persistenced",
                 )
             )
     return out
@@ -271,81 +255,84 @@ def card_findings(ev: Evidence) -> list[Finding]:
         if c.pcie_width is not None and c.pcie_width_max and c.pcie_width < c.pcie_width_max:
             out.append(
                 Finding(
-                    "card",
-                    "warning",
+                    Severity.WARNING,
                     "pcie-width",
                     f"{tag}: PCIe link x{c.pcie_width}, the card can do x{c.pcie_width_max}",
-                    (f"gen {c.pcie_gen} of {c.pcie_gen_max}",),
-                    "reseat the card or riser; check the slot; kernel log for AER errors",
+                    step="card",
+                    evidence=(f"gen {c.pcie_gen} of {c.pcie_gen_max}",),
+                    fix="reseat the card or riser; check the slot; kernel log for AER errors",
                 )
             )
         if c.pcie_gen is not None and c.pcie_gen_max and c.pcie_gen < c.pcie_gen_max:
             out.append(
                 Finding(
-                    "card",
-                    "info",
+                    Severity.INFO,
                     "pcie-gen",
                     f"{tag}: PCIe gen {c.pcie_gen}, the card can do gen {c.pcie_gen_max}; "
                     "normal at idle (the link slows down to save power)",
-                    (),
-                    "check again under load: nvidia-smi -q -d PCIE",
+                    step="card",
+                    fix="check again under load: nvidia-smi -q -d PCIE",
                 )
             )
         if c.temperature is not None and c.temperature_slowdown:
             margin = c.temperature_slowdown - c.temperature
-            sev = "critical" if margin <= 0 else "warning" if margin <= 5 else "ok"
+            sev = (
+                Severity.CRITICAL
+                if margin <= 0
+                else Severity.WARNING
+                if margin <= 5
+                else Severity.OK
+            )
             out.append(
                 Finding(
-                    "card",
                     sev,
                     "temperature",
                     f"{tag}: {c.temperature} °C, slowdown at {c.temperature_slowdown} °C",
-                    (),
-                    "" if sev == "ok" else "check airflow and fans; clocks drop at slowdown",
+                    step="card",
+                    fix=""
+                    if sev == Severity.OK
+                    else "check airflow and fans; clocks drop at slowdown",
                 )
             )
         if c.power is not None and c.power_limit:
             capped = c.power >= 0.98 * c.power_limit
             out.append(
                 Finding(
-                    "card",
-                    "warning" if capped else "ok",
+                    Severity.WARNING if capped else Severity.OK,
                     "power",
                     f"{tag}: drawing {c.power:.0f} W of a {c.power_limit:.0f} W limit"
                     + ("; clocks are power-capped" if capped else ""),
-                    (),
-                    "nvidia-smi -q -d POWER,PERFORMANCE (throttle reasons)" if capped else "",
+                    step="card",
+                    fix="nvidia-smi -q -d POWER,PERFORMANCE (throttle reasons)" if capped else "",
                 )
             )
         gpu_total = sum(p.used or 0 for p in ev.gpu.processes)
         if c.memory_used is None:
             out.append(
                 Finding(
-                    "card",
-                    "info",
+                    Severity.INFO,
                     "memory-not-supported",
                     f"{tag}: device memory figure NOT SUPPORTED (as on GB10, which shares "
                     f"system memory); per-process: {format_size(gpu_total)} in "
                     f"{len(ev.gpu.processes)} process(es)",
-                    tuple(
+                    step="card",
+                    evidence=tuple(
                         f"pid {p.pid} ({ev.unit_of_pid.get(p.pid, '?')}): "
                         f"{format_size(p.used) if p.used is not None else 'n/a'}"
                         for p in ev.gpu.processes
                     ),
-                    "",
                 )
             )
         elif c.memory_total:
             share = c.memory_used / c.memory_total
             out.append(
                 Finding(
-                    "card",
-                    "warning" if share > 0.9 else "ok",
+                    Severity.WARNING if share > 0.9 else Severity.OK,
                     "memory",
                     f"{tag}: {format_size(c.memory_used)} of {format_size(c.memory_total)} "
                     f"used ({share:.0%})",
-                    (),
-                    "spark-guard status; nvidia-smi --query-compute-apps=pid,used_memory "
+                    step="card",
+                    fix="spark-guard status; nvidia-smi --query-compute-apps=pid,used_memory "
                     "--format=csv"
                     if share > 0.9
                     else "",
@@ -378,14 +365,14 @@ def application_findings(
         loader = _is_loader(unit, ev)
         out.append(
             Finding(
-                "application",
-                "critical" if loader else "warning",
+                Severity.CRITICAL if loader else Severity.WARNING,
                 "restart-storm",
                 f"{unit}: restarted {len(lines)} times, at least {STORM_COUNT} within "
                 f"{STORM_WINDOW / 60:g} min (last {_when(lines[-1].at)})"
                 + ("; a model loader: each start loads the model again" if loader else ""),
-                (lines[-1].message,),
-                f"spark-guard audit {unit}; spark-guard harden {unit} (StartLimit, RestartSec)",
+                step="application",
+                evidence=(lines[-1].message,),
+                fix=f"spark-guard audit {unit}; spark-guard harden {unit} (StartLimit, RestartSec)",
             )
         )
     kills: dict[str, list[str]] = defaultdict(list)
@@ -408,12 +395,12 @@ def application_findings(
         loader = _is_loader(unit, ev, unit)
         out.append(
             Finding(
-                "application",
-                "warning" if loader else "info",
+                Severity.WARNING if loader else Severity.INFO,
                 "oom-kill",
                 f"{unit}: killed by the kernel's OOM killer ({len(records)} record(s))",
-                (records[-1],),
-                f"spark-guard preflight {unit}: the load did not fit next to what ran"
+                step="application",
+                evidence=(records[-1],),
+                fix=f"spark-guard preflight {unit}: the load did not fit next to what ran"
                 if loader
                 else "",
             )
@@ -429,13 +416,13 @@ def application_findings(
     for (unit, kind), lines in sorted(by_kind.items()):
         out.append(
             Finding(
-                "application",
-                "warning",
+                Severity.WARNING,
                 f"cuda-{kind}",
                 f"{unit}: {len(lines)} CUDA {kind.replace('-', ' ')} line(s), last "
                 f"{_when(lines[-1].at)}",
-                (lines[-1].message,),
-                nexts[kind].format(unit=unit),
+                step="application",
+                evidence=(lines[-1].message,),
+                fix=nexts[kind].format(unit=unit),
             )
         )
     budget = ev.mem_total - ev.reserve
@@ -444,12 +431,11 @@ def application_findings(
         if b.expected is None:
             out.append(
                 Finding(
-                    "application",
-                    "info",
+                    Severity.INFO,
                     "budget-unknown",
                     f"{b.unit}: footprint unknown ({b.source})",
-                    (),
-                    "set it in /etc/spark-guard.toml [loaders.footprint]",
+                    step="application",
+                    fix="set it in /etc/spark-guard.toml [loaders.footprint]",
                 )
             )
             continue
@@ -458,14 +444,14 @@ def application_findings(
         fits = b.expected <= budget
         out.append(
             Finding(
-                "application",
-                "ok" if fits else "critical",
+                Severity.OK if fits else Severity.CRITICAL,
                 "budget",
                 f"{b.unit}: expects {format_size(b.expected)} of a "
                 f"{format_size(budget)} budget (MemTotal {format_size(ev.mem_total)} less "
                 f"the reserve {format_size(ev.reserve)})",
-                (b.source,),
-                ""
+                step="application",
+                evidence=(b.source,),
+                fix=""
                 if fits
                 else f"a smaller quantisation or context: spark-guard preflight {b.unit}",
             )
@@ -473,17 +459,17 @@ def application_findings(
     if boot_total > budget:
         out.append(
             Finding(
-                "application",
-                "critical",
+                Severity.CRITICAL,
                 "budget-boot",
                 f"the loaders started at boot expect {format_size(boot_total)} together, "
                 f"more than the {format_size(budget)} budget: the guard will block some",
-                tuple(
+                step="application",
+                evidence=tuple(
                     f"{b.unit}: {format_size(b.expected)}"
                     for b in ev.budgets
                     if b.autostart and b.expected is not None
                 ),
-                "spark-guard audit; disable all but one at boot",
+                fix="spark-guard audit; disable all but one at boot",
             )
         )
     return out
@@ -495,7 +481,9 @@ def judge(ev: Evidence) -> Report:
     storms = _storms(ev)
     first = classify(ev, xids, cuda)
     findings = [first]
-    findings += [Finding("kernel", "info", "log-limit", limit, (), "") for limit in ev.log_limits]
+    findings += [
+        Finding(Severity.INFO, "log-limit", limit, step="kernel") for limit in ev.log_limits
+    ]
     findings += xid_findings(xids, ev)
     findings += driver_findings(ev, set(storms))
     findings += card_findings(ev)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
+
+from ..findings import Severity
 
 CATALOGUE_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
@@ -23,7 +26,7 @@ CATALOGUE_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog
 class XidInfo:
     code: int
     name: str
-    severity: str  # critical | warning
+    severity: Literal[Severity.WARNING, Severity.CRITICAL]
     origin: str  # app | driver | hardware | firmware
     causes: str
     first_check: str
@@ -33,7 +36,7 @@ _CATALOGUE = (
     XidInfo(
         13,
         "Graphics engine exception",
-        "warning",
+        Severity.WARNING,
         "app",
         "an application fault on the GPU: out-of-range memory access or an illegal "
         "instruction in a kernel; rarely a driver bug",
@@ -43,7 +46,7 @@ _CATALOGUE = (
     XidInfo(
         31,
         "GPU memory page fault",
-        "warning",
+        Severity.WARNING,
         "app",
         "an application touched GPU memory it did not own (MMU fault); often a "
         "use-after-free or a bad offset in the program, sometimes the driver",
@@ -53,7 +56,7 @@ _CATALOGUE = (
     XidInfo(
         43,
         "GPU stopped processing",
-        "warning",
+        Severity.WARNING,
         "app",
         "a user application hit a software-induced fault and its channel was stopped; "
         "the GPU stays usable by other processes",
@@ -63,7 +66,7 @@ _CATALOGUE = (
     XidInfo(
         45,
         "Preemptive cleanup, due to previous errors",
-        "warning",
+        Severity.WARNING,
         "app",
         "the driver cleaned up a channel because its process was killed (OOM killer, "
         "SIGKILL, Restart=) or after an earlier Xid; a follow-up, not a cause",
@@ -73,7 +76,7 @@ _CATALOGUE = (
     XidInfo(
         48,
         "Double-bit ECC error",
-        "critical",
+        Severity.CRITICAL,
         "hardware",
         "an uncorrectable error in GPU memory; the data in the affected page is lost",
         "stop the GPU's work and reset the GPU (or reboot); if it repeats, the board "
@@ -82,7 +85,7 @@ _CATALOGUE = (
     XidInfo(
         63,
         "ECC page retirement or row remapping recorded",
-        "warning",
+        Severity.WARNING,
         "hardware",
         "the driver recorded a failing memory row/page to be retired or remapped",
         "reset the GPU (or reboot) at a quiet moment so the remap takes effect; "
@@ -91,7 +94,7 @@ _CATALOGUE = (
     XidInfo(
         64,
         "ECC page retirement or row remapping failed",
-        "critical",
+        Severity.CRITICAL,
         "hardware",
         "a failing memory row could not be recorded for retirement or remapping",
         "reset the GPU; if it repeats, contact NVIDIA support with nvidia-bug-report.sh",
@@ -99,7 +102,7 @@ _CATALOGUE = (
     XidInfo(
         74,
         "NVLink error",
-        "critical",
+        Severity.CRITICAL,
         "hardware",
         "an NVLink link reported an error (link training, CRC, replay) between GPUs or GPU and CPU",
         "check nvidia-smi nvlink -s and -e; reset the GPU; recurring errors on one link "
@@ -108,7 +111,7 @@ _CATALOGUE = (
     XidInfo(
         79,
         "GPU has fallen off the bus",
-        "critical",
+        Severity.CRITICAL,
         "hardware",
         "the GPU stopped answering on its bus: power delivery, thermal shutdown, a PCIe "
         "link or riser fault, or a firmware hang",
@@ -118,7 +121,7 @@ _CATALOGUE = (
     XidInfo(
         92,
         "High single-bit ECC error rate",
-        "warning",
+        Severity.WARNING,
         "hardware",
         "corrected memory errors at an unusual rate: memory wearing or overheating",
         "watch nvidia-smi -q -d ECC and the temperature; plan a reset, and service if "
@@ -127,7 +130,7 @@ _CATALOGUE = (
     XidInfo(
         94,
         "Contained ECC error",
-        "warning",
+        Severity.WARNING,
         "hardware",
         "an uncorrectable memory error, contained to the processes using that memory",
         "restart the affected application(s); a row remap is pending until the next GPU reset",
@@ -135,7 +138,7 @@ _CATALOGUE = (
     XidInfo(
         95,
         "Uncontained ECC error",
-        "critical",
+        Severity.CRITICAL,
         "hardware",
         "an uncorrectable memory error that could not be contained: every process on "
         "the GPU is affected",
@@ -144,7 +147,7 @@ _CATALOGUE = (
     XidInfo(
         119,
         "GSP RPC timeout",
-        "critical",
+        Severity.CRITICAL,
         "firmware",
         "the GPU System Processor firmware did not answer the driver in time: a "
         "firmware hang, often under load or at init",
@@ -153,7 +156,7 @@ _CATALOGUE = (
     XidInfo(
         120,
         "GSP error",
-        "critical",
+        Severity.CRITICAL,
         "firmware",
         "the GPU System Processor firmware reported an error",
         "reset the GPU or reboot; update the driver; collect nvidia-bug-report.sh if it repeats",
@@ -170,7 +173,7 @@ def describe(code: int) -> XidInfo:
     return XidInfo(
         code,
         "not in spark-guard's table",
-        "warning",
+        Severity.WARNING,
         "unknown",
         "see NVIDIA's catalogue",
         f"look Xid {code} up in {CATALOGUE_URL}",

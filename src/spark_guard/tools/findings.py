@@ -1,0 +1,74 @@
+"""What the admin tools find, and how bad it is: one Finding, one Severity, one order.
+
+`spark-guard audit` and `spark-guard doctor` both judge a machine and report
+Findings; each prints them its own way (and names the fields its own way in
+--json), but what a finding is and which severity is worse is said here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class Severity(StrEnum):
+    """How bad a finding is, least to worst: the members' order is the one order.
+
+    The values are what the reports print and what --json carries. A StrEnum
+    compares as its text, so compare severities by `rank` (or `at_least`),
+    never with < or >.
+    """
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        """0 for ok, up to 3 for critical."""
+        return _RANK[self]
+
+    def at_least(self, other: Severity) -> bool:
+        return self.rank >= other.rank
+
+
+_RANK = {severity: rank for rank, severity in enumerate(Severity)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a tool found, and what to do about it.
+
+    Audit names the unit a finding is about; doctor files it under one of its
+    steps and quotes the log lines it rests on. A field a tool does not use
+    stays empty.
+    """
+
+    severity: Severity
+    code: str  # short and stable: "duplicate", "xid-79", ...
+    message: str
+    _: KW_ONLY
+    fix: str = ""  # the command that fixes it, or the next thing to check ("" for none)
+    unit: str = ""  # audit: the unit it is about ("" for the machine as a whole)
+    step: str = ""  # doctor: the step that found it (judge.STEPS)
+    evidence: tuple[str, ...] = ()  # doctor: the lines it rests on
+
+
+class Graded(Protocol):
+    """Anything with a severity: a Finding, an entry of the Xid catalogue."""
+
+    @property
+    def severity(self) -> Severity: ...
+
+
+def worst(items: Iterable[Graded]) -> Severity:
+    """The worst severity among items; ok for none."""
+    return max((i.severity for i in items), key=_RANK.__getitem__, default=Severity.OK)
+
+
+def worst_first(item: Graded) -> int:
+    """Sort key: the worst first, items of one severity in their order (sorted is stable)."""
+    return -item.severity.rank
