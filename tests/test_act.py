@@ -1,28 +1,24 @@
-"""The actuator: what it logs and when it repeats itself, with plain decisions."""
+"""act(): what a pass said is logged, what it stopped reaches the blocker and is recorded.
+
+When an action is repeated is step()'s judgement: tests/test_step.py."""
 
 from structlog.testing import capture_logs
 
 from spark_guard import log
-from spark_guard.act import Actuator
+from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import RecordStore
 from spark_guard.config import Config
-from spark_guard.snapshot import Action, Decision, UnitRef
+from spark_guard.snapshot import Action, Decision, Memory, Snapshot, UnitRef
+from spark_guard.step import GuardState, Outcome, take
 
 UNIT = UnitRef("system", "llama-ds4-0731.service")
+SNAPSHOT = Snapshot(now=5.0, memory=Memory(16 * 2**30, 2**30))
 
 
 def decision(since: float) -> Decision:
     a = Action("stop", UNIT, "footprint", "expects 115GiB", {"mem_available": 1}, since=since)
     return Decision("strict", 8, (), (a,))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def blocker(tmp_path) -> Blocker:
@@ -34,28 +30,18 @@ def blocker(tmp_path) -> Blocker:
     return Blocker({}, config, log.get_logger())
 
 
-def test_same_run_is_not_repeated_but_a_restart_is_acted_on_at_once(tmp_path):
-    log.configure("console")
-    clock = Clock()
-    act = Actuator(blocker(tmp_path), log.get_logger(), dry_run=True, repeat_after=30, clock=clock)
-    with capture_logs() as events:
-        assert len(act.apply(decision(since=10.0))) == 1
-        clock.t = 1.0
-        assert act.apply(decision(since=10.0)) == []  # same run, within repeat_after
-        clock.t = 2.0
-        assert len(act.apply(decision(since=12.0))) == 1  # Restart= brought it back
-        clock.t = 40.0
-        assert len(act.apply(decision(since=12.0))) == 1  # still there after 30 s
-    kinds = [e["event"] for e in events]
-    assert kinds == ["decision", "dry-run"] * 3
-    assert act.last == "stop llama-ds4-0731.service (footprint)"
-
-
 def test_stop_without_a_connected_manager_is_reported_recorded_and_shown(tmp_path):
     log.configure("console")
-    act = Actuator(blocker(tmp_path), log.get_logger(), dry_run=False, repeat_after=30)
+    d = decision(since=1.0)
+    state, said, taken, stops = take(GuardState(), d, 5.0, Config(), dry_run=False)
+    assert stops == taken == d.actions and state.last_action.startswith("stop ")
     with capture_logs() as events:
-        act.apply(decision(since=1.0))
+        act(
+            Outcome(state, SNAPSHOT, d, tuple(said), taken, stops),
+            blocker(tmp_path),
+            log.get_logger(),
+        )
+    assert [e["event"] for e in events][:1] == ["decision"]  # said before it is done
     failed = [e for e in events if e["event"] == "unit-stop-failed"]
     assert failed and failed[0]["error"] == "system manager is not connected"
     # Not lost: recorded as still to stop, with the problem, and said at login.

@@ -24,16 +24,16 @@ SRC = Path(__file__).parent.parent / "src" / "spark_guard"
 
 DECISION = """
 from spark_guard import log
-from spark_guard.act import Actuator
+from spark_guard.act import tell
 from spark_guard.config import Config
-from spark_guard.block.blocker import Blocker
 from spark_guard.snapshot import Action, Decision, UnitRef
+from spark_guard.step import GuardState, take
 log.configure("journal")
-blocker = Blocker({}, Config(state="/nonexistent"), log.get_logger())
 a = Action("stop", UnitRef("user:1000", "llama-ds4-0731.service"), "footprint",
            "expects 115.0GiB", {"mem_available": 110 * 2**30, "reserve": 9094593249})
-Actuator(blocker, log.get_logger(), dry_run=True, repeat_after=30).apply(
-    Decision("strict", 9094593249, (), (a,)))
+decision = Decision("strict", 9094593249, (), (a,))
+_, events, _, _ = take(GuardState(), decision, 0.0, Config(), dry_run=True)
+tell(log.get_logger(), events)
 """
 
 SCRIPT = """
@@ -125,8 +125,8 @@ def test_decision_fields_are_filterable(entries):
 def test_unit_blocked_carries_the_figures_of_the_decision():
     """README: `journalctl SG_EVENT=unit-blocked` has SG_UNIT, SG_REASON, SG_MEM_AVAILABLE, ...
     A real block, by the guard as a unit of a user manager whose journald is its own."""
-    from guardunit import GUARD, PY, loader_unit, write_config
-    from harness import UserManager
+    from lab.guardunit import GUARD, PY, loader_unit, write_config
+    from lab.harness import UserManager
 
     with UserManager(journald=True) as um:
         write_config(um, '[loaders.footprint]\n"llama-journal.service" = "100TiB"\n')

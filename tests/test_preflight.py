@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-import synth
-import testdata
+from lab import synth, testdata
 
 GiB = 1024**3
 
@@ -110,3 +109,39 @@ def test_a_real_small_model_fits(machine):
     out = preflight(machine, str(testdata.smollm2()), "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_ctx"] == 8192  # -c 0: SmolLM2's trained context
+
+
+def test_the_verdict_counts_only_what_the_guard_would_let_grow():
+    """preflight's room is decide()'s: a loader the guard is refusing (it would not fit)
+    adds nothing to what is pending, an admitted one adds what it still has to take."""
+    from spark_guard.config import Config
+    from spark_guard.policy import decide
+    from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
+    from spark_guard.tools.preflight import verdict
+
+    def loading(name, since, rss, expected):
+        return SeenUnit(
+            UnitRef("system", name),
+            pids=(1,),
+            rss=rss,
+            exec_start=(("llama-server", "-m", f"/m/{name}.gguf"),),
+            active_since=since,
+            predicted=expected,
+        )
+
+    admitted = loading("llama-a.service", 1.0, 10 * GiB, 40 * GiB)  # 30 GiB still to come
+    refused = loading("llama-b.service", 2.0, GiB, 90 * GiB)  # would not fit after it
+    snapshot = Snapshot(
+        now=5.0,
+        memory=Memory(128 * GiB, 100 * GiB),
+        units=(admitted, refused),
+        rescue=(RescueGroup(("ssh.service",), True, None),),
+    )
+    decision = decide(snapshot, Config())
+    assert [(a.unit.name, a.reason) for a in decision.actions] == [("llama-b.service", "footprint")]
+    v = verdict(50 * GiB, snapshot, decision)
+    assert v.pending == 30 * GiB  # not 30 + 89: llama-b is being stopped, not loading
+    reserve = Config().reserve_for(128 * GiB)
+    assert v.fits and v.room == 100 * GiB - reserve - 30 * GiB
+    # The unit asked about is not pending against itself.
+    assert verdict(50 * GiB, snapshot, decision, itself=admitted.ref).pending == 0

@@ -1,88 +1,30 @@
-"""Act: log each new action of a Decision, and hand the stops to the Blocker.
+"""Act: log what a pass found to say, and hand its stops to the blocker.
 
-An action is not repeated for the same run of a unit and the same reason
-within `repeat_after` seconds; a unit that Restart= brought back is a new
-run and is acted on at once. In a dry run the guard says what it would do.
+The judgement of what is new and what to say is step.py's, pure; this is the
+I/O after it. In a dry run step() hands over no stops, only what it would do.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .block.blocker import Blocker
-from .snapshot import Action, Decision
+from .events import Event
+from .step import Outcome
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 
-class Actuator:
-    """Act: turns each Decision's actions into what is logged and what is stopped.
+def tell(log: FilteringBoundLogger, events: Iterable[Event]) -> None:
+    """Log events, each at its level, with its fields (log.py adds MESSAGE_ID)."""
+    for event in events:
+        getattr(log, event.level)(event.kind, msg=event.msg, **event.fields)
 
-    Owns the memory of what was already done (per run of a unit, for
-    `repeat_after` seconds), the last action taken and the action counts that
-    state.json and the metrics show. Warnings are only logged; stops go to the
-    Blocker, or in a dry run are only said.
-    """
 
-    def __init__(
-        self,
-        blocker: Blocker,
-        log: FilteringBoundLogger,
-        *,
-        dry_run: bool,
-        repeat_after: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.blocker = blocker
-        self.log = log
-        self.dry_run = dry_run
-        self.repeat_after = repeat_after
-        self.clock = clock
-        self._done: dict[tuple[str, str, str, float | None], float] = {}
-        self.last: str = "none"
-        self.counts: dict[str, int] = {}  # actions taken by kind, for the metrics
-
-    def apply(self, decision: Decision) -> list[Action]:
-        """Carry out what is new in the decision; returns the actions taken."""
-        now = self.clock()
-        taken = []
-        for action in decision.actions:
-            # Per run of the unit: when Restart= brings it back, that is new.
-            key = (str(action.unit), action.kind, action.reason, action.since)
-            if now - self._done.get(key, -self.repeat_after - 1) <= self.repeat_after:
-                continue
-            self._done[key] = now
-            self._log_decision(decision, action)
-            self.last = f"{action.kind} {action.unit} ({action.reason})"
-            kind = "dry-run" if self.dry_run and action.kind == "stop" else action.kind
-            self.counts[kind] = self.counts.get(kind, 0) + 1
-            taken.append(action)
-        stops = [a for a in taken if a.kind == "stop"]
-        if stops and self.dry_run:
-            for action in stops:
-                self.log.warning(
-                    "dry-run",
-                    unit=str(action.unit),
-                    manager=action.unit.manager,
-                    action="stop",
-                    msg=f"dry run: would stop, mask and disable {action.unit}",
-                )
-        elif stops:
-            self.blocker.block(stops, decision)
-        return taken
-
-    def _log_decision(self, decision: Decision, action: Action) -> None:
-        level = self.log.warning if action.kind == "stop" else self.log.info
-        level(
-            "decision",
-            unit=str(action.unit),
-            manager=action.unit.manager,
-            action=action.kind,
-            reason=action.reason,
-            phase=decision.phase,
-            msg=f"{action.kind} {action.unit}: {action.detail}",
-            **action.figures,
-        )
+def act(outcome: Outcome, blocker: Blocker, log: FilteringBoundLogger) -> None:
+    """Say what the pass decided, then block what it stops."""
+    tell(log, outcome.events)
+    if outcome.stops:
+        blocker.block(outcome.stops, outcome.decision)

@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING
 import sdnotify
 
 from . import config as config_mod
-from .act import Actuator
+from .act import act
 from .block.blocker import Blocker
 from .config import Config, ConfigError
-from .foresight.predict import PENDING
 from .metrics import TextfileWriter
-from .policy import STEADY, brake, decide, full_look_due, poll_interval
+from .policy import brake, full_look_due, poll_interval
 from .quantities import format_size
 from .sensor import Sensor
-from .snapshot import Decision, Memory, Snapshot, UnitRef
+from .snapshot import Decision, Memory, Snapshot
 from .statefile import PublishedState, Publisher
 from .statefile import build as build_state
+from .step import GuardState, remember, step
 from .system.cgroupfs import cpu_seconds, v2_root
 from .system.memlock import mlockall
 from .system.procfs import ProcError
@@ -48,11 +48,12 @@ BRAKE_MARGIN = 1.5
 class Guard:
     """The daemon: one loop that senses, decides and acts, pass after pass, until SIGTERM.
 
-    Owns the Sensor (sense), the Actuator and its Blocker (act), the state.json
-    Publisher, the metrics writer and the sd_notify link; decide() is the pure
-    function between them. Each pass reads MemAvailable, lets the brake freeze
-    what is about to cross the reserve, takes a full look (step()) when one is
-    due, then waits on the PSI trigger, a signal or a worker's wake-up.
+    I/O only: owns the Sensor (sense), the Blocker (act), the state.json Publisher,
+    the metrics writer and the sd_notify link. What it remembers for its judgement
+    is one GuardState value, and step() (pure) turns it and a Snapshot into the next
+    one. Each pass reads MemAvailable, lets the brake freeze what is about to cross
+    the reserve, takes a full look (look()) when one is due, then waits on the PSI
+    trigger, a signal or a worker's wake-up.
     """
 
     def __init__(
@@ -76,15 +77,10 @@ class Guard:
         self.blocker = Blocker(
             self.sensor.managers, config, log, tick=lambda: self.notifier.notify("WATCHDOG=1")
         )
-        self.actuator = Actuator(
-            self.blocker, log, dry_run=self.dry_run, repeat_after=config.repeat_after
-        )
+        self.state = GuardState()
         self.publisher = Publisher(config.runtime)
         self.metrics = TextfileWriter(config.metrics_textfile)
         self._metrics_problem = ""
-        # Loader starts seen (a new ActiveEnterTimestamp), for the restart-storm alert.
-        self._starts: dict[str, int] = {}
-        self._started_at: dict[UnitRef, float] = {}
         self._decided_at = 0.0
         self._decision_seconds = 0.0
         self._pinged_at = 0.0  # wall clock of the last WATCHDOG=1, for the metrics
@@ -93,9 +89,6 @@ class Guard:
         self._pinged = -1e9
         watchdog_usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self._watchdog_every = watchdog_usec / 3e6 if watchdog_usec else 1.0
-        self.seen_loaders: set[UnitRef] = set()
-        self._loader_refs: frozenset[UnitRef] = frozenset()
-        self._new_loaders: frozenset[UnitRef] = frozenset()  # in the last look, not the one before
         self._interval = 0.0  # the last wait between passes
         self._stop = False
         self._reload = False
@@ -169,7 +162,7 @@ class Guard:
                 if now >= next_refresh:
                     self.sensor.refresh_managers(wait=0)  # connections come in off the loop
                     next_refresh = now + 2.0
-                decision, snapshot = self.step()
+                decision, snapshot = self.look()
             if self.blocker.braked:
                 self.blocker.release_brakes()  # what the decision did not block goes on
             if not ready and snapshot is not None:
@@ -188,7 +181,7 @@ class Guard:
                 decision, snapshot, self.config, memory.available if memory else None
             )
             if self.blocker.settling:
-                # A stop in progress is a state the loop looks at (advance(), in step()),
+                # A stop in progress is a state the loop looks at (advance(), in look()),
                 # not a wait inside it: back within poll.min, to escalate on memory or time.
                 interval = min(interval, self.config.poll_min)
             self._interval = interval
@@ -198,66 +191,25 @@ class Guard:
         self.close()
         return 0
 
-    def step(self) -> tuple[Decision | None, Snapshot | None]:
-        """One pass of sense -> decide -> act; never raises for a bad reading."""
+    def look(self) -> tuple[Decision | None, Snapshot | None]:
+        """A full look: sense -> step -> act; never raises for a bad reading."""
         began = time.monotonic()
         try:
-            snapshot = self.sensor.snapshot()
+            snapshot = self.sensor.snapshot(rescue=not self.state.boot_over)
         except ProcError as e:
             self.log.error("sense-failed", error=str(e), msg=str(e))
             self._status(None, None)
             return None, None
-        decision = decide(snapshot, self.config)
+        outcome = step(self.state, snapshot, self.config, dry_run=self.dry_run)
         self._decision_seconds = time.monotonic() - began
         self._decided_at = time.time()
-        if decision.phase == STEADY and not self.sensor.boot_over:
-            # Once the way in has been up for the grace period, boot is over for good.
-            self.sensor.boot_over = True
-            self.log.info("phase-changed", phase=STEADY, msg="boot phase over: steady")
-        for loader in decision.loaders:
-            if loader.ref not in self.seen_loaders and loader.seen.prediction != PENDING:
-                # (While its model is read, the trend guards it; it is told once the read
-                # has answered, with the footprint or why there is none: a pass later.)
-                self.seen_loaders.add(loader.ref)
-                self.log.info(
-                    "loader-seen",
-                    unit=str(loader.ref),
-                    manager=loader.ref.manager,
-                    evidence=loader.evidence,
-                    models=loader.models,
-                    expected=loader.expected,
-                    expected_from=loader.expected_from or None,
-                    prediction=loader.seen.prediction or None,
-                    starting=loader.seen.starting or None,
-                    unit_rss=loader.seen.rss,
-                    unit_gpu=loader.seen.gpu,
-                    pids=loader.seen.pids,
-                    msg=f"model loader {loader.ref}: {', '.join(loader.evidence)}",
-                )
-                if loader.expected is None:
-                    why = loader.seen.prediction or "no model file or size in its command line"
-                    self.log.warning(
-                        "footprint-unknown",
-                        unit=str(loader.ref),
-                        manager=loader.ref.manager,
-                        error=why,
-                        msg=f"footprint of {loader.ref} unknown ({why}); guarded by the trend."
-                        " Give it a size in [loaders.footprint]",
-                    )
-        self.seen_loaders &= {ld.ref for ld in decision.loaders}
-        refs = frozenset(ld.ref for ld in decision.loaders)
-        self._new_loaders, self._loader_refs = refs - self._loader_refs, refs
-        for loader in decision.loaders:
-            since = loader.seen.active_since
-            if since is not None and self._started_at.get(loader.ref) != since:
-                self._started_at[loader.ref] = since
-                self._starts[str(loader.ref)] = self._starts.get(str(loader.ref), 0) + 1
-        self.actuator.apply(decision)
+        self.state = outcome.state
+        act(outcome, self.blocker, self.log)
         if not self.dry_run:
             self.blocker.advance()
-        self._status(decision, snapshot)
-        self._publish(decision, snapshot)
-        return decision, snapshot
+        self._status(outcome.decision, outcome.snapshot)
+        self._publish(outcome.decision, outcome.snapshot)
+        return outcome.decision, outcome.snapshot
 
     def _publish(self, decision: Decision, snapshot: Snapshot) -> None:
         state = build_state(
@@ -265,9 +217,9 @@ class Guard:
             snapshot,
             self.blocker.records.values(),
             dry_run=self.dry_run,
-            last_action=self.actuator.last,
+            last_action=self.state.last_action,
             config_error=str(self.config_error) if self.config_error else None,
-            counts={"actions": dict(self.actuator.counts), "starts": dict(self._starts)},
+            counts={"actions": dict(self.state.counts), "starts": dict(self.state.starts)},
             decided_at=self._decided_at,
             decision_seconds=self._decision_seconds,
             watchdog_at=self._pinged_at,
@@ -319,7 +271,13 @@ class Guard:
             return False
         lookahead = BRAKE_MARGIN * (self._decision_seconds + max(self._interval, 0.0))
         refs = brake(
-            memory, now, self.sensor.history, decision, self.config, lookahead, self._new_loaders
+            memory,
+            now,
+            self.state.history,
+            decision,
+            self.config,
+            lookahead,
+            self.state.new_loaders,
         )
         if not refs:
             return False
@@ -346,7 +304,7 @@ class Guard:
             return True
         if full_look_due(memory, snapshot, decision.reserve, now, busy=self.blocker.busy):
             return True
-        self.sensor.history.append((now, memory.available))
+        self.state = remember(self.state, now, memory.available, self.config)
         return False
 
     def _watchdog(self, now: float) -> None:
@@ -408,7 +366,7 @@ class Guard:
                 f"available {format_size(snapshot.memory.available)}, "
                 f"reserve {format_size(decision.reserve)}; "
                 f"loaders {len(decision.loaders)}; blocked {len(self.blocker.records)}; "
-                f"last action: {self.actuator.last}"
+                f"last action: {self.state.last_action}"
             )
         return " | ".join(parts)
 
@@ -428,10 +386,8 @@ class Guard:
             self.config = new
             self.config_error = None
             self.sensor.reconfigure(new)
-            self.actuator.repeat_after = new.repeat_after
             self.blocker.config = new  # timeouts; its paths keep their start-up values
             self.dry_run = self.dry_run or new.dry_run
-            self.actuator.dry_run = self.dry_run
             self.metrics = TextfileWriter(new.metrics_textfile)
             self._force_full = True
             self.log.info(

@@ -6,6 +6,23 @@ change once released (the message catalog of the package keys on them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Level = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something to tell the journal, as plain data: pure code returns these and the I/O
+    side logs them (act.tell). `kind` is a key of MESSAGE_IDS."""
+
+    kind: str
+    level: Level
+    msg: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 MESSAGE_IDS: dict[str, str] = {
     "guard-started": "8499ee7b395245ab811cf26e83911ead",
     "guard-stopping": "a7c0e1ea184a4cc0889c96bef6fc0c8f",

@@ -63,7 +63,7 @@ def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     gauge("last_update_timestamp_seconds", "When this file was written", state["written_at"])
     gauge("mem_total_bytes", "MemTotal", state["mem_total"])
     gauge("mem_available_bytes", "MemAvailable when the guard last looked", state["mem_available"])
-    gauge("reserve_bytes", "MemAvailable the guard keeps free for the way in", state["reserve"])
+    gauge("reserve_bytes", "MemAvailable the guard keeps free for a rescue login", state["reserve"])
     gauge("dry_run", "1 when the guard only decides and logs", int(state["dry_run"]))
     gauge("config_error", "1 when the config file was refused", int(bool(state["config_error"])))
     gauge("last_decision_timestamp_seconds", "When the guard last decided", state["decided_at"])
@@ -79,7 +79,7 @@ def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     )
     Enum(
         f"{PREFIX}_phase",
-        "strict while boot is not over (the way in not yet up for the grace period), then steady",
+        "strict while boot is not over (rescue units not up for the grace period), then steady",
         states=["strict", "steady"],
         registry=reg,
     ).state(state["phase"])

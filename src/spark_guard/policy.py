@@ -1,6 +1,6 @@
 """decide(snapshot, config) -> Decision: the guard's whole judgement, with no I/O.
 
-Strict phase (boot, until the way in is up plus a grace period): a loader is
+Strict phase (boot, until the rescue units are up plus a grace period): a loader is
 stopped before it can take MemAvailable below the reserve, by its expected
 footprint or by the trend. Steady phase: act only once MemAvailable is below
 the reserve, and only if the config says 'guard'. In every phase a second
@@ -97,6 +97,36 @@ def _growth(loader: Loader, now: float, config: Config) -> float:
     return seen.growth
 
 
+def remaining(loader: Loader) -> int:
+    """What a loader with a known footprint has still to take (0 once it holds it all)."""
+    if loader.expected is None:
+        return 0
+    return max(loader.expected - loader.seen.used, 0)
+
+
+def admit(
+    loaders: Iterable[Loader], available: int, reserve: int
+) -> tuple[int, list[tuple[Loader, int]]]:
+    """The fit rule of the strict phase, for decide() and `spark-guard preflight` alike.
+
+    Loaders whose footprint is known are admitted oldest first while what each has
+    still to take leaves MemAvailable at or above the reserve. Returns what the admitted
+    will still take (pending), and each refused loader with the MemAvailable it would
+    have left. Loaders of unknown footprint are not judged here: the trend guards them.
+    """
+    pending = 0
+    refused = []
+    for loader in sorted(loaders, key=_start_order):
+        if loader.expected is None:
+            continue
+        left = available - pending - remaining(loader)
+        if left < reserve:
+            refused.append((loader, left))
+        else:
+            pending += remaining(loader)
+    return pending, refused
+
+
 def decide(snapshot: Snapshot, config: Config) -> Decision:
     reserve = config.reserve_for(snapshot.memory.total)
     current_phase = phase(snapshot, config)
@@ -146,23 +176,16 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 )
 
     if current_phase == STRICT:
-        # Admit loaders oldest first while their remaining growth fits above the reserve.
-        pending = 0
-        for loader in sorted(loaders, key=_start_order):
-            if str(loader.ref) in actions or loader.expected is None:
-                continue
-            remaining = max(loader.expected - loader.seen.used, 0)
-            if available - pending - remaining < reserve:
-                act(
-                    loader,
-                    "footprint",
-                    f"expects {format_size(loader.expected)}, would leave "
-                    f"{format_size(available - pending - remaining)} available "
-                    f"(reserve {format_size(reserve)})",
-                    remaining=remaining,
-                )
-            else:
-                pending += remaining
+        _, refused = admit((ld for ld in loaders if str(ld.ref) not in actions), available, reserve)
+        for loader, left in refused:
+            assert loader.expected is not None  # admit() judges only known footprints
+            act(
+                loader,
+                "footprint",
+                f"expects {format_size(loader.expected)}, would leave "
+                f"{format_size(left)} available (reserve {format_size(reserve)})",
+                remaining=remaining(loader),
+            )
         # The trend: at this fall rate the reserve is crossed within the horizon. A loader
         # admitted by its footprint is growing as foreseen and is left alone while it stays
         # within it; the trend is for the ones whose size nobody knows, or that outgrew it.

@@ -1,13 +1,12 @@
 """Sense: gather one Snapshot from /proc, NVML and the systemd managers.
 
-Holds what must outlive one reading (connections, the MemAvailable history,
-per-unit caches) so that decide() can stay a pure function of the Snapshot.
+Holds what must outlive one reading (connections, per-unit caches); what the
+guard remembers for its judgement is step.GuardState, not here.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
-HISTORY_MAX = 600
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 # How long a command (or the daemon's first pass) waits for managers to connect: one
@@ -64,11 +62,11 @@ class _ProcCache:
 class Sensor:
     """Sense: reads /proc, NVML and the systemd managers into one Snapshot per full look.
 
-    Owns what outlives one reading, so that decide() can stay a pure function of
-    the Snapshot: the manager connections (made and verified off the loop), the
-    MemAvailable history the trend is taken over, per-unit and per-process caches
-    and the model-file Predictor. The Guard calls snapshot(); the Blocker acts
-    through the same managers.
+    Owns what outlives one reading: the manager connections (made and verified
+    off the loop), per-unit and per-process caches (a unit's growth is measured
+    against its last reading) and the model-file Predictor. What the guard
+    remembers for its judgement (the trend, the boot latch) is step.GuardState.
+    The Guard calls snapshot(); the Blocker acts through the same managers.
     """
 
     def __init__(
@@ -98,10 +96,7 @@ class Sensor:
         # The loop never waits on a model read; a command (sense_once) does, up to its deadline.
         self.wait_for_models = False
         self.started = clock()
-        # Set by the caller once the strict phase is over; rescue units are then not read.
-        self.boot_over = False
         self.guard_unit: UnitRef | None = None
-        self.history: deque[tuple[float, int]] = deque(maxlen=HISTORY_MAX)
         self._units: dict[UnitRef, _UnitCache] = {}
         self._procs: dict[int, _ProcCache] = {}
         self._rescue_since: dict[str, float] = {}
@@ -248,14 +243,15 @@ class Sensor:
 
     # --- the snapshot -----------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, *, rescue: bool = True) -> Snapshot:
+        """Everything, read now. `rescue`: read the rescue units too (boot is not over).
+
+        `history` is this one reading and `boot_over` False: what the guard remembers
+        from earlier passes is step.GuardState's, put in by step()."""
         if self._connecting:
             self.adopt_managers()
         now = self.clock()
         memory = self.proc.memory()
-        self.history.append((now, memory.available))
-        while self.history and now - self.history[0][0] > max(self.config.trend_window, 1.0) * 2:
-            self.history.popleft()
         gpu = self._gpu_processes(now)
 
         groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
@@ -293,11 +289,10 @@ class Sensor:
         return Snapshot(
             now=now,
             memory=memory,
-            history=tuple(self.history),
+            history=((now, memory.available),),
             units=tuple(units),
-            rescue=() if self.boot_over else self._rescue(),
+            rescue=self._rescue() if rescue else (),
             guard_started=self.started,
-            boot_over=self.boot_over,
             guard_unit=self.guard_unit,
             gpu_accounting=self.gpu.on,
             gpu_stale=self.gpu.stale,

@@ -142,7 +142,7 @@ class SeenUnit:
 
 @dataclass(frozen=True)
 class RescueGroup:
-    """Alternatives that each count as 'the way in' (ssh.service | ssh.socket)."""
+    """Alternatives that each count as one rescue unit (ssh.service | ssh.socket)."""
 
     names: tuple[str, ...]
     present: bool

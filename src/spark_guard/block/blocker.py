@@ -101,7 +101,7 @@ class Blocker:
 
     Owns the records (a file per blocked unit, each step saved before the next), the
     escalation of pending stops, the units the brake froze and the login notes
-    (banner). The Actuator hands it the stops a Decision asked for (block()); the
+    (banner). act() hands it the stops a pass asked for (block()); the
     Guard calls advance() after each full look, so a block goes on across passes,
     and brake() ahead of one when MemAvailable is about to cross the reserve.
     """

@@ -45,7 +45,7 @@ MAX_ELEMENTS = 1 << 48  # per tensor, and the largest offset: far past any real 
 CHUNK = 1 << 20
 
 # Absolute caps, whatever the file's size claims. Measured on the real files of the tests
-# (tests/testdata.py): the biggest header is Gemma 4's vocabulary (262,144 tokens and their
+# (lab/testdata.py): the biggest header is Gemma 4's vocabulary (262,144 tokens and their
 # merges) at 15.8 MB, read in 50-90 ms here; metadata runs to 14-46 keys. The biggest models
 # have about a thousand tensors: DeepSeek-V3 and Kimi-K2 (61 layers, experts merged into one
 # tensor per layer, as llama.cpp writes them) 1,000-1,100, Qwen3-235B-A22B (94 layers) about

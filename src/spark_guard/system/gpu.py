@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..events import Event
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -162,16 +164,6 @@ class _Worker:
 
 
 @dataclass(frozen=True)
-class GpuNews:
-    """Something to tell the journal: an event kind of events.py, its level and fields."""
-
-    kind: str
-    level: str
-    msg: str
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class _Answer:
     devices: int | None  # NVML was started by this call: that many devices
     figures: dict[int, int | None] | None  # None: no reading (NVML off, or lost)
@@ -210,9 +202,9 @@ class GpuWatch:
     def stale(self) -> bool:
         return self.stale_since is not None
 
-    def read(self, now: float) -> tuple[dict[int, int | None], list[GpuNews]]:
+    def read(self, now: float) -> tuple[dict[int, int | None], list[Event]]:
         """(pid -> GPU bytes, what to tell the journal). Waits at most `deadline`."""
-        news: list[GpuNews] = []
+        news: list[Event] = []
         call = self._call
         if call is not None:
             if not call.done.is_set():
@@ -231,7 +223,7 @@ class GpuWatch:
         self.stale_since = call.started or call.submitted
         age = "" if self.figures_at is None else f" from {now - self.figures_at:.0f}s ago"
         news.append(
-            GpuNews(
+            Event(
                 "gpu-hung",
                 "warning",
                 f"NVML has not answered {self._doing or 'a call'} within {self.deadline:g}s "
@@ -262,7 +254,7 @@ class GpuWatch:
         except Exception as e:  # the worker must outlive any binding's surprise
             return _Answer(devices, None, f"NVML: {e}")
 
-    def _take(self, call: _Call, news: list[GpuNews]) -> None:
+    def _take(self, call: _Call, news: list[Event]) -> None:
         answer: _Answer = call.result
         late = ""
         if self.stale_since is not None:
@@ -271,7 +263,7 @@ class GpuWatch:
         if answer.devices is not None:
             self._warned = False
             news.append(
-                GpuNews(
+                Event(
                     "gpu-accounting-on",
                     "info",
                     f"GPU accounting on: {answer.devices} device(s){late}",
@@ -280,9 +272,7 @@ class GpuWatch:
             )
         if answer.figures is not None:
             if late and answer.devices is None:
-                news.append(
-                    GpuNews("gpu-accounting-on", "info", f"GPU figures current again{late}")
-                )
+                news.append(Event("gpu-accounting-on", "info", f"GPU figures current again{late}"))
             self.figures, self.figures_at = answer.figures, call.finished
             return
         self.figures, self.figures_at = {}, None
@@ -290,7 +280,7 @@ class GpuWatch:
         if answer.devices is not None or not self._warned or late:
             self._warned = True
             news.append(
-                GpuNews(
+                Event(
                     "gpu-accounting-off",
                     "warning",
                     f"GPU accounting off: {answer.error}{late}",

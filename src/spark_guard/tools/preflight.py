@@ -1,7 +1,7 @@
 """Would this load fit now? The same rule the guard applies in the strict phase, as a verdict.
 
-fits  <=>  MemAvailable - reserve - what loaders still loading are expected to
-           add  >=  the load's footprint
+fits  <=>  MemAvailable - reserve - what the loaders the guard admits are
+           expected to add (policy.admit)  >=  the load's footprint
 
 Pure: a footprint and a Snapshot/Decision in, a Verdict out. `spark-guard
 preflight` is the front door; it senses once, as the daemon does.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..policy import admit
 from ..snapshot import Decision, Snapshot, UnitRef
 
 
@@ -34,10 +35,13 @@ class Verdict:
 def verdict(
     need: int, snapshot: Snapshot, decision: Decision, itself: UnitRef | None = None
 ) -> Verdict:
-    pending = sum(
-        max(loader.expected - loader.seen.used, 0)
-        for loader in decision.loaders
-        if loader.expected is not None and loader.ref != itself
+    # What the guard itself would let grow: the loaders it admits (policy.admit), not the
+    # ones it is stopping now, nor the load being asked about (`itself`, when it is a unit).
+    stopping = {a.unit for a in decision.actions if a.kind == "stop"}
+    pending, _ = admit(
+        (ld for ld in decision.loaders if ld.ref != itself and ld.ref not in stopping),
+        snapshot.memory.available,
+        decision.reserve,
     )
     holders = sorted(
         ((str(u.ref), u.gpu) for u in snapshot.units if u.gpu > 0), key=lambda h: -h[1]

@@ -1,0 +1,232 @@
+"""step(state, snapshot, config) -> Outcome: one pass of the guard's judgement, pure.
+
+Everything the guard keeps from one pass to the next is one value, GuardState:
+the boot latch, the MemAvailable history the trend is taken over, what was
+already done (so an action is not repeated), the loaders already told of and
+the loader starts counted. step() takes it with a fresh Snapshot and returns
+the next state, the Decision, the events to log and the actions to carry out.
+No I/O: the daemon senses, calls step(), hands the stops to the blocker and
+logs the events (act.py). The tests replay whole boots as transcripts.
+
+What is not here, and why: the sensor's caches (a unit's last reading, for its
+growth; a process's command line) are how a reading is taken, not judgement;
+the blocks in flight are the blocker's records, which live on disk so that a
+restarted guard finishes them (block/records.py holds their table of steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from .config import Config
+from .events import Event
+from .foresight.predict import PENDING
+from .policy import STEADY, decide
+from .snapshot import Action, Decision, Loader, Snapshot, UnitRef
+
+# Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
+HISTORY_MAX = 600
+
+# (unit, kind, reason, the run of the unit it was taken on): one action, not repeated.
+ActionKey = tuple[str, str, str, float | None]
+
+
+def _nothing() -> Mapping[Any, Any]:
+    return MappingProxyType({})  # read-only: a state is never changed, only replaced
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard remembers between passes. A new value each pass, never changed."""
+
+    # Set once the strict phase has ended: boot does not come back.
+    boot_over: bool = False
+    # (monotonic time, MemAvailable), oldest first: the trend and the brake read it.
+    history: tuple[tuple[float, int], ...] = ()
+    # When each action was last taken, for `repeat_after`.
+    done: Mapping[ActionKey, float] = field(default_factory=_nothing)
+    # Loaders the journal was told of (loader-seen) and that are still there.
+    told: frozenset[UnitRef] = frozenset()
+    # The loaders of the last decision, and those in it that were not in the one before:
+    # the brake freezes a new loader before any growth of it was measured.
+    loaders: frozenset[UnitRef] = frozenset()
+    new_loaders: frozenset[UnitRef] = frozenset()
+    # When each loader's current run began, and how many runs were seen (restart storms).
+    started_at: Mapping[UnitRef, float] = field(default_factory=_nothing)
+    starts: Mapping[str, int] = field(default_factory=_nothing)
+    # Actions taken by kind, and the last one, for state.json, the metrics and STATUS=.
+    counts: Mapping[str, int] = field(default_factory=_nothing)
+    last_action: str = "none"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass decided: the next state, the Decision, what to log, what to do."""
+
+    state: GuardState
+    # The Snapshot as judged: with the remembered history and boot latch in it.
+    snapshot: Snapshot
+    decision: Decision
+    events: tuple[Event, ...]
+    # The decision's actions that are new (not repeated within repeat_after).
+    taken: tuple[Action, ...]
+    # The stops among them for the blocker; none in a dry run (the events say them).
+    stops: tuple[Action, ...]
+
+
+def remember(state: GuardState, now: float, available: int, config: Config) -> GuardState:
+    """A read of MemAvailable kept for the trend: twice the trend window, at most."""
+    keep = max(config.trend_window, 1.0) * 2
+    history = [(t, v) for t, v in state.history[-(HISTORY_MAX - 1) :] if now - t <= keep]
+    history.append((now, available))
+    return replace(state, history=tuple(history))
+
+
+def step(state: GuardState, snapshot: Snapshot, config: Config, *, dry_run: bool) -> Outcome:
+    """One pass: remember the reading, decide, say what is new, take what is new."""
+    state = remember(state, snapshot.now, snapshot.memory.available, config)
+    # What the guard remembers is part of what it judges: the trend and the boot latch.
+    seen = replace(snapshot, history=state.history, boot_over=state.boot_over)
+    decision = decide(seen, config)
+    events: list[Event] = []
+    if decision.phase == STEADY and not state.boot_over:
+        # Once the rescue units have been up for the grace period, boot is over for good.
+        state = replace(state, boot_over=True)
+        events.append(Event("phase-changed", "info", "boot phase over: steady", {"phase": STEADY}))
+    state = _note_loaders(state, decision, events)
+    state, events, taken, stops = take(
+        state, decision, snapshot.now, config, dry_run=dry_run, events=events
+    )
+    return Outcome(state, seen, decision, tuple(events), taken, stops)
+
+
+def take(
+    state: GuardState,
+    decision: Decision,
+    now: float,
+    config: Config,
+    *,
+    dry_run: bool,
+    events: list[Event] | None = None,
+) -> tuple[GuardState, list[Event], tuple[Action, ...], tuple[Action, ...]]:
+    """The decision's actions that are new: not taken on this run of the unit within
+    `repeat_after` seconds. A unit that Restart= brought back is a new run, acted on at once.
+
+    Returns the next state, the events (`events` with the new ones added), the actions
+    taken and the stops among them (none in a dry run: the events say them)."""
+    events = [] if events is None else events
+    done = {k: t for k, t in state.done.items() if now - t <= config.repeat_after}
+    counts = dict(state.counts)
+    last = state.last_action
+    taken = []
+    for action in decision.actions:
+        key: ActionKey = (str(action.unit), action.kind, action.reason, action.since)
+        if key in done:
+            continue
+        done[key] = now
+        events.append(_decision_event(decision, action))
+        last = f"{action.kind} {action.unit} ({action.reason})"
+        kind = "dry-run" if dry_run and action.kind == "stop" else action.kind
+        counts[kind] = counts.get(kind, 0) + 1
+        taken.append(action)
+    stops = tuple(a for a in taken if a.kind == "stop")
+    if dry_run:
+        events.extend(
+            Event(
+                "dry-run",
+                "warning",
+                f"dry run: would stop, mask and disable {a.unit}",
+                {"unit": str(a.unit), "manager": a.unit.manager, "action": "stop"},
+            )
+            for a in stops
+        )
+        stops = ()
+    state = replace(
+        state,
+        done=MappingProxyType(done),
+        counts=MappingProxyType(counts),
+        last_action=last,
+    )
+    return state, events, tuple(taken), stops
+
+
+def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) -> GuardState:
+    """Tell each loader once (with why its footprint is unknown), count its runs."""
+    told = set(state.told)
+    for loader in decision.loaders:
+        # While its model is read, the trend guards it; it is told once the read has
+        # answered, with the footprint or why there is none: a pass later.
+        if loader.ref not in told and loader.seen.prediction != PENDING:
+            told.add(loader.ref)
+            events.extend(_told(loader))
+    refs = frozenset(ld.ref for ld in decision.loaders)
+    started_at = dict(state.started_at)
+    starts = dict(state.starts)
+    for loader in decision.loaders:
+        since = loader.seen.active_since
+        if since is not None and started_at.get(loader.ref) != since:
+            started_at[loader.ref] = since
+            starts[str(loader.ref)] = starts.get(str(loader.ref), 0) + 1
+    return replace(
+        state,
+        told=frozenset(told & refs),
+        loaders=refs,
+        new_loaders=refs - state.loaders,
+        started_at=MappingProxyType(started_at),
+        starts=MappingProxyType(starts),
+    )
+
+
+def _told(loader: Loader) -> list[Event]:
+    ref, seen = loader.ref, loader.seen
+    out = [
+        Event(
+            "loader-seen",
+            "info",
+            f"model loader {ref}: {', '.join(loader.evidence)}",
+            {
+                "unit": str(ref),
+                "manager": ref.manager,
+                "evidence": loader.evidence,
+                "models": loader.models,
+                "expected": loader.expected,
+                "expected_from": loader.expected_from or None,
+                "prediction": seen.prediction or None,
+                "starting": seen.starting or None,
+                "unit_rss": seen.rss,
+                "unit_gpu": seen.gpu,
+                "pids": seen.pids,
+            },
+        )
+    ]
+    if loader.expected is None:
+        why = seen.prediction or "no model file or size in its command line"
+        out.append(
+            Event(
+                "footprint-unknown",
+                "warning",
+                f"footprint of {ref} unknown ({why}); guarded by the trend."
+                " Give it a size in [loaders.footprint]",
+                {"unit": str(ref), "manager": ref.manager, "error": why},
+            )
+        )
+    return out
+
+
+def _decision_event(decision: Decision, action: Action) -> Event:
+    return Event(
+        "decision",
+        "warning" if action.kind == "stop" else "info",
+        f"{action.kind} {action.unit}: {action.detail}",
+        {
+            "unit": str(action.unit),
+            "manager": action.unit.manager,
+            "action": action.kind,
+            "reason": action.reason,
+            "phase": decision.phase,
+            **action.figures,
+        },
+    )

@@ -1,0 +1,200 @@
+"""step(): the guard's judgement across passes, as transcripts of plain snapshots.
+
+As h11 tests a connection: a sequence of what the guard saw, and after each one
+what it decided, what it would say in the journal and what it would stop. No
+manager, no /proc, no root.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from spark_guard.config import Config
+from spark_guard.foresight.predict import PENDING
+from spark_guard.policy import STEADY, STRICT
+from spark_guard.snapshot import (
+    Action,
+    Decision,
+    Memory,
+    RescueGroup,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+)
+from spark_guard.step import HISTORY_MAX, GuardState, remember, step, take
+
+GiB = 1024**3
+SPARK = 121 * GiB
+SSH_DOWN = (RescueGroup(("ssh.service",), present=True, active_since=None),)
+
+
+def ssh_up(since: float) -> tuple[RescueGroup, ...]:
+    return (RescueGroup(("ssh.service",), present=True, active_since=since),)
+
+
+def llama(name, *, since=None, rss=0, predicted=None, starting=False, prediction="estimate"):
+    return SeenUnit(
+        UnitRef("system", f"{name}.service"),
+        "activating" if starting else "active",
+        pids=() if starting else (100,),
+        rss=rss,
+        exec_start=(("llama-server", "-m", f"/srv/models/{name}.gguf"),),
+        active_since=since,
+        predicted=predicted,
+        prediction=prediction if predicted is not None or prediction == PENDING else "",
+        starting=starting,
+    )
+
+
+def seen(now, available, *units, rescue=SSH_DOWN):
+    return Snapshot(
+        now=now, memory=Memory(SPARK, available), units=units, rescue=rescue, guard_started=0.0
+    )
+
+
+def replay(transcript, config=None, *, dry_run=False):
+    """Feed each snapshot to step(); yield what each pass decided, said and stopped."""
+    config = config or Config()
+    state = GuardState()
+    for snapshot in transcript:
+        out = step(state, snapshot, config, dry_run=dry_run)
+        state = out.state
+        yield out
+
+
+def said(out):
+    return [(e.kind, e.fields.get("unit")) for e in out.events]
+
+
+def stopped(out):
+    return [(str(a.unit), a.reason) for a in out.stops]
+
+
+def test_a_whole_boot():
+    """The incident's boot: a 115 GiB loader starts before ssh is up and is stopped before
+    it allocates; a small one is admitted; ssh comes up and after the grace period boot
+    is over for good; a restart of the small one is counted as a new run."""
+    big = llama("llama-ds4", starting=True, predicted=115 * GiB)
+    small = llama("llama-small", since=1.8, rss=2 * GiB, predicted=20 * GiB)
+    transcript = [
+        seen(1.0, 110 * GiB, big),  # 0: before any process: refused on its footprint
+        seen(1.5, 110 * GiB, big),  # 1: its stop is in flight: not asked again
+        seen(2.0, 108 * GiB, small),  # 2: the big one gone; the small one fits
+        seen(10.0, 100 * GiB, small, rescue=ssh_up(10.0)),  # 3: ssh up, grace running
+        seen(70.0, 100 * GiB, small, rescue=ssh_up(10.0)),  # 4: grace over: steady
+        seen(71.0, 100 * GiB, small, rescue=SSH_DOWN),  # 5: ssh restarts: boot stays over
+        seen(80.0, 100 * GiB, replace(small, active_since=79.0)),  # 6: Restart= again
+    ]
+    passes = list(replay(transcript))
+
+    assert [p.decision.phase for p in passes] == [STRICT] * 4 + [STEADY] * 3
+    assert stopped(passes[0]) == [("llama-ds4.service", "footprint")]
+    assert said(passes[0]) == [
+        ("loader-seen", "llama-ds4.service"),
+        ("decision", "llama-ds4.service"),
+    ]
+    assert passes[1].decision.actions == passes[0].decision.actions  # still wanted...
+    assert (stopped(passes[1]), said(passes[1])) == ([], [])  # ...but not asked twice
+    assert (stopped(passes[2]), said(passes[2])) == ([], [("loader-seen", "llama-small.service")])
+    assert said(passes[3]) == []
+    assert said(passes[4]) == [("phase-changed", None)]
+    assert all(said(p) == [] and stopped(p) == [] for p in passes[5:])
+
+    last = passes[-1].state
+    assert last.boot_over and passes[-1].snapshot.boot_over
+    # Runs counted by their start time: the big one never started; the small one twice.
+    assert last.starts == {"llama-small.service": 2}
+    assert last.counts == {"stop": 1}
+    assert last.last_action == "stop llama-ds4.service (footprint)"
+    assert last.told == {UnitRef("system", "llama-small.service")}
+    # The brake's "new" loaders: the small one only on the pass it appeared.
+    assert [p.state.new_loaders for p in passes[2:4]] == [
+        {UnitRef("system", "llama-small.service")},
+        frozenset(),
+    ]
+
+
+def test_an_action_is_not_repeated_within_repeat_after_but_a_restart_is_acted_on_at_once():
+    unit = UnitRef("system", "llama-ds4-0731.service")
+
+    def decision(since):
+        a = Action("stop", unit, "footprint", "expects 115GiB", {"mem_available": 1}, since=since)
+        return Decision(STRICT, 8, (), (a,))
+
+    config, state, runs = Config(), GuardState(), []
+    for now, since in [(0.0, 10.0), (1.0, 10.0), (2.0, 12.0), (40.0, 12.0)]:
+        state, events, taken, stops = take(state, decision(since), now, config, dry_run=True)
+        runs.append(([e.kind for e in events], len(taken), stops))
+    assert runs == [
+        (["decision", "dry-run"], 1, ()),  # a dry run says it, stops nothing
+        ([], 0, ()),  # same run, within repeat_after (30 s)
+        (["decision", "dry-run"], 1, ()),  # Restart= brought it back: a new run
+        (["decision", "dry-run"], 1, ()),  # still there 38 s later: once more
+    ]
+    assert state.counts == {"dry-run": 3}
+    # Only what can still suppress a repeat is kept: not every action ever taken.
+    assert list(state.done) == [("llama-ds4-0731.service", "stop", "footprint", 12.0)]
+
+
+def test_a_loader_whose_model_is_being_read_is_told_once_the_read_answers():
+    reading = llama("llama-slow", since=1.0, rss=GiB, prediction=PENDING)
+    answered = replace(reading, predicted=30 * GiB, prediction="estimate")
+    passes = list(replay([seen(1.0, 100 * GiB, reading), seen(1.5, 100 * GiB, reading)])) + list(
+        replay([seen(2.0, 100 * GiB, answered)])
+    )
+    assert [said(p) for p in passes[:2]] == [[], []]  # the trend guards it meanwhile
+    assert said(passes[2]) == [("loader-seen", "llama-slow.service")]
+    unknown = replace(reading, prediction="model file unreadable: /srv/models/x.gguf")
+    (out,) = replay([seen(3.0, 100 * GiB, unknown)])
+    assert said(out) == [
+        ("loader-seen", "llama-slow.service"),
+        ("footprint-unknown", "llama-slow.service"),
+    ]
+    assert "model file unreadable" in out.events[1].msg
+
+
+def test_the_remembered_fall_is_the_trend_that_stops_an_unknown_loader():
+    """No footprint known: MemAvailable falls 2 GiB/s, pass after pass; the first pass
+    whose projection crosses the reserve within the horizon stops the growing loader."""
+    config = Config()
+    transcript = [
+        seen(
+            float(t),
+            (40 - 2 * t) * GiB,
+            llama("llama-x", since=0.5, rss=(2 * t + 1) * GiB)
+            if t == 0
+            else replace(llama("llama-x", since=0.5, rss=(2 * t + 1) * GiB), growth=2 * GiB),
+        )
+        for t in range(8)
+    ]
+    passes = list(replay(transcript, config))
+    assert [round(p.decision.slope / GiB, 1) for p in passes] == [0.0] + [-2.0] * 7
+    # 40 - 2t GiB left, 20 GiB more gone within the 10 s horizon: under the reserve
+    # (8.5 GiB) first at t = 6. Stopped then, and once: the next pass is the same run.
+    assert [[a.reason for a in p.taken] for p in passes] == [[]] * 6 + [["trend"], []]
+    assert (40 - 12 - 20) * GiB < Config().reserve_for(SPARK) < (40 - 10 - 20) * GiB
+    assert len(passes[-1].snapshot.history) == 8  # the trend window is 5 s: kept twice
+
+
+def test_history_keeps_twice_the_trend_window_and_at_most_history_max_reads():
+    config = Config(trend_window=5.0)
+    state = GuardState()
+    for i in range(40):
+        state = remember(state, i * 0.5, 100 - i, config)
+    assert state.history[0] == (9.5, 81) and state.history[-1] == (19.5, 61)  # the last 10 s
+    state = GuardState()
+    for i in range(HISTORY_MAX + 50):
+        state = remember(state, i * 0.001, i, config)
+    assert len(state.history) == HISTORY_MAX and state.history[-1][1] == HISTORY_MAX + 49
+
+
+def test_step_changes_nothing_it_is_given():
+    big = llama("llama-ds4", starting=True, predicted=115 * GiB)
+    before = GuardState()
+    snapshot = seen(1.0, 110 * GiB, big)
+    first = step(before, snapshot, Config(), dry_run=False)
+    again = step(before, snapshot, Config(), dry_run=False)
+    assert before == GuardState() and snapshot.history == ()
+    assert first == again  # the same inputs, the same outcome: nothing hidden in between
+    with pytest.raises(TypeError):
+        first.state.done[("x", "stop", "r", None)] = 0.0  # type: ignore[index]
