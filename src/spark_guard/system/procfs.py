@@ -2,6 +2,9 @@
 
 A process may exit between listing and reading: every per-PID reader returns
 None for a vanished PID rather than raising. Nothing here forks.
+
+Not psutil: each reader says why in one line; the figures are in docs/benchmarks.md
+("psutil or hand-written readers", benchmarks/psutil_cost.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ProcFS:
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
+    # psutil.virtual_memory() parses every field: 1.4x this on each quiet pass (psutil_cost.py)
     def memory(self) -> Memory:
         fields: dict[str, int] = {}
         path = self._path("meminfo")
@@ -48,6 +52,7 @@ class ProcFS:
             raise ProcError(f"{path}: MemTotal or MemAvailable missing")
         return Memory(fields["MemTotal"], fields["MemAvailable"])
 
+    # psutil has no raw reader: virtual_memory() gives derived figures, not every field
     def meminfo(self) -> dict[str, int]:
         """Every /proc/meminfo field in bytes (the counts, like HugePages_Total, as they are)."""
         out: dict[str, int] = {}
@@ -64,10 +69,12 @@ class ProcFS:
             raise ProcError(f"{path}: cannot read: {e}") from None
         return out
 
+    # pids() and rss() below, which say why they are not psutil's
     def rss_total(self) -> int:
         """RSS summed over every process (shared pages count once per process)."""
         return sum(r for pid in self.pids() if (r := self.rss(pid)) is not None)
 
+    # psutil.getloadavg() is os.getloadavg(): the real /proc, never the configured root
     def loadavg(self) -> str:
         try:
             with open(self._path("loadavg")) as f:
@@ -75,6 +82,7 @@ class ProcFS:
         except OSError:
             return "?"
 
+    # psutil has no PSI reader
     def pressure(self) -> Pressure | None:
         """Memory PSI, or None where the kernel has none (CONFIG_PSI off, psi=0)."""
         try:
@@ -93,12 +101,15 @@ class ProcFS:
             return None
         return Pressure(avg["some"], avg.get("full", 0.0))
 
+    # psutil.pids() is this listdir; not worth +0.9 MB of RSS in the guard (psutil_cost.py)
     def pids(self) -> list[int]:
         return [int(n) for n in os.listdir(self.root) if n.isdigit()]
 
+    # psutil has no cgroup path
     def cgroup_of_self(self) -> str | None:
         return self.cgroup("self")
 
+    # psutil has no cgroup path
     def cgroup(self, pid: int | str) -> str | None:
         """The process's cgroup path as systemd tracks it.
 
@@ -121,6 +132,7 @@ class ProcFS:
             return unified
         return named or unified
 
+    # psutil reads this statm too, after Process(pid) reads stat: 1.8x the walk (psutil_cost.py)
     def rss(self, pid: int) -> int | None:
         try:
             with open(self._path(str(pid), "statm"), "rb") as f:
@@ -128,6 +140,7 @@ class ProcFS:
         except (OSError, ValueError, IndexError):
             return None
 
+    # the full look's walk: psutil's RSS plus this cgroup() is 1.07-1.8x it (psutil_cost.py)
     def process(self, pid: int) -> ProcessInfo | None:
         cgroup = self.cgroup(pid)
         rss = self.rss(pid)
@@ -135,6 +148,7 @@ class ProcFS:
             return None
         return ProcessInfo(pid, cgroup, rss)
 
+    # psutil's cmdline() reads and splits the whole argv: unbounded, see argv_cost.py
     def cmdline(self, pid: int) -> tuple[str, ...] | None:
         """The process's arguments, bounded: the first ARGV_MAX_ARGS non-empty ones within
         the first ARGV_MAX_BYTES bytes (snapshot.py says why those figures). The kernel
@@ -151,6 +165,7 @@ class ProcFS:
         args = (a.decode(errors="replace") for a in raw.split(b"\0") if a)
         return tuple(islice(args, ARGV_MAX_ARGS))
 
+    # psutil's memory_maps() reads smaps, every mapping's page counts; the paths are in maps
     def mapped_models(self, pid: int) -> tuple[str, ...] | None:
         """Model files (*.gguf, *.safetensors) the process has mapped."""
         found: dict[str, None] = {}
