@@ -1,6 +1,6 @@
 """What processes with huge command lines cost one pass of the guard: then and now.
 
-    .venv/bin/python benchmarks/argv_cost.py [--procs 8] [--mib 1] [--repeat 5]
+    .venv/bin/python -m benchmarks.argv_cost [--procs 8] [--mib 1] [--repeat 5]
 
 A user's service runs --procs processes, each with a --mib MiB command line of
 short words in 128 KiB arguments (`sh -c 'exec -a llama sleep infinity' 'a a
@@ -27,20 +27,16 @@ import os
 import platform
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from spark_guard.classify import CommandLine  # noqa: E402
-from spark_guard.config import Config  # noqa: E402
-from spark_guard.policy import decide  # noqa: E402
-from spark_guard.snapshot import Memory, SeenUnit, Snapshot, UnitRef  # noqa: E402
-from spark_guard.system.procfs import ProcFS  # noqa: E402
+from spark_guard.classify import CommandLine
+from spark_guard.config import Config
+from spark_guard.policy import decide
+from spark_guard.snapshot import Memory, SeenUnit, Snapshot, UnitRef
+from spark_guard.system.procfs import ProcFS
 
 GiB = 1024**3
 REF = UnitRef("user:1000", "argv.service")

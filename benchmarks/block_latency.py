@@ -1,9 +1,9 @@
 """How fast a decision becomes a block that holds, on a real systemd user manager.
 
 For each of N runs: an enabled loader unit (Restart=always) allocates memory,
-the guard's own sensor takes a snapshot, decide() says stop, and the
-Actuator/Blocker acts for real. Four times are taken from the moment
-decide() returned (nothing runs between it and the Actuator):
+the guard's own sensor takes a snapshot, step() says stop, and the
+blocker acts for real. Four times are taken from the moment
+step() returned (nothing runs between it and act()):
 
   stop call   StopUnit has been answered by the manager
   exited      the loader's main process is gone (a pidfd, watched from a thread)
@@ -14,9 +14,9 @@ decide() returned (nothing runs between it and the Actuator):
 mask drops a masked unit's timestamps.)
 
 The unit is then released and the next run starts. Run as root on a host
-where the test harness works (see tests/harness.py):
+where the test harness works (see lab/harness.py):
 
-    .venv/bin/python benchmarks/block_latency.py [--runs 20]
+    .venv/bin/python -m benchmarks.block_latency [--runs 20]
 """
 
 from __future__ import annotations
@@ -30,19 +30,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from spark_guard.act import Actuator  # noqa: E402
-from spark_guard.block.blocker import Blocker  # noqa: E402
-from spark_guard.block.records import RecordStore  # noqa: E402
-from spark_guard.block.release import release  # noqa: E402
-from spark_guard.config import Config  # noqa: E402
-from spark_guard.policy import decide  # noqa: E402
-from spark_guard.sensor import Sensor  # noqa: E402
-
-from harness import UserManager  # noqa: E402
+from lab import LAB
+from lab.harness import UserManager
+from spark_guard.act import act
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.records import RecordStore
+from spark_guard.block.release import release
+from spark_guard.config import Config
+from spark_guard.sensor import Sensor
+from spark_guard.step import GuardState, step
 
 UNIT = "llama-bench.service"
 
@@ -97,7 +95,7 @@ def main() -> int:
         )
         um.write_unit(
             UNIT,
-            f"[Service]\nExecStart={sys.executable} {ROOT}/tests/fake_loader.py "
+            f"[Service]\nExecStart={sys.executable} {LAB}/fake_loader.py "
             f"--alloc {args.alloc}\nRestart=always\nLimitAS=4G\n"
             "[Install]\nWantedBy=default.target\n",
         )
@@ -106,17 +104,16 @@ def main() -> int:
             um.systemctl("start", UNIT)
             um.wait_for(UNIT, "ActiveState", "active")
             time.sleep(0.3 + args.alloc / 2000)  # let it allocate
-            log = TimingLog()
+            log: Any = TimingLog()  # duck-types structlog's logger: the calls the guard makes
             sensor = Sensor(config, log)
             sensor.refresh_managers()
             blocker = Blocker(sensor.managers, config, log)
-            actuator = Actuator(blocker, log, dry_run=False, repeat_after=30)
             exited: list[float] = []
             watcher = watch_exit(int(um.show(UNIT, "MainPID")["MainPID"]), exited)
-            snapshot = sensor.snapshot()
-            decision = decide(snapshot, config)
-            t0 = time.monotonic()  # the clock starts when decide() returns
-            actuator.apply(decision)
+            outcome = step(GuardState(), sensor.snapshot(), config, dry_run=False)
+            decision = outcome.decision
+            t0 = time.monotonic()  # the clock starts when step() returns
+            act(outcome, blocker, log)
             assert [str(a.unit) for a in decision.actions] == [f"user:0:{UNIT}"], decision
             watcher.join(timeout=10)
             assert not log.problems, log.problems
@@ -133,7 +130,7 @@ def main() -> int:
             (record,), _ = store.all()
             release(record, store, config.system_manager, config.user_runtime)
     # The table as docs/benchmarks.md shows it, pasted unedited.
-    print(f"{args.runs} runs, loader holding {args.alloc} MiB, times from decide()'s return:")
+    print(f"{args.runs} runs, loader holding {args.alloc} MiB, times from step()'s return:")
     print()
     print("| step | median | worst |")
     print("|---|---|---|")

@@ -1,10 +1,10 @@
 """The wedge at boot, four ways: no guard, earlyoom, systemd-oomd, spark-guard.
 
-    .venv/bin/python benchmarks/boot_wedge.py [--seconds 180] [--only spark-guard ...]
+    .venv/bin/python -m benchmarks.boot_wedge [--seconds 180] [--only spark-guard ...]
 
 As root, after `scripts/deps --test` (qemu, mmdebstrap). Each protection
-gets a fresh copy of the same Debian 12 image (tests/vm.py), the same
-layout (tests/wedge.py: a system loader, the same loader as a linger user's
+gets a fresh copy of the same Debian 12 image (lab/vm.py), the same
+layout (lab/wedge.py: a system loader, the same loader as a linger user's
 unit, an idle server; Restart=on-failure on all), the same 2 GiB of memory,
 and is watched for --seconds after sshd first lets the host in. The VM's
 memory is the cap that keeps the unguarded run from touching the host; qemu
@@ -12,7 +12,7 @@ is killed at the end of every run. Prints the table for docs/benchmarks.md
 and writes every sample to --json.
 
 With spark-guard, the same boot then meets the loader that fights back
-(tests/wedge.py `fight`: ignores SIGTERM, allocates flat out, started by hand
+(lab/wedge.py `fight`: ignores SIGTERM, allocates flat out, started by hand
 after the wedge): a second table says how far MemAvailable fell and how fast
 the guard froze and killed it.
 """
@@ -26,11 +26,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from vm import VM  # noqa: E402
-from wedge import (  # noqa: E402
+from lab.vm import VM
+from lab.wedge import (
     FIGHT_MIB,
     PROTECTIONS,
     RESERVE_MIB,
@@ -43,6 +40,8 @@ from wedge import (  # noqa: E402
     observe,
     prepare,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_deb() -> Path:

@@ -1,10 +1,10 @@
 """The guard's own cost against earlyoom and nohang, measured the same way on the same machine.
 
-    .venv/bin/python benchmarks/daemon_cost.py [--idle 60]
+    .venv/bin/python -m benchmarks.daemon_cost [--idle 60]
 
 Each daemon runs with its default settings: earlyoom and nohang from
 Debian's packages (installed here if missing), spark-guard as a Type=notify
-unit of a harness user manager (tests/harness.py), watching that manager.
+unit of a harness user manager (lab/harness.py), watching that manager.
 Measured from /proc: RSS and PSS (smaps_rollup) after 10 s, idle CPU
 (utime+stime) over --idle seconds; for spark-guard also exec-to-READY=1
 (systemd's ExecMainStartTimestampMonotonic to ActiveEnterTimestampMonotonic)
@@ -22,16 +22,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from spark_guard.system.procfs import ProcFS  # noqa: E402
-
-from guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config  # noqa: E402
+from lab.guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config
+from spark_guard.system.procfs import ProcFS
 
 TICK = os.sysconf("SC_CLK_TCK")
 

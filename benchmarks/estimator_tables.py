@@ -1,8 +1,8 @@
 """The tables of docs/estimator.md, printed in Markdown from the estimator as it is now.
 
-    .venv/bin/python benchmarks/estimator_tables.py
+    .venv/bin/python -m benchmarks.estimator_tables
 
-llama.cpp's figures are the ones tests/test_estimate.py checks against
+llama.cpp's figures (lab/llamacpp.py) are the ones tests/test_estimate.py checks against
 (published in its tools/fit-params README, and read from its own log for
 SmolLM2-135M; how: docs/estimator.md); the estimate columns are computed
 here, so the doc shows what the code gives, not what it gave once.
@@ -10,20 +10,13 @@ here, so the doc shows what the code gives, not what it gave once.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "src"))
-
-from spark_guard.foresight.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes  # noqa: E402
-from spark_guard.foresight.gguf import read_model  # noqa: E402
-from test_estimate import FIT_PARAMS, MEASURED  # noqa: E402
-
-import synth  # noqa: E402
-import testdata  # noqa: E402
+from lab import synth, testdata
+from lab.llamacpp import FIT_PARAMS, MEASURED
+from spark_guard.foresight.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes
+from spark_guard.foresight.gguf import read_model
 
 GiB = 1024 * MiB
 

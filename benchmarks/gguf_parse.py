@@ -1,29 +1,23 @@
 """Header parse time: spark-guard's reader against gguf-py's GGUFReader, on every test file.
 
-    .venv/bin/python benchmarks/gguf_parse.py
+    .venv/bin/python -m benchmarks.gguf_parse
 
-Real files (tests/testdata.py: 19 vocab-only GGUFs and SmolLM2-135M) and the
-synthetic big-model headers (tests/synth.py, with a token list of the
+Real files (lab/testdata.py: 19 vocab-only GGUFs and SmolLM2-135M) and the
+synthetic big-model headers (lab/synth.py, with a token list of the
 model's vocabulary size, as real files have). Ours: best of 5 runs; gguf-py:
 one run (it takes seconds). Goal: at least 50x faster, under 100 ms each.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import gguf
 
-import gguf  # noqa: E402
-
-from spark_guard.foresight.gguf import read_header  # noqa: E402
-
-import synth  # noqa: E402
-import testdata  # noqa: E402
+from lab import synth, testdata
+from spark_guard.foresight.gguf import read_header
 
 
 def best_of(n: int, fn: object, arg: str) -> float:

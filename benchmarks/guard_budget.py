@@ -1,9 +1,9 @@
 """The guard's own budget over 1,000 cycles: RSS and open fds, before and after.
 
-    .venv/bin/python benchmarks/guard_budget.py [--rounds 100] [--users 10] [--loaders 10]
+    .venv/bin/python -m benchmarks.guard_budget [--rounds 100] [--users 10] [--loaders 10]
 
 As tests/test_budget.py, longer: the guard as a Type=notify unit of a
-harness user manager; each round, --users fake user managers (tests/churn.py)
+harness user manager; each round, --users fake user managers (lab/churn.py)
 appear, are believed and watched, and vanish, while --loaders loader units
 start and stop. Default: 100 rounds of 10, i.e. 1,000 manager cycles and
 1,000 loader start/stops. Goals: RSS <= 32 MiB throughout, open fds <= 32,
@@ -14,15 +14,10 @@ warm-up, RSS within 512 kB of it. Exits non-zero when a goal is missed.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from churn import Churn, guard_figures  # noqa: E402
-from guardunit import GUARD, guard_manager, restart_guard, write_config  # noqa: E402
+from lab.churn import Churn, guard_figures
+from lab.guardunit import GUARD, guard_manager, restart_guard, write_config
 
 MAX_RSS_KB, MAX_FDS, RSS_NOISE_KB, WARMUP = 32 * 1024, 32, 512, 2
 

@@ -9,7 +9,7 @@ package, which would pull lxml in), and once as `import pystemd.dbuslib` for
 comparison. The last row is the daemon's module with what it loads once it
 runs: its logging set up for the journal, the D-Bus module, sdnotify.
 
-    .venv/bin/python benchmarks/import_cost.py [--runs 5]
+    .venv/bin/python -m benchmarks.import_cost [--runs 5]
 
 Prints the table docs/benchmarks.md shows, in Markdown, to be pasted unedited.
 """

@@ -1,10 +1,11 @@
 """The incident in a box: a wedge-prone model-serving machine booted with systemd as PID 1.
 
-Run by demo/run (which installs what is missing and builds the .deb). Lays
-out, in a Debian 12 container (tests/nspawn.py), what ../shared/seeds'
-incident report describes: llama-server on both levels (one a linger
-user's), the same model twice, an idle server holding memory, and a loader
-of a model far bigger than the machine (a sparse GGUF with DeepSeek-V3's
+Run by demo/run (which installs what is missing and builds the .deb) as
+`python -m demo.incident DEB` from the checkout's root. Lays out, in a
+Debian 12 container (lab/nspawn.py), what ../shared/seeds' incident report
+describes: llama-server on both levels (one a linger user's), the same
+model twice, an idle server holding memory, and a loader of a model far
+bigger than the machine (a sparse GGUF with DeepSeek-V3's
 real metadata: a few kB on disk, 200+ GiB as far as any reader can tell).
 Boots it, shows what an admin would see, releases one unit, and removes
 everything it started. Exit 0 when the guard did what it should.
@@ -19,12 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from harness import file_tree  # noqa: E402
-from nspawn import Container  # noqa: E402
-from synth import SPECS, Spec, write  # noqa: E402
+from lab import LAB
+from lab.harness import file_tree
+from lab.nspawn import Container
+from lab.synth import SPECS, Spec, write
 
 ALICE = 1000
 LOADER = """[Unit]
@@ -74,7 +73,7 @@ def lay_out(c: Container) -> None:
     write(small, models).rename(models / "qwen3-0.6b-q4_k.gguf")
     for name in ("llama-server", "ollama"):
         dest = c.path(f"/usr/local/bin/{name}")
-        shutil.copy(REPO / "tests" / "fake_loader.py", dest)
+        shutil.copy(LAB / "fake_loader.py", dest)
         text = dest.read_text()
         dest.write_text("#!/usr/bin/python3\n" + text)
         dest.chmod(0o755)

@@ -1,13 +1,11 @@
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).parent.parent
 
 
@@ -29,7 +27,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def checkout_reachable_by_other_users() -> Iterator[None]:
     """The hostile-user tests run loaders and fake managers as an unprivileged account, from
-    this checkout's interpreter and tests/. A clone in a 0700 directory (mktemp -d) would
+    this checkout's interpreter and lab/. A clone in a 0700 directory (mktemp -d) would
     refuse them: give each directory above it the search bit for others (no read), and put
     the modes back at the end."""
     changed = []

@@ -2,7 +2,7 @@
 
     python tests/nvml_guard.py SPEC -- run --config FILE ...
 
-For a guard run as a unit (tests/guardunit.py): the fake is put where pynvml
+For a guard run as a unit (lab/guardunit.py): the fake is put where pynvml
 would put the C library it loads (pynvml.nvmlLib), in the guard's own process,
 and the rest runs unchanged: the real pynvml binding, the guard's own code,
 its main(). SPEC, comma-separated:
@@ -19,8 +19,12 @@ A hung call blocks as a stuck driver call would, and nothing releases it.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-import fake_nvml
+if not __package__:  # run by path (a unit's ExecStart=): sys.path[0] is tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout
+
+from tests import fake_nvml
 
 
 def main() -> int:

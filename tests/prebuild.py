@@ -17,10 +17,12 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import nspawn
-import testdata
-import vm
+if not __package__:  # run by path (scripts/test): sys.path[0] is tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout
+
+from lab import nspawn, testdata, vm
 
 BUILDS: dict[str, Callable[[], object]] = {
     "rootfs debian-12": lambda: nspawn.rootfs("bookworm"),
@@ -51,5 +53,5 @@ def main() -> int:
     return 0  # never fails the run: the tests that need a cache build it again and say why
 
 
-if __name__ == "__main__":  # run as a script: tests/ is sys.path[0]
+if __name__ == "__main__":
     raise SystemExit(main())

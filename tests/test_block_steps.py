@@ -147,7 +147,9 @@ def rig(tmp_path, monkeypatch):
     manager.start(UNIT)
     clock = Clock()
     log.configure("console")
-    blocker = Blocker({KEY: manager}, config, log.get_logger(), clock=clock, sleep=clock.sleep)
+    # FakeManager is duck-typed: it has what the Blocker asks of a Manager, no more.
+    managers = {KEY: manager}
+    blocker = Blocker(managers, config, log.get_logger(), clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
     moves: list[tuple[Step, Step]] = []
     move = Record.move
 
@@ -177,6 +179,10 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
     def unmask() -> None:  # by hand (systemctl unmask reloads), or a reboot/manager restart
         os.unlink(mask)
         manager.reload()
+
+    def unmask_and_start() -> None:
+        unmask()
+        manager.start(UNIT)
 
     def sneak_in() -> None:
         manager.start(UNIT)
@@ -211,7 +217,7 @@ def test_a_block_and_its_three_rewinds_go_through_the_table(rig):
         ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
         ("next pass", blocker.advance, [(S.SETTLE, S.VERIFY), (S.VERIFY, S.BLOCKED)], S.BLOCKED),
         # Rewind 2, unmasked by hand: the mask goes back first.
-        ("unmasked and started", lambda: (unmask(), manager.start(UNIT)), [], S.BLOCKED),
+        ("unmasked and started", unmask_and_start, [], S.BLOCKED),
         ("decision: stop it", block, [(S.BLOCKED, S.MASK), (S.MASK, S.SETTLE)], S.SETTLE),
         # Rewind 3: verify finds it running again: a start got in before the mask loaded.
         ("it stopped", lambda: manager.stopped(UNIT), [], S.SETTLE),
@@ -275,7 +281,7 @@ def test_the_table_names_every_step_and_only_steps():
 
 def test_an_old_record_still_loads_and_is_written_the_same():
     r = Record(unit=UNIT, manager=KEY, reason="footprint", detail="d", phase="strict")
-    r.step = "verify"  # as a record from before Step had it
+    r.step = "verify"  # type: ignore[assignment]  # a str: as a record from before Step had it
     text = r.to_json()
     assert json.loads(text)["step"] == "verify"
     back = Record.from_json(text, "x.json")

@@ -16,10 +16,7 @@ import time
 
 import pytest
 
-from spark_guard.system import cgroupfs
-from spark_guard.system.procfs import ProcFS
-
-from guardunit import (
+from lab.guardunit import (
     GUARD,
     PY,
     guard_manager,
@@ -29,7 +26,9 @@ from guardunit import (
     wait_log,
     write_config,
 )
-from harness import UserManager, file_tree
+from lab.harness import UserManager, file_tree
+from spark_guard.system import cgroupfs
+from spark_guard.system.procfs import ProcFS
 
 pytestmark = pytest.mark.systemd
 
@@ -243,7 +242,7 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
 
     from spark_guard import log
     from spark_guard.block.blocker import Blocker
-    from spark_guard.block.records import Record, RecordStore
+    from spark_guard.block.records import Record, RecordStore, Step
     from spark_guard.config import Config
     from spark_guard.system.managers import Manager
 
@@ -258,7 +257,7 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
         reason="footprint",
         detail="test",
         phase="strict",
-        step="blocked",
+        step=Step.BLOCKED,
         mask_path=str(control / "llama-race.service"),
         mask_made=True,
     )
@@ -272,7 +271,9 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
             guard = threading.Thread(target=blocker.advance)
             guard.start()
             time.sleep(0.3)  # the guard has seen the mask missing and waits for the lock
-            store.retire(store.load(record.ref))
+            saved = store.load(record.ref)
+            assert saved is not None
+            store.retire(saved)
         guard.join(timeout=10)
     manager.close()
     assert not (control / "llama-race.service").exists()

@@ -3,7 +3,7 @@
 The guard runs as a Type=notify unit of a harness user manager. Limits:
 RSS <= 32 MiB, open fds <= MAX_FDS, and both unchanged (no socket, pidfd or
 PSI fd more; RSS within RSS_NOISE) after managers appearing and vanishing
-and loader units starting and stopping (tests/churn.py).
+and loader units starting and stopping (lab/churn.py).
 
 How many cycles: each round here is USERS managers at once (the guard
 looks for managers every 2 s, so a round takes about 2 s whatever its
@@ -29,11 +29,10 @@ import time
 
 import pytest
 
+from lab.churn import Churn, FakeUser, guard_figures
+from lab.guardunit import GUARD, guard_manager, restart_guard, write_config
+from lab.harness import UserManager
 from spark_guard.system.managers import Manager, ManagerError
-
-from churn import Churn, FakeUser, guard_figures
-from guardunit import GUARD, guard_manager, restart_guard, write_config
-from harness import UserManager
 
 pytestmark = pytest.mark.systemd
 

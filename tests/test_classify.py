@@ -4,13 +4,20 @@ import os
 
 from spark_guard.classify import canonical_model, classify, model_files
 from spark_guard.config import Config, parse
-from spark_guard.snapshot import SeenUnit, UnitRef
+from spark_guard.snapshot import Loader, SeenUnit, UnitRef
 
 C = Config()
 
 
 def seen(name: str, manager: str = "system", **kw) -> SeenUnit:
     return SeenUnit(UnitRef(manager, name), **kw)
+
+
+def classified(unit: SeenUnit, config: Config = C) -> Loader:
+    """classify() of a unit the test expects to be a loader."""
+    loader = classify(unit, config)
+    assert loader is not None, unit.ref
+    return loader
 
 
 def test_name_patterns_of_the_default_family():
@@ -56,11 +63,11 @@ def test_exec_start_binary_and_model_argument():
 
 def test_shell_wrapped_and_python_module_loaders():
     sh = seen("a.service", exec_start=(("/bin/sh", "-c", "exec ollama serve"),))
-    assert "exec:ollama" in classify(sh, C).evidence
+    assert "exec:ollama" in classified(sh, C).evidence
     py = seen("b.service", cmdlines=(("python3", "-m", "vllm.entrypoints.openai.api_server"),))
-    assert "exec:python -m vllm" in classify(py, C).evidence
+    assert "exec:python -m vllm" in classified(py, C).evidence
     st = seen("c.service", exec_start=(("/usr/bin/serve", "--model=/m/w.safetensors"),))
-    assert classify(st, C).models == ("/m/w.safetensors",)
+    assert classified(st, C).models == ("/m/w.safetensors",)
 
 
 def test_runtime_evidence_gpu_and_mapped_gguf():
@@ -97,9 +104,9 @@ def test_only_services_are_loaders():
 
 def test_footprint_from_config_exact_and_glob():
     c = parse('[loaders.footprint]\n"llama@*.service" = "40GiB"\n"llama@big.service" = "100GiB"\n')
-    assert classify(seen("llama@big.service"), c).expected == 100 * 2**30
-    assert classify(seen("llama@small.service"), c).expected == 40 * 2**30
-    assert classify(seen("ollama.service"), c).expected is None
+    assert classified(seen("llama@big.service"), c).expected == 100 * 2**30
+    assert classified(seen("llama@small.service"), c).expected == 40 * 2**30
+    assert classified(seen("ollama.service"), c).expected is None
 
 
 def test_model_paths():
@@ -128,7 +135,7 @@ def test_named_is_not_loaded():
         mapped_models=("/c-00002-of-00003.gguf",),
     )
     assert loaded_models(u) == ("/b.gguf", "/c.gguf")
-    loader = classify(u, C)
+    loader = classified(u, C)
     assert loader.models == ("/a.gguf", "/b.gguf", "/c.gguf")  # for display: all of them
     assert [e for e in loader.evidence if ":/" in e] == [
         "model-arg:/a.gguf",
@@ -138,13 +145,8 @@ def test_named_is_not_loaded():
 
 
 def test_command_lines_are_bounded_and_read_once():
-    from spark_guard.classify import (
-        ARGV_MAX_ARGS,
-        ARGV_MAX_BYTES,
-        SHELL_SPLIT_MAX,
-        CommandLine,
-        command_line,
-    )
+    from spark_guard.classify import SHELL_SPLIT_MAX, CommandLine, command_line
+    from spark_guard.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
 
     many = CommandLine(("llama-server", *(["-v"] * 5000)))
     assert len(many) == ARGV_MAX_ARGS
@@ -152,7 +154,7 @@ def test_command_lines_are_bounded_and_read_once():
     assert huge == ("llama-server", "-m", "/m.gguf")  # the argument past the limit is left out
     assert command_line(huge) is huge
     # Plain argv (audit's, dump's) is read once in classify() and kept on the loader.
-    loader = classify(seen("x.service", exec_start=(("llama-server", "-m", "/m.gguf"),)), C)
+    loader = classified(seen("x.service", exec_start=(("llama-server", "-m", "/m.gguf"),)), C)
     assert isinstance(loader.seen.exec_start[0], CommandLine)
     assert loader.seen.exec_start == (("llama-server", "-m", "/m.gguf"),)
     # A 60 kB shell script: split on whitespace past the shell budget, and not read as a
@@ -168,7 +170,7 @@ def test_command_lines_are_bounded_and_read_once():
 
 def test_evidence_shows_hostile_paths_inert():
     evil = "/srv/x\x1b[2J\r\n\u202e" + "a" * 5000 + ".gguf"
-    loader = classify(
+    loader = classified(
         seen("x.service", exec_start=(("llama-server", "-m", evil),), mapped_models=(evil,)), C
     )
     shown = [e for e in loader.evidence if e.startswith(("model-arg:", "loads:", "mapped:"))]

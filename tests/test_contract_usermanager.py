@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pytest
 
-from accounts import unprivileged_user
-from churn import Churn
-from guardunit import (
+from lab import LAB
+from lab.accounts import unprivileged_user
+from lab.churn import Churn
+from lab.guardunit import (
     GUARD,
     PY,
-    TESTS,
     guard_manager,
     loader_unit,
     log_text,
@@ -46,9 +46,9 @@ from guardunit import (
     wait_log,
     write_config,
 )
-from harness import UserManager
+from lab.harness import UserManager
 
-SHIPPED_UNIT = TESTS.parent / "units" / "spark-guard.service"
+SHIPPED_UNIT = LAB.parent / "units" / "spark-guard.service"
 
 
 def shipped(key: str) -> str:
@@ -300,10 +300,10 @@ FROZEN = """
 import json, os, signal, sys, threading, time
 from structlog.testing import capture_logs
 from spark_guard import config, log
-from spark_guard.act import Actuator
+from spark_guard.act import act
 from spark_guard.block.blocker import RETRY_AFTER, Blocker
-from spark_guard.policy import decide
 from spark_guard.sensor import Sensor
+from spark_guard.step import GuardState, step
 
 path, key, manager_pid, cgroup_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 log.configure("console")
@@ -323,15 +323,14 @@ with capture_logs() as events:
     sensor = Sensor(c, log.get_logger())
     sensor.refresh_managers()
     blocker = Blocker(sensor.managers, c, log.get_logger())
-    act = Actuator(blocker, log.get_logger(), dry_run=False, repeat_after=30)
-    decision = decide(sensor.snapshot(), c)
-    out["decided"] = [str(a.unit) for a in decision.actions]
+    outcome = step(GuardState(), sensor.snapshot(), c, dry_run=False)
+    out["decided"] = [str(a.unit) for a in outcome.decision.actions]
     os.kill(manager_pid, signal.SIGSTOP)
     try:
         began = time.monotonic()
         watcher = threading.Thread(target=watch, args=(began,), daemon=True)
         watcher.start()
-        act.apply(decision)
+        act(outcome, blocker, log.get_logger())
         out["apply_took"] = time.monotonic() - began
         watcher.join(timeout=1)
         out["emptied_after"] = emptied[0] if emptied else None
@@ -368,6 +367,7 @@ def test_a_frozen_manager_gets_its_loader_cgroup_killed_and_the_block_retried(um
         UserManager(user=user, user_runtime=um.user_runtime) as other,
     ):
         key = f"user:{user.uid}"
+        assert other.proc is not None
         manager_pid = other.proc.pid  # exec'd all the way down to systemd --user
         assert Path(f"/proc/{manager_pid}/comm").read_text().strip() == "systemd"
         # A loader still allocating (20 MiB/s up to 400 MiB) when its manager freezes.

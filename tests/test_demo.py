@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import CGROUP_ROOTS
+from lab.harness import CGROUP_ROOTS
 
 pytestmark = pytest.mark.nspawn
 

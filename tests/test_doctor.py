@@ -17,15 +17,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from lab.harness import UserManager
 from spark_guard.cli import main
 from spark_guard.system.gpu import inspect
 from spark_guard.tools.doctor.judge import Evidence, judge
 from spark_guard.tools.doctor.logscan import parse_kmsg
 from spark_guard.tools.doctor.xid import CATALOGUE, describe, parse_line
-
-import fake_nvml
-from fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
-from harness import UserManager
+from tests import fake_nvml
+from tests.fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
 
 REQUIRED_XIDS = (13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
@@ -152,6 +151,26 @@ def test_every_xid_the_issue_names_has_causes_and_a_first_check():
         info = CATALOGUE[code]
         assert info.causes and info.first_check and info.severity in ("warning", "critical")
     assert describe(999).origin == "unknown" and "999" in describe(999).first_check
+
+
+def test_one_severity_order_for_doctor_audit_and_the_xid_catalogue():
+    from spark_guard.tools.findings import Finding, Severity, worst, worst_first
+
+    assert [s.value for s in sorted(Severity, key=lambda s: s.rank)] == [
+        "ok",
+        "info",
+        "warning",
+        "critical",
+    ]
+    found = [Finding(Severity(s), s, "") for s in ("info", "critical", "ok", "warning", "info")]
+    order = [f.code for f in sorted(found, key=worst_first)]
+    assert order == ["critical", "warning", "info", "info", "ok"]
+    assert worst(found) is Severity.CRITICAL and worst([]) is Severity.OK
+    assert worst([describe(13), describe(79)]) is Severity.CRITICAL  # Xid entries grade alike
+    assert Severity.WARNING.at_least(Severity.INFO)
+    assert not Severity.INFO.at_least(Severity.WARNING)
+    # The values are the text both tools print and their --json carries.
+    assert json.dumps([Severity.WARNING, f"{Severity.CRITICAL}"]) == '["warning", "critical"]'
 
 
 def test_xid_lines_as_drivers_write_them():

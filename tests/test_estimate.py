@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from lab import synth, testdata
+from lab.llamacpp import FIT_PARAMS, MEASURED
 from spark_guard.foresight.estimate import (
     EstimateError,
     MiB,
@@ -14,9 +16,6 @@ from spark_guard.foresight.estimate import (
     layers,
 )
 from spark_guard.foresight.gguf import Model, read_model
-
-import synth
-import testdata
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +28,7 @@ def kv_mib(model: Model, **settings: object) -> float:
     return kv_bytes(model, Settings(**settings))[0] / MiB  # type: ignore[arg-type]
 
 
-# llama.cpp's tools/fit-params/README.md on Qwen3-30B-A3B (CUDA, -c 4096): 384 MiB of KV
-# (the breakdown's "context") and 898 MiB of compute over the weights, and "context size
-# reduced from 40960 to 4096 -> need 3456 MiB less memory". MiB. (Also printed by
-# benchmarks/estimator_tables.py for docs/estimator.md.)
-FIT_PARAMS = {"kv_4096": 384, "compute": 898, "saved_40960_to_4096": 3456}
-
-
+# FIT_PARAMS: llama.cpp's published figures on Qwen3-30B-A3B (lab/llamacpp.py).
 def test_qwen3_30b_a3b_matches_llama_cpps_published_figures(models):
     qwen = models["qwen3-30b-a3b"]
     assert kv_mib(qwen, n_ctx=4096) == FIT_PARAMS["kv_4096"]
@@ -43,33 +36,7 @@ def test_qwen3_30b_a3b_matches_llama_cpps_published_figures(models):
     assert saved == FIT_PARAMS["saved_40960_to_4096"]
 
 
-# llama-cli (llama.cpp as vendored in llama-cpp-python 0.3.36, CPU build) on SmolLM2-135M
-# Q4_1, read from its log: (settings, "llama_kv_cache: size", "CPU compute buffer size").
-# How to reproduce: docs/estimator.md.
-MEASURED = [
-    ({"n_ctx": 4096}, 90.00, 17.51),
-    ({"n_ctx": 2048}, 45.00, 15.51),
-    ({"n_ctx": 8192}, 180.00, 21.51),
-    ({"n_ctx": 0}, 180.00, 21.51),
-    ({"n_ctx": 4096, "n_ubatch": 256}, 90.00, 8.76),
-    ({"n_ctx": 4096, "n_ubatch": 1024}, 90.00, 35.02),
-    ({"n_ctx": 4096, "flash_attn": "off"}, 90.00, 86.38),
-    ({"n_ctx": 8192, "flash_attn": "off"}, 180.00, 166.38),
-    ({"n_ctx": 4096, "flash_attn": "off", "n_ubatch": 1024}, 90.00, 172.77),
-    ({"n_ctx": 4096, "n_parallel": 4}, 90.00, 14.51),
-    (
-        {"n_ctx": 4096, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"},
-        47.81,
-        16.42,
-    ),
-    (
-        {"n_ctx": 4096, "cache_type_k": "q4_0", "cache_type_v": "q4_0", "flash_attn": "on"},
-        25.31,
-        16.42,
-    ),
-]
-
-
+# MEASURED: what llama.cpp allocated for SmolLM2-135M Q4_1 (lab/llamacpp.py).
 @pytest.mark.parametrize(("settings", "kv", "compute"), MEASURED, ids=[str(m[0]) for m in MEASURED])
 def test_smollm2_matches_what_llama_cpp_allocated(settings, kv, compute):
     model = read_model(str(testdata.smollm2()))

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from lab import testdata
+from lab.accounts import User, unprivileged_user
 from spark_guard.foresight.loadspec import LoadSpec
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor, owner_of
-
-import testdata
-from accounts import User, unprivileged_user
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"

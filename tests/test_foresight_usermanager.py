@@ -1,6 +1,6 @@
 """Foresight on a real user manager: a loader stopped at its start job, by its model's header.
 
-The loaders run a stand-in `llama-server` (tests/fake_loader.py behind the
+The loaders run a stand-in `llama-server` (lab/fake_loader.py behind the
 real binary's name and flags), so the guard reads their command lines as it
 reads a real server's, and sparse model files with the metadata of real
 models give the estimate something real to chew on.
@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-import synth
-import testdata
-from guardunit import GUARD, PY, TESTS, guard_manager, restart_guard, wait_log, write_config
+from lab import LAB, synth, testdata
+from lab.guardunit import GUARD, PY, guard_manager, restart_guard, wait_log, write_config
 
 pytestmark = pytest.mark.systemd
 
@@ -26,7 +25,7 @@ def um():
         bin_dir = manager.base / "bin"
         bin_dir.mkdir()
         server = bin_dir / "llama-server"
-        server.write_text(f'#!/bin/sh\nexec {PY} {TESTS}/fake_loader.py --alloc 20 "$@"\n')
+        server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
         server.chmod(0o755)
         manager.server = server  # type: ignore[attr-defined]
         manager.deepseek = synth.write(synth.SPECS["deepseek-v3"], manager.base / "models")  # type: ignore[attr-defined]

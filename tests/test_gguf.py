@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lab import synth, testdata
+from spark_guard.foresight import gguf as ours
 from spark_guard.foresight.gguf import (
     GGML_TYPES,
     GgufError,
@@ -27,10 +29,6 @@ from spark_guard.foresight.gguf import (
     read_header,
     read_model,
 )
-from spark_guard.foresight import gguf as ours
-
-import synth
-import testdata
 
 
 def _same_value(ours: object, ref: object) -> bool:
@@ -341,7 +339,7 @@ def test_a_read_past_its_deadline_ends_itself(tmp_path):
         read_model(str(path), deadline=time.monotonic() - 1)
 
 
-def _within(seconds: float, fn, *args):  # type: ignore[no-untyped-def]
+def _within(seconds: float, fn, *args):
     """fn(*args) in a thread; fails the test (instead of hanging it) if it takes longer."""
     box: dict[str, object] = {}
 

@@ -6,8 +6,7 @@ import time
 import pytest
 
 from spark_guard.system.gpu import GpuUnavailable, GpuWatch, Nvml
-
-from fake_nvml import FakeNvmlLib, install
+from tests.fake_nvml import FakeNvmlLib, install
 
 GiB = 1024**3
 

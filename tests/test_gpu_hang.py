@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
-from guardunit import GUARD, PY, TESTS, guard_manager, loader_unit, log_text, wait_log, write_config
+from lab.guardunit import GUARD, PY, guard_manager, loader_unit, log_text, wait_log, write_config
 
 pytestmark = pytest.mark.systemd
 
+TESTS = Path(__file__).parent
 WATCHDOG = 3.0  # WatchdogSec=: a loop held for longer is killed
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from accounts import unprivileged_user
-from guardunit import (
+from lab.accounts import unprivileged_user
+from lab.guardunit import (
     GUARD,
     PY,
     MiB,
@@ -28,7 +28,7 @@ from guardunit import (
     wait_log,
     write_config,
 )
-from harness import UserManager
+from lab.harness import UserManager
 
 pytestmark = pytest.mark.systemd
 
@@ -57,7 +57,9 @@ def test_guard_is_ready_with_status_and_gpu_off_once(um):
     # mlockall: its pages stay in RAM when memory runs out.
     pid = um.show(GUARD, "MainPID")["MainPID"]
     status = Path(f"/proc/{pid}/status").read_text()
-    locked_kib = int(re.search(r"^VmLck:\s+(\d+) kB", status, re.MULTILINE).group(1))
+    locked = re.search(r"^VmLck:\s+(\d+) kB", status, re.MULTILINE)
+    assert locked, status
+    locked_kib = int(locked.group(1))
     assert locked_kib > 10 * 1024, status
     # No driver here: GPU accounting is off, said once, and the guard keeps working.
     assert log_text(um)[offset:].count("gpu-accounting-off") == 1
@@ -200,20 +202,20 @@ def hook(event, args):
         seen.append(event)
         raise RuntimeError("forbidden on the action path: " + event)
 from spark_guard import config, log
-from spark_guard.act import Actuator
+from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
-from spark_guard.policy import decide
 from spark_guard.sensor import Sensor
+from spark_guard.step import GuardState, step
 log.configure("console")
 c = config.load(sys.argv[1])
 sensor = Sensor(c, log.get_logger())
 blocker = Blocker(sensor.managers, c, log.get_logger())
-act = Actuator(blocker, log.get_logger(), dry_run=False, repeat_after=30)
 sys.addaudithook(hook)
 # From here on: sense -> decide -> act: stop, mask, disable, verify, all for real.
 sensor.refresh_managers()
-decision = decide(sensor.snapshot(), c)
-taken = act.apply(decision)
+outcome = step(GuardState(), sensor.snapshot(), c, dry_run=False)
+act(outcome, blocker, log.get_logger())
+taken = outcome.taken
 print("TAKEN", [str(a.unit) for a in taken], "FORBIDDEN", seen)
 print("STEP", blocker.records["user:0:llama-nofork.service"].step)  # others may be on record
 """

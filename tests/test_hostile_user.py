@@ -22,22 +22,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-import synth
-from accounts import User, unprivileged_user
-from guardunit import (
+from lab import LAB, synth
+from lab.accounts import User, unprivileged_user
+from lab.guardunit import (
     GUARD,
     PY,
-    TESTS,
     guard_manager,
     log_text,
     restart_guard,
     wait_log,
     write_config,
 )
-from harness import UserManager, file_tree
+from lab.harness import UserManager, file_tree
 
 pytestmark = pytest.mark.systemd
 
@@ -81,7 +81,7 @@ class Stage:
     def guard_props(self) -> dict[str, str]:
         return self.root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> dict[str, Any]:
         return json.loads((self.root.base / "run" / "state.json").read_text())
 
 
@@ -95,7 +95,7 @@ def stage() -> Iterator[Stage]:
         tools = root.base / "bin"
         tools.mkdir()
         server = tools / "llama-server"
-        server.write_text(f'#!/bin/sh\nexec {PY} {TESTS}/fake_loader.py --alloc 20 "$@"\n')
+        server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
         server.chmod(0o755)
         models = root.base / "models"
         big = synth.write(synth.SPECS["deepseek-v3"], models)
@@ -272,7 +272,7 @@ def test_a_fake_manager_on_her_socket_is_not_believed(stage: Stage) -> None:
                 "--clear-groups",
                 "sh",
                 "-c",
-                f"exec {PY} {TESTS}/fake_manager.py {runtime}/systemd/private {app_slice} "
+                f"exec {PY} {LAB}/fake_manager.py {runtime}/systemd/private {app_slice} "
                 f"{stage.root.runtime}/systemd/user.control llama-root.service > {log} 2>&1",
             ]
         )
@@ -284,7 +284,7 @@ def test_a_fake_manager_on_her_socket_is_not_believed(stage: Stage) -> None:
             assert "not this user's systemd" in untrusted.group(0)
             time.sleep(2)  # several passes
             assert "call " not in log.read_text()  # refused before its first answer
-            units = [ld["unit"] for ld in stage.state()["loaders"]]  # type: ignore[index]
+            units = [ld["unit"] for ld in stage.state()["loaders"]]
             assert "user:0:llama-root.service" in units
             assert not any(u.startswith(f"user:{eve.uid}:") for u in units)
         finally:
@@ -447,7 +447,7 @@ def test_whether_a_root_only_path_exists_is_not_revealed(stage: Stage) -> None:
     deadline = time.monotonic() + 20
     said: dict[str, str] = {}
     while time.monotonic() < deadline and len(said) < 2:
-        for ld in stage.state()["loaders"]:  # type: ignore[index]
+        for ld in stage.state()["loaders"]:
             if (
                 ld["unit"] in (f"{stage.key}:llama-s1.service", f"{stage.key}:llama-s2.service")
                 and ld["prediction"]

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.accounts import User, unprivileged_user
 from spark_guard.config import Config
 from spark_guard.tools.inventory import UNIT_FILE_MAX, Inventory, collect
-
-from accounts import User, unprivileged_user
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,13 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness import file_tree
-from nspawn import Container
+from lab import LAB
+from lab.harness import file_tree
+from lab.nspawn import Container
 
 pytestmark = pytest.mark.nspawn
 
@@ -78,7 +80,7 @@ def lay_out_machine(c: Container) -> None:
     models = c.path("/srv/models")
     models.mkdir(parents=True)
     (models / "ds4.gguf").write_bytes(b"GGUF" + b"\0" * 4096)
-    shutil.copy(REPO / "tests" / "fake_loader.py", c.path("/opt/fake-loader.py"))
+    shutil.copy(LAB / "fake_loader.py", c.path("/opt/fake-loader.py"))
 
     # A system unit in /etc, and a template instance from /usr/lib, both enabled.
     wants = c.path("/etc/systemd/system/multi-user.target.wants")
@@ -130,7 +132,7 @@ def ref_parts(ref: str) -> tuple[int | None, str]:
     return None, ref
 
 
-def record(c: Container, ref: str) -> dict | None:
+def record(c: Container, ref: str) -> dict[str, Any] | None:
     path = c.path(f"/var/lib/spark-guard/blocked/{ref}.json")
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -180,6 +182,7 @@ def test_loaders_on_both_levels_are_stopped_blocked_disabled_and_recorded(machin
     assert c.path("/etc/systemd/system/llama-server.service").is_file()
 
     system = record(c, "llama-server.service")
+    assert system is not None
     assert system["reason"] == "footprint" and system["figures"]["expected"] == 100 * 1024**4
     assert system["mask_path"] == "/run/systemd/system.control/llama-server.service"
     assert [(ln["path"], ln["target"], ln["removed"]) for ln in system["links"]] == [
@@ -190,6 +193,7 @@ def test_loaders_on_both_levels_are_stopped_blocked_disabled_and_recorded(machin
         )
     ]
     user = record(c, f"user:{ALICE}:llama-user.service")
+    assert user is not None
     assert user["mask_path"] == f"/run/user/{ALICE}/systemd/user.control/llama-user.service"
     assert [(ln["path"], ln["uid"]) for ln in user["links"]] == [
         ("/home/alice/.config/systemd/user/default.target.wants/llama-user.service", ALICE)

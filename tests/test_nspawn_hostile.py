@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import file_tree
-from nspawn import Container
-from test_nspawn import add_linger_user
+from lab import LAB
+from lab.harness import file_tree
+from lab.nspawn import Container
+from tests.test_nspawn import add_linger_user
 
 pytestmark = pytest.mark.nspawn
 
-TESTS = Path(__file__).parent
 MALLORY, EVE = 1000, 1001
 
 CONFIG = """
@@ -67,8 +67,8 @@ def wait_event(c: Container, event: str, unit: str = "", timeout: float = 60) ->
 def box(deb: Path):
     with Container() as c:
         shutil.copy(deb, c.path("/root/spark-guard.deb"))
-        shutil.copy(TESTS / "fake_loader.py", c.path("/opt/fake-loader.py"))
-        shutil.copy(TESTS / "fake_manager.py", c.path("/opt/fake-manager.py"))
+        shutil.copy(LAB / "fake_loader.py", c.path("/opt/fake-loader.py"))
+        shutil.copy(LAB / "fake_manager.py", c.path("/opt/fake-manager.py"))
         server = c.path("/usr/local/bin/llama-server")  # a stand-in under the real name
         server.write_text('#!/bin/sh\nexec python3 /opt/fake-loader.py --alloc 16 "$@"\n')
         server.chmod(0o755)

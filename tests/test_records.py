@@ -50,7 +50,8 @@ def test_a_user_record_is_named_by_its_manager(tmp_path):
     r = record(manager="user:1000")
     store.save(r)
     assert os.listdir(store.blocked) == ["user:1000:llama.service.json"]
-    assert store.load(r.ref).uid == 1000
+    loaded = store.load(r.ref)
+    assert loaded is not None and loaded.uid == 1000
 
 
 def test_a_corrupt_record_is_named_kept_and_the_others_still_read(tmp_path):

@@ -15,8 +15,16 @@ import subprocess
 
 import pytest
 
-from guardunit import GUARD, PY, guard_manager, loader_unit, restart_guard, wait_log, write_config
-from harness import file_tree
+from lab.guardunit import (
+    GUARD,
+    PY,
+    guard_manager,
+    loader_unit,
+    restart_guard,
+    wait_log,
+    write_config,
+)
+from lab.harness import file_tree
 
 pytestmark = pytest.mark.systemd
 

@@ -1,7 +1,7 @@
 """safefs, and the attacks it exists for, done by a real unprivileged account on real files.
 
 The guard runs as root and writes into trees local users control. Each attack
-below is what a user can type (tests/accounts.py runs it as their uid, no
+below is what a user can type (lab/accounts.py runs it as their uid, no
 capabilities): swap a directory on the guard's way for a symlink into root's
 files, plant a symlink where a temporary file will be, put a FIFO where a
 file is read. After each, a snapshot of the victim directory (contents,
@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.accounts import User, unprivileged_user
+from lab.harness import file_tree
+from spark_guard import log
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import LinkRecord, Record, RecordStore, Step
 from spark_guard.block.release import ReleaseError, release
@@ -40,9 +43,6 @@ from spark_guard.system.unitfiles import (
 )
 from spark_guard.tools import harden_cli
 from spark_guard.tools.harden import MARKER
-
-from accounts import User, unprivileged_user
-from harness import file_tree
 
 NO_SOCKET = "/nonexistent/systemd/private"
 
@@ -250,7 +250,7 @@ def blocked_record(lay: Layout, unit: str, links: list[LinkRecord], mask_made: b
         reason="footprint",
         detail="expects 115GiB",
         phase="strict",
-        step="blocked",
+        step=Step.BLOCKED,
         mask_path=f"{lay.control}/{unit}",
         mask_made=mask_made,
         links=links,
@@ -424,7 +424,7 @@ def test_release_of_a_redirected_mask_leaves_the_admins_mask(lay):
 @pytest.mark.root
 def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says(lay, tmp_path):
     config = Config(state=str(tmp_path / "state"), user_runtime=str(lay.run_user))
-    blocker = Blocker({}, config, None)
+    blocker = Blocker({}, config, log.get_logger())
     record = Record(
         unit="cron.service", manager=lay.manager, reason="r", detail="d", phase="strict"
     )

@@ -12,6 +12,7 @@ import argparse
 import io
 import json
 import re
+from typing import Any
 
 import pytest
 import structlog
@@ -27,10 +28,10 @@ from spark_guard.snapshot import Action, Decision, Loader, Memory, SeenUnit, Sna
 from spark_guard.system.procfs import ProcFS
 from spark_guard.text import printable
 from spark_guard.tools import audit_cli, dump_cli, preflight_cli, rescue_cli, status_cli
-from spark_guard.tools.audit import Finding, reconcile
+from spark_guard.tools.audit import reconcile
 from spark_guard.tools.doctor import cli as doctor_cli
-from spark_guard.tools.doctor.judge import Finding as DoctorFinding
 from spark_guard.tools.doctor.judge import Report
+from spark_guard.tools.findings import Finding, Severity
 from spark_guard.tools.inventory import Inventory, Linger, UnitInfo
 from spark_guard.tools.preflight import Verdict
 
@@ -70,7 +71,9 @@ def test_printable_caps_the_length_and_says_how_much_was_cut():
     out = printable(LONG, 200)
     assert len(out) <= 200
     assert out.startswith("/srv/aaaa")
-    cut = int(re.fullmatch(r".*\.\.\.\[(\d+) more chars\]", out).group(1))
+    said = re.fullmatch(r".*\.\.\.\[(\d+) more chars\]", out)
+    assert said, out
+    cut = int(said.group(1))
     assert len(out) - len(f"...[{cut} more chars]") + cut == len(LONG)
     # Escapes count toward the cap: 100 ESC become at most 200 characters too.
     esc = printable("\x1b" * 100, 200)
@@ -128,8 +131,8 @@ def test_journal_fields_and_message_are_inert_and_capped():
 # --- the login note -------------------------------------------------------------------
 
 
-def record(unit: str, manager: str = "system", **kw: str) -> Record:
-    base = {
+def record(unit: str, manager: str = "system", **kw: Any) -> Record:
+    base: dict[str, Any] = {
         "reason": "duplicate",
         "detail": "x",
         "phase": "strict",
@@ -236,7 +239,9 @@ def test_audit_shows_units_models_and_findings_inert(capsys):
         lingering=[Linger("u\x1b]0;title\x07", 1000, True)],
         managers=["system", "user:1000"],
     )
-    findings = [Finding("critical", "duplicate", str(evil_ref), f"loads {EVIL}", "fix\r")]
+    findings = [
+        Finding(Severity.CRITICAL, "duplicate", f"loads {EVIL}", unit=str(evil_ref), fix="fix\r")
+    ]
     meminfo = {"MemTotal": 100 * GiB, "MemAvailable": 50 * GiB}
     audit_cli._print(inv, findings, reconcile(meminfo, GiB, 0, False), [(str(evil_ref), GiB)])
     out = capsys.readouterr().out
@@ -269,8 +274,13 @@ def test_preflight_shows_the_target_source_and_terms_inert(capsys):
 
 
 def test_doctor_shows_journal_lines_inert(capsys):
-    finding = DoctorFinding(
-        "application", "warning", "oom", f"llama killed: {EVIL}", (f"kernel: {EVIL}",), "look\n"
+    finding = Finding(
+        Severity.WARNING,
+        "oom",
+        f"llama killed: {EVIL}",
+        step="application",
+        evidence=(f"kernel: {EVIL}",),
+        fix="look\n",
     )
     doctor_cli._print(Report("app-level", (finding,)))
     out = capsys.readouterr().out

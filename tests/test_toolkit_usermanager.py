@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from guardunit import GUARD, PY, TESTS, guard_manager, restart_guard, write_config
-from harness import UserManager
+from lab import LAB
+from lab.guardunit import GUARD, PY, guard_manager, restart_guard, write_config
+from lab.harness import UserManager
 
 pytestmark = pytest.mark.systemd
 
@@ -28,7 +29,7 @@ def um():
     with guard_manager() as manager:
         server = manager.base / "bin" / "llama-server"
         server.parent.mkdir()
-        server.write_text(f'#!/bin/sh\nexec {PY} {TESTS}/fake_loader.py --alloc 10 "$@"\n')
+        server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 10 "$@"\n')
         server.chmod(0o755)
         model = manager.base / "models" / "shared.gguf"
         model.write_bytes(b"GGUF")
@@ -45,7 +46,14 @@ def um():
         manager.write_unit("broken.service", "[Service]\nExecStart=/bin/false\n")
         manager.systemctl("enable", "llama-conf.service", "llama-data.service", ODD)
         manager.systemctl("start", "broken.service", check=False)
-        manager.loaders = ["llama-conf.service", "llama-data.service", ODD, "worker-7.service"]
+        # The units this module's tests expect to be loaders, carried on the manager (as
+        # guard_manager() carries .models): not an attribute UserManager declares.
+        manager.loaders = [  # type: ignore[attr-defined]
+            "llama-conf.service",
+            "llama-data.service",
+            ODD,
+            "worker-7.service",
+        ]
         yield manager
 
 

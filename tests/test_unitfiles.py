@@ -1,7 +1,7 @@
 """The guard's own file changes, on a real filesystem: masks, link restore, and refusals.
 
 Root's cases run in pytest's temporary directories (root's); a user's run with
-a real unprivileged account (tests/accounts.py) in a runtime root and home
+a real unprivileged account (lab/accounts.py) in a runtime root and home
 laid out as on a machine. The attacks on these functions: tests/test_safefs.py.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.accounts import User, unprivileged_user
 from spark_guard.system.safefs import Tree
 from spark_guard.system.unitfiles import (
     Link,
@@ -30,8 +31,6 @@ from spark_guard.system.unitfiles import (
     restore_link,
     shadowing_file,
 )
-
-from accounts import User, unprivileged_user
 
 ROOT = Owner(0, 0, Tree("/"), Tree("/"))
 

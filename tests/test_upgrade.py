@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import file_tree
-from nspawn import Container
+from lab.harness import file_tree
+from lab.nspawn import Container
 
 pytestmark = pytest.mark.nspawn
 

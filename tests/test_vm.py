@@ -1,6 +1,6 @@
 """The rescue window never closes: the wedge layout booted in a real 2 GiB VM with the guard.
 
-tests/wedge.py lays out what wedges real machines: llama-server as a system
+lab/wedge.py lays out what wedges real machines: llama-server as a system
 unit, the same loader and model as a linger user's unit, an idle server
 holding memory, Restart=on-failure on all, loaders allocating anonymous
 memory for real at 100 MiB/s. Together they want more than the VM has. The
@@ -25,7 +25,7 @@ sample, so the longest time between two samples must stay under GAP_BOUND_S
 (the fork bound plus its 100 ms tick), and no sample may start later than the
 fork bound.
 
-Then, on the same boot, the loader that fights back (issue 16, tests/wedge.py
+Then, on the same boot, the loader that fights back (issue 16, lab/wedge.py
 `fight`): started by hand once the wedge has settled (steady phase), it
 ignores SIGTERM and allocates as fast as the emulated CPU touches pages
 (200-270 MiB/s), more than is left. The guard reads MemAvailable every
@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import pytest
 
-from vm import VM
-from wedge import (
+from lab.vm import VM
+from lab.wedge import (
     FIGHT_UNIT,
     LOADERS,
     RESERVE_MIB,

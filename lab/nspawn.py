@@ -21,7 +21,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from harness import CGROUP_ROOTS, _kill_and_remove
+from lab.harness import CGROUP_ROOTS, _kill_and_remove
 
 # Debian 12 from the host's Debian mirror; Ubuntu 24.04 (DGX OS's base) from Ubuntu's,
 # its archive key taken from the ubuntu-keyring package there, checked against this digest.

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PREFIX = "sg-mallory"
 
@@ -29,7 +30,7 @@ class User:
     home: Path
 
     def run(
-        self, *argv: str, check: bool = True, env: dict[str, str] | None = None, **kw: object
+        self, *argv: str, check: bool = True, env: dict[str, str] | None = None, **kw: Any
     ) -> subprocess.CompletedProcess[str]:
         cmd = [
             "setpriv",
@@ -48,7 +49,7 @@ class User:
             capture_output=True,
             check=check,
             timeout=60,
-            **kw,  # type: ignore[call-overload]
+            **kw,
         )
 
     def sh(self, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -187,7 +187,7 @@ def write(spec: Spec, directory: Path, *, shards: int = 1, vocabulary: bool = Fa
         w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
     for key, value in spec.extra.items():
         w.add_uint32(f"{a}.{key}", value)
-    # The vocabulary's size, not its 150,000 strings: the real files in tests/testdata.py
+    # The vocabulary's size, not its 150,000 strings: the real files in lab/testdata.py
     # carry real vocabularies; these are about shapes and sizes.
     w.add_tokenizer_model("gpt2")
     w.add_vocab_size(spec.n_vocab)

@@ -12,7 +12,7 @@ Laid out before boot (issue 7, after the incident in ../shared/seeds/):
 
 Together they want more than the VM has. `prepare()` installs one of the
 compared protections; `observe()` boots, logs in over ssh every second from
-the host, and reads the in-guest probe (tests/probe.py) from the second
+the host, and reads the in-guest probe (lab/probe.py) from the second
 serial port; `collect()` asks the guest what happened.
 """
 
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vm import VM
+from lab.vm import VM
 
 HERE = Path(__file__).parent
 MiB = 1024**2

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness import UserManager
+from lab import LAB
+from lab.harness import UserManager
 
 PY = sys.executable
-TESTS = Path(__file__).parent
 GUARD = "spark-guard-test.service"
 MiB = 1024**2
 
@@ -85,7 +85,7 @@ def loader_unit(
     return um.write_unit(
         name,
         f"""[Service]
-ExecStart={PY} {TESTS}/fake_loader.py {args}
+ExecStart={PY} {LAB}/fake_loader.py {args}
 LimitAS=2G
 {restart}{extra}{install}""",
         data_dir=data_dir,

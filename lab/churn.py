@@ -2,7 +2,7 @@
 
 For the guard's own budget (tests/test_budget.py, benchmarks/guard_budget.py).
 A real `systemd --user` per appearance costs a second or more with its
-account; here each "user" is one small process (tests/fake_manager.py's
+account; here each "user" is one small process (lab/fake_manager.py's
 D-Bus peer) that the guard believes, because it is what the guard checks:
 it runs as that uid, in `<...>/user@UID.service/init.scope` of both cgroup
 hierarchies, on `<user_runtime>/UID/systemd/private`, and its ControlGroup
@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import CGROUP_ROOTS, UserManager, _kill_and_remove
-
-TESTS = Path(__file__).parent
+from lab import LAB
+from lab.harness import CGROUP_ROOTS, UserManager, _kill_and_remove
 
 SERVER = r"""
 import os, socket, sys, threading
@@ -116,7 +115,7 @@ class FakeUser:
                 sys.executable,
                 "-c",
                 SERVER,
-                str(TESTS),
+                str(LAB),
                 str(sock),
                 self.cgroup,
             ],
@@ -148,7 +147,7 @@ class Churn:
             # A loader by its command line; it holds little, so nothing is blocked.
             um.write_unit(
                 name,
-                f"[Service]\nExecStart={sys.executable} {TESTS}/fake_loader.py "
+                f"[Service]\nExecStart={sys.executable} {LAB}/fake_loader.py "
                 f"-m {um.base}/models/churn.gguf --alloc 8 --rate 0\n",
             )
         (um.base / "models" / "churn.gguf").write_bytes(b"GGUF" + b"\0" * 4096)

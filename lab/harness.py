@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from accounts import User
+from lab.accounts import User
 
 SYSTEMD = next(
     (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)),
@@ -207,9 +207,9 @@ class UserManager:
                     os.chown(p, user.uid, user.gid)
         for root in CGROUP_ROOTS:
             cg = Path(root) / self.cgroup
-            for p in [cg, *(cg / name for name in _DELEGATED)]:
+            for path in [cg, *(cg / name for name in _DELEGATED)]:
                 with contextlib.suppress(FileNotFoundError):
-                    os.chown(p, user.uid, user.gid)
+                    os.chown(path, user.uid, user.gid)
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
