@@ -15,17 +15,17 @@ from collections.abc import Iterable
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config
 from .quantities import format_size
-from .snapshot import SYSTEM, Action, Decision, Loader, Memory, Snapshot, UnitRef
+from .snapshot import SYSTEM, Action, ActionKind, Decision, Loader, Memory, Phase, Snapshot, UnitRef
 from .text import printable
 
-STRICT = "strict"
-STEADY = "steady"
+STRICT: Phase = "strict"
+STEADY: Phase = "steady"
 
 # Below this fall rate (bytes/s) a slope is noise, not a loader at work.
 _SLOPE_NOISE = 16 * 1024**2
 
 
-def phase(snapshot: Snapshot, config: Config) -> str:
+def phase(snapshot: Snapshot, config: Config) -> Phase:
     """'strict' until every present rescue group is active for `grace`, then 'steady'."""
     if snapshot.boot_over:
         return STEADY
@@ -143,7 +143,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     def act(loader: Loader, reason: str, detail: str, **extra: float) -> None:
         key = str(loader.ref)
         if key not in actions:
-            kind = "stop"
+            kind: ActionKind = "stop"
             if current_phase == STEADY and config.steady == "warn":
                 kind = "warn"
             actions[key] = Action(

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 SYSTEM = "system"
+
+# The guard's two phases (policy.phase), and what an Action asks for. A Decision made by
+# `spark-guard rescue` (the same block, by the admin's hand) has the phase "rescue".
+Phase = Literal["strict", "steady"]
+ActionKind = Literal["stop", "warn"]
 
 # A loader takes tens of seconds per start, so restarts closer than this are a
 # storm, not a load being retried: doctor counts restarts within it, and audit
@@ -186,7 +192,7 @@ class Loader:
 class Action:
     """What the policy wants done to one unit; `kind` is 'stop' or 'warn'."""
 
-    kind: str
+    kind: ActionKind
     unit: UnitRef
     reason: str
     detail: str
@@ -197,7 +203,7 @@ class Action:
 
 @dataclass(frozen=True)
 class Decision:
-    phase: str
+    phase: Phase | Literal["rescue"]
     reserve: int
     loaders: tuple[Loader, ...]
     actions: tuple[Action, ...]

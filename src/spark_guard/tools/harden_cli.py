@@ -132,7 +132,8 @@ def _expected(ref: UnitRef, manager: Manager, config: Config, total: int) -> tup
     details = manager.unit_details(ref.name)
     predictor = Predictor()
     try:
-        # With the unit owner's rights: the reason lands in a drop-in that user reads.
+        # With the unit owner's rights, as the guard reads models (foresight/predict.py): the
+        # path is the user's text, and what the read says lands in a drop-in that user reads.
         prediction = predictor.predict(
             details.exec_start,
             parse_environment(details.environment),
