@@ -151,10 +151,13 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         # The PSI trigger: memory stalls with MemAvailable steady (a reader thrashing its
         # own cgroup's cache) wake the guard before its poll would have ended, again in
         # each 2 s window the stalls go on (the kernel fires once per window; seen: six
-        # wakes in 14 s).
+        # to nine wakes in 14 s). Near the reserve in this VM the poll is poll.min (0.1 s),
+        # so a stall can fire as the poll ends too: a wake at the poll's own end (one of
+        # nine, once) proves nothing either way; those before it prove the trigger.
         began, ended, wakes = thrash(vm, seconds=8)
         print(f"\nTHRASH {began:.2f}-{ended:.2f} wakes={wakes}")
-        assert len(wakes) >= 2 and all(waited < poll for _, waited, poll in wakes), (
+        early = [w for w in wakes if w[1] < w[2]]
+        assert len(early) >= 2, (
             wakes,
             vm.ssh("cat /proc/pressure/memory; journalctl -b -u spark-guard -o cat -n 20").stdout,
         )
