@@ -4,9 +4,17 @@ llama.cpp's llama-server and llama-cli: -m/--model, -c/--ctx-size,
 -np/--parallel, -kvu, -ctk/-ctv, -fa, -ub, --swa-full, --mmproj,
 --no-mmap/--load-mode, -ngl, and the LLAMA_ARG_* environment variables
 (a flag on the command line wins over the variable, as in llama.cpp).
-vLLM: --gpu-memory-utilization, a share of the whole memory. Anything
-else (Ollama, LM Studio, unknown servers): no spec; the footprint comes from
-the config. Pure: argv and environment in, a LoadSpec out.
+vLLM: --gpu-memory-utilization, a share of the whole memory. SGLang
+(`python -m sglang.launch_server`, `sglang serve`): --model-path/--model,
+--mem-fraction-static (a share of the whole memory, as vLLM's), --context-length.
+TGI (text-generation-launcher): --model-id, --cuda-memory-fraction,
+--max-total-tokens, --max-batch-prefill-tokens, --kv-cache-dtype, and the
+environment variables clap reads for them (MODEL_ID, ...; the flag wins), and
+TGI_WIGGLE_ROOM, which its model server reads. Ollama: ollama.py (the
+server's environment, the clients that make it load, manifest -> blob; a
+LoadSpec of kind "ollama" there). Anything else (LM Studio, unknown servers):
+no spec; the footprint comes from the config. Pure: argv and environment in, a
+LoadSpec out.
 """
 
 from __future__ import annotations
@@ -81,12 +89,20 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class LoadSpec:
-    kind: str  # "llama.cpp" or "vllm"
+    kind: str  # "llama.cpp", "vllm", "sglang" or "tgi"
     binary: str
-    model: str | None = None
+    model: str | None = None  # llama.cpp: the GGUF file; sglang, tgi: a directory or a Hub id
     mmproj: str | None = None
     settings: Settings = field(default_factory=Settings)
-    gpu_fraction: float | None = None  # vLLM: share of the whole memory it takes
+    # vLLM, SGLang, TGI: the share of the whole memory the server fills (None: SGLang's own
+    # default, which depends on the memory, so predict.py works it out); `rule` says whence.
+    gpu_fraction: float | None = None
+    rule: str = ""
+    # TGI: --max-total-tokens (one request) and --max-batch-prefill-tokens (its warmup
+    # batch): it must hold the KV cache of the larger at least; the KV cache's bytes a value.
+    max_total_tokens: int | None = None
+    prefill_tokens: int | None = None
+    kv_bytes: int = 2
     notes: tuple[str, ...] = ()
 
 
@@ -120,6 +136,100 @@ def _unwrap(argv: Sequence[str]) -> list[str]:
     return args
 
 
+# Splitting a unit's shell scripts into their commands (commands()).
+MAX_SCRIPT = 8 << 10  # shell text split into commands (the first 8 KiB, as everywhere)
+MAX_DEPTH = 8  # wrappers of shells of wrappers
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_VARIABLE = re.compile(r"^\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})$")
+_KEYWORDS = ("then", "do", "else", "elif", "if", "while", "until", "!", "{", "}", "time")
+
+
+def commands(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[list[str]]:
+    """The simple commands a command line runs: itself, or behind env/nice/..., or each
+    command of a `sh -c` script (`sleep 60; lms load x`, `a && b`, `a | b`)."""
+    out: list[list[str]] = []
+    _walk([_expand(a, env) for a in argv], env, out, 0)
+    return out
+
+
+def _expand(word: str, env: Mapping[str, str] | None) -> str:
+    """`$VAR` or `${VAR}` as a whole word, from the environment (systemd and the shell do)."""
+    m = _VARIABLE.match(word)
+    if m and env:
+        value = env.get(m.group(1) or m.group(2))
+        if value is not None:
+            return value
+    return word
+
+
+def _walk(args: list[str], env: Mapping[str, str] | None, out: list[list[str]], depth: int) -> None:
+    for _ in range(MAX_DEPTH):
+        while args and (_ASSIGN.match(args[0]) or args[0] in ("exec", *_KEYWORDS)):
+            args = args[1:]
+        if not args:
+            return
+        base = os.path.basename(args[0])
+        if base in WRAPPERS:
+            args = args[1:]
+            while args and (args[0].startswith("-") or "=" in args[0] or _NUMERIC.match(args[0])):
+                args = args[2:] if args[0] in _TAKES_NAME else args[1:]
+            continue
+        if base in SHELLS:
+            script = _script(args)
+            if script is not None:
+                if depth < MAX_DEPTH:
+                    for command in _split(script):
+                        _walk([_expand(w, env) for w in command], env, out, depth + 1)
+                return
+        out.append(args)
+        return
+
+
+def _script(args: Sequence[str]) -> str | None:
+    """The script of `sh -c SCRIPT`, `bash -lc SCRIPT`, `bash --login -o pipefail -c SCRIPT`."""
+    i = 1
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg in ("-o", "+o", "-O", "+O"):  # a shell option's name follows
+            i += 1
+        elif arg == "--" or not arg.startswith(("-", "+")):
+            return None
+        elif not arg.startswith("--") and "c" in arg[1:]:
+            rest = [a for a in args[i:] if not a.startswith("-")]
+            return rest[0] if rest else None
+    return None
+
+
+def _split(script: str) -> list[list[str]]:
+    """Each simple command of a script's first MAX_SCRIPT characters; [] if it does not split."""
+    text = script[:MAX_SCRIPT].replace("\\\n", " ").replace("\n", ";")
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:
+        return []
+    out: list[list[str]] = []
+    current: list[str] = []
+    skip = False
+    for word in words:
+        if skip:  # the target of a redirection
+            skip = False
+            continue
+        if word and set(word) <= set(";&|()"):
+            if current:
+                out.append(current)
+            current = []
+        elif word and set(word) <= set("<>&|") and ("<" in word or ">" in word):
+            skip = True
+        else:
+            current.append(word)
+    if current:
+        out.append(current)
+    return out
+
+
 def _int(flag: str, value: str) -> int:
     try:
         return int(value)
@@ -135,6 +245,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> LoadSpec
     base = os.path.basename(args[0])
     if base in LLAMA_BINARIES:
         return _llama(base, args[1:], env or {})
+    if _is_sglang(base, args):
+        return _sglang(base, args[1:])
+    if base == TGI_BINARY:
+        return _tgi(base, args[1:], env or {})
     if base == "vllm" or (base.startswith("python") and "vllm" in " ".join(args[1:3])):
         return _vllm(base, args)
     return None
@@ -237,6 +351,149 @@ def _vllm(binary: str, args: list[str]) -> LoadSpec:
             if not 0 < fraction <= 1:
                 raise SpecError(f"--gpu-memory-utilization {raw}: must be in (0, 1]")
     return LoadSpec(kind="vllm", binary=binary, gpu_fraction=fraction)
+
+
+# --- SGLang and TGI ------------------------------------------------------------------------
+
+TGI_BINARY = "text-generation-launcher"
+TGI_WIGGLE_ROOM = 0.90  # its model server's default (TGI_WIGGLE_ROOM, models/globals.py)
+MAX_TOKENS = 1 << 32  # a token count past any context length
+_SHOWN_VALUE = 64  # characters of a bad value quoted in a SpecError
+
+# flag -> setting: the last one given wins (argparse; clap refuses a repeat, so no unit runs).
+_SGLANG_FLAGS = {
+    "--model-path": "model",
+    "--model": "model",  # an alias since 2025
+    "--mem-fraction-static": "fraction",
+    "--context-length": "context",
+}
+_TGI_FLAGS = {
+    "--model-id": "model",
+    "--cuda-memory-fraction": "fraction",
+    "--max-total-tokens": "total_tokens",
+    "--max-batch-prefill-tokens": "prefill_tokens",
+    "--kv-cache-dtype": "kv_cache_dtype",
+}
+# clap's `env` attribute: each flag also reads the variable of its name in capitals.
+_TGI_ENV = {
+    "MODEL_ID": "model",
+    "CUDA_MEMORY_FRACTION": "fraction",
+    "MAX_TOTAL_TOKENS": "total_tokens",
+    "MAX_BATCH_PREFILL_TOKENS": "prefill_tokens",
+    "KV_CACHE_DTYPE": "kv_cache_dtype",
+}
+_TGI_KV_DTYPES = ("fp8", "fp8_e4m3fn", "fp8_e5m2")
+TGI_PREFILL_DEFAULT = 4096  # the launcher's --max-batch-prefill-tokens, before the model's cap
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN_VALUE else value[:_SHOWN_VALUE] + "...")
+
+
+def _is_sglang(base: str, args: Sequence[str]) -> bool:
+    """`sglang serve ...` (its entry point), or `python -m sglang.launch_server ...`."""
+    if base == "sglang":
+        return args[1:2] == ["serve"] or any(a.partition("=")[0] in _SGLANG_FLAGS for a in args)
+    if not base.startswith("python"):
+        return False
+    for i, arg in enumerate(args[1:4], 1):  # python3 [-u] [-X ...] -m sglang.launch_server
+        if arg == "-m":
+            return i + 1 < len(args) and args[i + 1].split(".", 1)[0] == "sglang"
+    return False
+
+
+def _flags(args: Sequence[str], table: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """setting -> (flag as given, value), for the flags in `table`, in both spellings."""
+    values: dict[str, tuple[str, str]] = {}
+    i = 0
+    while i < len(args):
+        flag, eq, inline = args[i].partition("=")
+        i += 1
+        name = table.get(flag)
+        if name is None:
+            continue
+        if eq:
+            values[name] = (flag, inline)
+        elif i < len(args):
+            values[name] = (flag, args[i])
+            i += 1
+        else:
+            raise SpecError(f"{flag} needs a value")
+    return values
+
+
+def _fraction(flag: str, raw: str, *, below_one: bool = False) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+    # Also refuses nan and inf: every comparison with nan is false.
+    if not (0 < value < 1 if below_one else 0 < value <= 1):
+        raise SpecError(f"{flag} {_shown(raw)}: must be in (0, 1{')' if below_one else ']'}")
+    return value
+
+
+def _tokens(flag: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:  # also an integer of more digits than Python converts
+        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+    if not 0 < value <= MAX_TOKENS:
+        raise SpecError(f"{flag} {_shown(raw)}: must be in [1, {MAX_TOKENS}]")
+    return value
+
+
+def _sglang(binary: str, args: list[str]) -> LoadSpec:
+    v = _flags(args, _SGLANG_FLAGS)
+    notes = []
+    fraction = _fraction(*v["fraction"]) if "fraction" in v else None
+    if "context" in v:
+        flag, raw = v["context"]
+        notes.append(
+            f"{flag} {_tokens(flag, raw)}: a limit per request; the KV pool fills the share"
+        )
+    model = v["model"][1] if "model" in v else None
+    rule = f"{v['fraction'][0]} {fraction:g}" if fraction is not None else ""
+    return LoadSpec(
+        kind="sglang",
+        binary=binary,
+        model=model or None,
+        gpu_fraction=fraction,
+        rule=rule,
+        notes=tuple(notes),
+    )
+
+
+def _tgi(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
+    """TGI's launcher. Its model server sizes the KV cache from what is free, up to
+    TGI_WIGGLE_ROOM x --cuda-memory-fraction of the device (flash_causal_lm.py, warmup):
+    on unified memory that share of the whole pool, whatever --max-total-tokens says."""
+    v = {name: (var, env[var]) for var, name in _TGI_ENV.items() if var in env}
+    v.update(_flags(args, _TGI_FLAGS))
+    fraction = _fraction(*v["fraction"]) if "fraction" in v else 1.0  # the launcher's default
+    wiggle = TGI_WIGGLE_ROOM
+    if "TGI_WIGGLE_ROOM" in env:
+        wiggle = _fraction("TGI_WIGGLE_ROOM", env["TGI_WIGGLE_ROOM"], below_one=True)
+    total = _tokens(*v["total_tokens"]) if "total_tokens" in v else None
+    prefill = _tokens(*v["prefill_tokens"]) if "prefill_tokens" in v else None
+    kv_bytes = 2  # TGI computes and caches in 16 bits (--dtype float16 or bfloat16)
+    if "kv_cache_dtype" in v:
+        flag, raw = v["kv_cache_dtype"]
+        if raw.lower() not in _TGI_KV_DTYPES:
+            raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(_TGI_KV_DTYPES)}")
+        kv_bytes = 1
+    flag = v["fraction"][0] if "fraction" in v else "--cuda-memory-fraction"
+    model = v["model"][1] if "model" in v else None
+    return LoadSpec(
+        kind="tgi",
+        binary=binary,
+        model=model or None,
+        gpu_fraction=wiggle * fraction,
+        rule=f"{wiggle:g} (TGI_WIGGLE_ROOM) x {flag} {fraction:g}",
+        max_total_tokens=total,
+        prefill_tokens=prefill,
+        kv_bytes=kv_bytes,
+    )
 
 
 def first_spec(

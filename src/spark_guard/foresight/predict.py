@@ -22,6 +22,13 @@ guard runs as root: so a model is read
 A missing or unreadable model is not an error of the guard: the prediction
 says why there is none, the unit is "footprint unknown" and the trend
 guards it instead.
+
+Servers that fill a share of the memory (vLLM, SGLang, TGI) are predicted
+by that share of MemTotal: on unified memory the GPU's memory is the whole
+pool. TGI's model directory (safetensors headers and config.json, read the
+same way as a GGUF: off the loop, with the owner's rights) gives the least
+it needs, weights and the KV cache of its warmup batch; the larger figure
+is the footprint. docs/estimator.md says which rule is used when.
 """
 
 from __future__ import annotations
@@ -34,11 +41,22 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from ..quantities import format_size
 from ..snapshot import manager_uid
 from ..system.safefs import as_user
-from .estimate import Estimate, EstimateError, estimate
+from . import safetensors
+from .estimate import (
+    MARGIN_EXACT,
+    MARGIN_MIN,
+    MARGIN_SHARE,
+    RUNTIME,
+    Estimate,
+    EstimateError,
+    Term,
+    estimate,
+)
 from .gguf import (
     READ_SECONDS,
     GgufError,
@@ -48,7 +66,7 @@ from .gguf import (
     Model,
     read_model,
 )
-from .loadspec import LoadSpec, SpecError, first_spec
+from .loadspec import TGI_PREFILL_DEFAULT, LoadSpec, SpecError, first_spec
 
 PENDING = "reading the model header"
 FRESH = 5.0  # seconds a model read stays the answer before the file is looked at again
@@ -65,6 +83,14 @@ HELD_COST = 16 << 20  # models kept as answers (Model.cost), on top of the heade
 # hostile header may cost ~8 MB in Python objects, a real one 0.1-0.5 MB
 
 NOBODY_GID = 65534
+GiB = 1 << 30
+# SGLang without --mem-fraction-static derives one from the GPU's memory; its versions have
+# kept 0.88 of it, or all but a reserve of at least 10 GiB on a GPU over 60 GiB (server_args,
+# _handle_gpu_memory_settings). The larger of the two is the least any of them leaves.
+SGLANG_FRACTION = 0.88
+SGLANG_RESERVE_MIN = 10 * GiB
+SGLANG_RESERVE_ABOVE = 60 * GiB
+TGI_BLOCK = 16  # tokens a KV block holds (TGI's BLOCK_SIZE): its cache is whole blocks
 
 
 def owner_of(manager: str) -> int:
@@ -87,6 +113,13 @@ def _gid_of(uid: int) -> int:
         return NOBODY_GID  # no passwd entry: no group's rights either
 
 
+class Held(Protocol):
+    """What a read answers with: a model, or what a job given to Predictor.run returns."""
+
+    @property
+    def cost(self) -> int: ...  # rough bytes of memory it holds: answers kept are bounded by it
+
+
 @dataclass(frozen=True)
 class Prediction:
     bytes: int | None
@@ -94,6 +127,8 @@ class Prediction:
     spec: LoadSpec | None = None
     estimate: Estimate | None = None
     pending: bool = False  # the model is being read: ask again (the next pass)
+    # A client's (clients.py): the uid it runs as, whose server its load lands in.
+    runs_as: int | None = None
 
 
 def parse_environment(assignments: Iterable[str]) -> dict[str, str]:
@@ -114,10 +149,12 @@ class _Read:
     path: str
     owner: int | None  # the uid whose rights it is read with; None: the caller's own
     budget: float
+    kind: str = "gguf"  # or "safetensors": a model directory, its index, or one file
     done: threading.Event = field(default_factory=threading.Event)
     started: float | None = None  # monotonic, when a worker took it
     finished: float = 0.0
-    model: Model | None = None
+    model: Model | safetensors.Model | Held | None = None
+    job: Callable[[float], Held] | None = None  # Predictor.run's read, given its deadline
     error: str = ""
     timed_out: bool = False
     stalled: bool = False  # not read at all: too many reads were stuck
@@ -136,8 +173,14 @@ class _Worker:
 class _Pool:
     """One worker thread at a time takes reads in order; a stuck one is replaced."""
 
-    def __init__(self, headers: HeaderCache, on_done: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        headers: HeaderCache,
+        on_done: Callable[[], None],
+        shards: safetensors.ShardCache | None = None,
+    ) -> None:
         self.headers = headers
+        self.shards = shards
         self.on_done = on_done
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -214,7 +257,7 @@ class _Pool:
                 r = self._queue.popleft()
                 r.started = time.monotonic()
                 w.current = r
-            model, error, timed_out = _read(r, self.headers)
+            model, error, timed_out = _read(r, self.headers, self.shards)
             with self._lock:
                 w.current = None
                 if w.abandoned:
@@ -240,15 +283,28 @@ def _timed_out(r: _Read, now: float) -> None:
     r.done.set()
 
 
-def _read(r: _Read, headers: HeaderCache) -> tuple[Model | None, str, bool]:
-    """(model, problem, timed out): never raises, so a worker outlives any file."""
+def _load(
+    r: _Read, headers: HeaderCache, shards: safetensors.ShardCache | None
+) -> Model | safetensors.Model | Held:
     assert r.started is not None
+    deadline = r.started + r.budget
+    if r.job is not None:
+        return r.job(deadline)
+    if r.kind == "safetensors":
+        return safetensors.read_model(r.path, deadline=deadline, cache=shards)
+    return read_model(r.path, deadline=deadline, cache=headers)
+
+
+def _read(
+    r: _Read, headers: HeaderCache, shards: safetensors.ShardCache | None = None
+) -> tuple[Model | safetensors.Model | Held | None, str, bool]:
+    """(model, problem, timed out): never raises, so a worker outlives any file."""
     try:
         if r.owner is None:
-            return read_model(r.path, deadline=r.started + r.budget, cache=headers), "", False
+            return _load(r, headers, shards), "", False
         with as_user(r.owner, _gid_of(r.owner)):
-            return read_model(r.path, deadline=r.started + r.budget, cache=headers), "", False
-    except GgufOpenError as e:
+            return _load(r, headers, shards), "", False
+    except (GgufOpenError, safetensors.SafetensorsOpenError) as e:
         if r.owner is None:  # the caller's own rights: it may know what it could find out
             return None, f"{e.path}: {os.strerror(e.errno or 0)}", False
         # Read for someone else: one answer for every reason the open failed (ENOENT,
@@ -258,9 +314,9 @@ def _read(r: _Read, headers: HeaderCache) -> tuple[Model | None, str, bool]:
             f"{e.path}: cannot open the model (missing, or unreadable to {r.reader()})",
             False,
         )
-    except GgufTimeout:
+    except (GgufTimeout, safetensors.SafetensorsTimeout):
         return None, f"{r.path}: model read timed out after {r.budget:g}s", True
-    except GgufError as e:
+    except (GgufError, safetensors.SafetensorsError) as e:
         return None, str(e), False
     except Exception as e:  # a worker must never die of a file
         return None, f"{r.path}: cannot read the model: {e}", False
@@ -279,8 +335,9 @@ class Predictor:
         self.on_ready = on_ready
         self._ready_lock = threading.Lock()
         self.headers = HeaderCache(8 << 20)  # ~25 DeepSeek-V3 headers
-        self._reads: dict[tuple[str, int | None], _Read] = {}
-        self._pool = _Pool(self.headers, self._ready)
+        self.shards = safetensors.ShardCache()  # a few hundred bytes each
+        self._reads: dict[tuple[str, str, int | None], _Read] = {}
+        self._pool = _Pool(self.headers, self._ready, self.shards)
 
     def _ready(self) -> None:
         with self._ready_lock:
@@ -297,15 +354,33 @@ class Predictor:
         """Worker threads left inside a read that never returned."""
         return self._pool.abandoned
 
-    def _model(self, path: str, owner: int | None, wait: bool) -> Model | str | None:
+    def run(
+        self, name: str, owner: int | None, job: Callable[[float], Held], *, wait: bool = True
+    ) -> Held | str | None:
+        """Any other read of a user's files (an LM Studio model key's folders, ...), done
+        the way a model header is read: `job(deadline)` runs on the worker thread with
+        `owner`'s file rights and returns what it found (with a `cost`), or raises a
+        GgufError (GgufOpenError: one answer whatever the reason, as for a model; GgufTimeout
+        past the deadline). Answers are kept by `name` and owner, as model reads are by path.
+        The answer, or why there is none, or None while it is pending (`wait=False`)."""
+        return self._model(name, owner, wait, kind="job", job=job)
+
+    def _model(
+        self,
+        path: str,
+        owner: int | None,
+        wait: bool,
+        kind: str = "gguf",
+        job: Callable[[float], Held] | None = None,
+    ) -> Model | safetensors.Model | Held | str | None:
         """The model, or why there is none, or None while it is being read."""
-        key = (path, owner)
+        key = (kind, path, owner)
         now = time.monotonic()
         self._pool.check(now)
         self._prune(now)
         r = self._reads.get(key)
         if r is None:
-            r = self._reads[key] = _Read(path, owner, self.budget)
+            r = self._reads[key] = _Read(path, owner, self.budget, kind, job=job)
             if sum(not x.done.is_set() for x in self._reads.values()) > MAX_WAITING:
                 r.error = f"{path}: not read yet: {MAX_WAITING} model reads are waiting"
                 r.stalled = True
@@ -384,6 +459,10 @@ class Predictor:
         if spec.kind == "vllm" and spec.gpu_fraction is not None:
             need = int(mem_total * spec.gpu_fraction)
             return Prediction(need, f"vLLM --gpu-memory-utilization {spec.gpu_fraction:g}", spec)
+        if spec.kind == "sglang":
+            return sglang_prediction(spec, mem_total)
+        if spec.kind == "tgi":
+            return self._tgi(spec, mem_total, owner, wait)
         if not spec.model:
             return Prediction(None, f"{spec.binary}: no -m/--model given", spec)
         for path in (spec.model, spec.mmproj):
@@ -406,3 +485,78 @@ class Predictor:
             return Prediction(None, str(e), spec)
         source = f"{os.path.basename(spec.model)}, ctx {est.n_ctx}: {format_size(est.total)}"
         return Prediction(est.total, source, spec, est)
+
+    def _tgi(self, spec: LoadSpec, mem_total: int, owner: int | None, wait: bool) -> Prediction:
+        """The larger of TGI's share of MemTotal and the least its model needs."""
+        fraction = spec.gpu_fraction if spec.gpu_fraction is not None else 1.0
+        share = int(mem_total * fraction)
+        said = f"tgi {spec.rule} of MemTotal = {format_size(share)}"
+        if not spec.model:
+            return Prediction(share, f"{said}; weights not read: no --model-id", spec)
+        if not os.path.isabs(spec.model):
+            why = f"{spec.model}: not an absolute path (a Hub id?)"
+            return Prediction(share, f"{said}; weights not read: {why}", spec)
+        got = self._model(spec.model, owner, wait, kind="safetensors")
+        if got is None:
+            return Prediction(None, PENDING, spec, pending=True)
+        if isinstance(got, str):
+            return Prediction(share, f"{said}; weights not read: {got}", spec)
+        assert isinstance(got, safetensors.Model) and got.config is not None
+        least = tgi_least(got, spec)
+        weights, kv = least.terms[0].bytes, least.terms[1].bytes
+        needs = (
+            f"safetensors weights {format_size(weights)} + KV {format_size(kv)} "
+            f"({least.n_ctx} tokens)"
+        )
+        if least.total > share:
+            source = f"tgi: {needs} = {format_size(least.total)}, above its {spec.rule} share"
+            return Prediction(least.total, source, spec, least)
+        return Prediction(share, f"{said} (it fills it with KV cache); {needs} fit in it", spec)
+
+
+def sglang_prediction(spec: LoadSpec, mem_total: int) -> Prediction:
+    """SGLang's static pool (weights and KV cache): --mem-fraction-static of the memory."""
+    if spec.gpu_fraction is not None:
+        need = int(mem_total * spec.gpu_fraction)
+        return Prediction(need, f"sglang {spec.rule} of MemTotal", spec)
+    need = int(mem_total * SGLANG_FRACTION)
+    if mem_total > SGLANG_RESERVE_ABOVE:
+        need = max(need, mem_total - SGLANG_RESERVE_MIN)
+    fraction = need / mem_total if mem_total else 0.0
+    source = f"sglang --mem-fraction-static (its default here, at most {fraction:.3f}) of MemTotal"
+    return Prediction(need, source, spec)
+
+
+def tgi_least(model: safetensors.Model, spec: LoadSpec) -> Estimate:
+    """What TGI holds at least: the weights as stored, the KV cache of its warmup batch
+    (--max-batch-prefill-tokens, by default 4096 capped at the model's context) or of one
+    request of --max-total-tokens, whichever is more, in whole blocks, and the CUDA context."""
+    config = model.config
+    assert config is not None
+    prefill = spec.prefill_tokens
+    if prefill is None:
+        prefill = min(TGI_PREFILL_DEFAULT, config.max_position_embeddings or TGI_PREFILL_DEFAULT)
+    tokens = max(prefill, spec.max_total_tokens or 0)
+    cells = -(-tokens // TGI_BLOCK) * TGI_BLOCK
+    per_token = config.kv_bytes_per_token(spec.kv_bytes)
+    notes = "; ".join(config.notes)
+    terms = (
+        Term(
+            "weights",
+            model.tensor_bytes,
+            True,
+            f"{model.tensors} tensors in {len(model.files)} safetensors file(s)",
+        ),
+        Term(
+            "kv",
+            cells * per_token,
+            True,
+            f"{cells} tokens x {per_token} bytes"
+            f" ({config.layers} layers x {config.kv_heads} KV heads x {config.head_dim} x 2 x"
+            f" {spec.kv_bytes})" + (f"; {notes}" if notes else ""),
+        ),
+        Term("host", RUNTIME, False, "CUDA context and runtime"),
+    )
+    exact = model.tensor_bytes + cells * per_token
+    margin = max(int(MARGIN_EXACT * exact + MARGIN_SHARE * RUNTIME), MARGIN_MIN)
+    return Estimate(terms, margin, cells)
