@@ -464,3 +464,69 @@ def test_a_quiet_guard_reads_again_before_memory_could_be_filled_at_fill_rate():
     # 9 GiB above it: 1.5 s.
     big = _steady(9 * GiB + 200 * 2**20)
     assert abs(poll_interval(calm, big, c) - 9 * GiB / FILL_RATE) < 1e-6
+
+
+# --- loads a client asks a server for (lms load, ollama run) ---------------------
+
+
+def process_unit(manager, name, argv, *, rss=0, gpu=0, since=1.0, predicted=None, runs_as=None):
+    return SeenUnit(
+        UnitRef(manager, name),
+        pids=(100,),
+        rss=rss,
+        gpu=gpu,
+        exec_start=(argv,),
+        active_since=since,
+        predicted=predicted,
+        runs_as=runs_as,
+    )
+
+
+LMS_LOAD = ("/bin/sh", "-c", "sleep 60; lms load qwen/qwen3-235b-a22b --context-length 32768")
+
+
+def test_the_incidents_pair_refuses_the_server_where_the_memory_lands():
+    """lms-load.service (a system unit, User=xlab) asks the linger user's LM Studio server
+    to load a 115 GiB model: the server's unit is refused, the client named."""
+    server = process_unit(
+        "user:1000", "lmstudio-server.service", ("lms", "server", "start"), gpu=27 * GiB
+    )
+    client = process_unit("system", "lms-load.service", LMS_LOAD, predicted=115 * GiB, runs_as=1000)
+    d = decide(snap(94 * GiB, server, client), Config())
+    assert [(str(a.unit), a.reason, a.clients) for a in d.actions] == [
+        ("user:1000:lmstudio-server.service", "footprint", (client.ref,))
+    ]
+    assert "the load asked by lms-load.service" in d.actions[0].detail
+    by_ref = {ld.ref: ld for ld in d.loaders}
+    assert by_ref[client.ref].charged_to == server.ref and by_ref[client.ref].expected is None
+    # What it held (27 GiB, the incident's pinned model) and the load on top.
+    assert (by_ref[server.ref].expected, by_ref[server.ref].expected_from) == (
+        (27 + 115) * GiB,
+        "clients",
+    )
+
+
+def test_a_users_client_never_gets_another_managers_server_refused():
+    """A user's `ollama run` asks the system ollama.service: a user's unit cannot make the
+    guard refuse root's server (a fake client would do it at will). The client is refused."""
+    server = process_unit("system", "ollama.service", ("/usr/local/bin/ollama", "serve"), rss=GiB)
+    client = process_unit(
+        "user:1001", "preload.service", ("ollama", "run", "gpt-oss:120b"), predicted=70 * GiB
+    )
+    d = decide(snap(60 * GiB, server, client), Config())
+    assert [(str(a.unit), a.reason, a.clients) for a in d.actions] == [
+        ("user:1001:preload.service", "footprint", ())
+    ]
+
+
+def test_a_root_client_is_charged_to_roots_server_and_an_ambiguous_one_to_none():
+    curl = ("curl", "-s", "http://127.0.0.1:11434/api/generate", "-d", '{"model":"qwen3:30b"}')
+    server = process_unit("system", "ollama.service", ("ollama", "serve"))
+    client = process_unit("system", "ollama-preload.service", curl, predicted=90 * GiB)
+    d = decide(snap(60 * GiB, server, client), Config())
+    assert [(str(a.unit), a.clients) for a in d.actions] == [("ollama.service", (client.ref,))]
+    # Two Ollama servers in the one manager: which one it asks is not known; the client
+    # keeps its own footprint and is the unit refused.
+    other = process_unit("system", "ollama-b.service", ("ollama", "serve"))
+    d = decide(snap(60 * GiB, server, other, client), Config())
+    assert [(str(a.unit), a.clients) for a in d.actions] == [("ollama-preload.service", ())]

@@ -198,3 +198,48 @@ def test_step_changes_nothing_it_is_given():
     assert first == again  # the same inputs, the same outcome: nothing hidden in between
     with pytest.raises(TypeError):
         first.state.done[("x", "stop", "r", None)] = 0.0  # type: ignore[index]
+
+
+def test_a_load_a_client_asked_for_is_foreseen_on_top_of_what_the_server_held():
+    """`lms load` asks the user's LM Studio server for a 60 GiB model that fits: while the
+    server takes it, pass after pass, the guard remembers what the server held before
+    (2 GiB) and sees the load arrive as foreseen, not as 60 GiB more to come."""
+    client = SeenUnit(
+        UnitRef("user:1000", "lms-load.service"),
+        pids=(7,),
+        exec_start=(("lms", "load", "qwen/qwen3-30b-a3b"),),
+        active_since=1.0,
+        predicted=60 * GiB,
+    )
+
+    def server(holds):
+        return SeenUnit(
+            UnitRef("user:1000", "lmstudio-server.service"),
+            pids=(8,),
+            gpu=holds,
+            exec_start=(("llmster",),),
+            active_since=0.5,
+        )
+
+    transcript = [
+        seen(1.0 + i, (100 - 20 * i) * GiB, server((2 + 20 * i) * GiB), client) for i in range(4)
+    ]
+    passes = list(replay(transcript))
+    assert [p.taken for p in passes] == [()] * 4
+    ref = server(0).ref
+    assert [next(ld.expected for ld in p.decision.loaders if ld.ref == ref) for p in passes] == [
+        62 * GiB
+    ] * 4
+    assert passes[0].state.charge_bases == {client.ref: 2 * GiB}
+    assert said(passes[0]) == [
+        ("loader-seen", "user:1000:lmstudio-server.service"),
+        ("loader-seen", "user:1000:lms-load.service"),
+    ]
+    assert "lands in user:1000:lmstudio-server.service" in passes[0].events[1].msg
+    # Without the remembered base, the last pass would take the loaded 62 GiB for the
+    # base and see 60 GiB more to come: a refusal of a load that fit and is done.
+    (alone,) = replay([transcript[-1]])
+    assert [str(a.unit) for a in alone.taken] == ["user:1000:lmstudio-server.service"]
+    # The client gone, its charge is forgotten.
+    after = step(passes[-1].state, seen(9.0, 40 * GiB, server(62 * GiB)), Config(), dry_run=False)
+    assert after.state.charge_bases == {}

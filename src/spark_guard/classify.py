@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 
 from .config import Config
 from .foresight.loadspec import SpecError, parse
+from .foresight.servers import client_kind, server_kind
 from .snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Loader, SeenUnit, UnitRef
 from .text import printable
 
@@ -120,7 +121,9 @@ def _loads(argv: Sequence[str]) -> str | None:
         spec = parse(args)
     except SpecError:
         return None  # a loader that cannot start loads nothing
-    return canonical_model(spec.model) if spec is not None and spec.model else None
+    if spec is None or spec.kind != "llama.cpp" or not spec.model:
+        return None  # SGLang's and TGI's model is a directory or a Hub id, not a mapped file
+    return canonical_model(spec.model)
 
 
 class CommandLine(tuple[str, ...]):
@@ -135,6 +138,9 @@ class CommandLine(tuple[str, ...]):
     named: tuple[str, ...]
     loads: str | None
     programs: tuple[tuple[str, bool], ...]
+    # A server that loads on request (servers.py): the kind it runs, or the kind it asks.
+    serves: str | None
+    asks: str | None
 
     def __new__(cls, argv: Iterable[str]) -> CommandLine:
         args = bounded(argv)
@@ -143,6 +149,8 @@ class CommandLine(tuple[str, ...]):
         line.named = tuple(_named(tokens))
         line.programs = _programs(tokens)
         line.loads = _loads(args)  # loadspec unwraps wrappers and shells from the raw words
+        line.serves = server_kind(args)
+        line.asks = client_kind(args)
         return line
 
 
@@ -215,6 +223,14 @@ def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) 
         evidence.append(f"gpu-process:{len(seen.gpu_pids)}")
     if seen.mapped_models:
         evidence.append(f"mapped:{printable(seen.mapped_models[0], SHOWN_PATH_MAX)}")
+    # A server that loads on request, or a client that asks one (a curl preload is
+    # nothing but this): servers.py.
+    serves = next((line.serves for line in lines if line.serves), "")
+    asks = next((line.asks for line in lines if line.asks), "")
+    if serves:
+        evidence.append(f"serves:{serves}")
+    if asks:
+        evidence.append(f"asks:{asks}")
     if not evidence:
         return None
     if any(a is not b for a, b in zip(lines, seen.exec_start + seen.cmdlines, strict=True)):
@@ -225,8 +241,7 @@ def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) 
     models = tuple(dict.fromkeys(named + loads + [canonical_model(m) for m in seen.mapped_models]))
     # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
     expected = expected_footprint(ref, config)
-    if expected is not None:
-        return Loader(seen, tuple(evidence), models, expected, "config")
-    if seen.predicted is not None:
-        return Loader(seen, tuple(evidence), models, seen.predicted, "estimate")
-    return Loader(seen, tuple(evidence), models, None)
+    # A server that loads on request, or a client that asks one (servers.py).
+    source = "config" if expected is not None else "" if seen.predicted is None else "estimate"
+    expected = expected if expected is not None else seen.predicted
+    return Loader(seen, tuple(evidence), models, expected, source, serves=serves, asks=asks)

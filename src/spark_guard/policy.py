@@ -10,7 +10,8 @@ model root's unit loads, or else the later started of the two.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config
@@ -127,14 +128,76 @@ def admit(
     return pending, refused
 
 
+def _server_of(client: Loader, servers: list[Loader]) -> Loader | None:
+    """The server a client's load lands in: one of the kind it asks, in its own manager;
+    for a system client also in the manager of the user it runs as (root's when it runs
+    as root). Never another user's from a user's client: a user's unit cannot make the
+    guard refuse someone else's server. None when there is none, or more than one."""
+    managers = [client.ref.manager]
+    if client.ref.manager == SYSTEM:
+        managers.append(f"user:{client.seen.runs_as or 0}")
+    for manager in managers:
+        found = [s for s in servers if s.ref.manager == manager and s.serves == client.asks]
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None
+
+
+def charge_clients(
+    loaders: tuple[Loader, ...], bases: Mapping[UnitRef, int] | None = None
+) -> tuple[Loader, ...]:
+    """Each client's load (`lms load`, `ollama run`, a preload) charged to its server.
+
+    The memory of the load appears in the server's unit, so the server is the unit to
+    refuse or block: its footprint becomes what it held when the client was first seen
+    (`bases`, remembered by step(); now, on that first pass) plus what its clients ask
+    it to load, or the admin's figure for it if larger. It carries the clients, named in
+    the action, the record and the journal. A charged client carries no footprint of its
+    own. A client without a server it could be charged to keeps its own: it is the unit
+    refused.
+    """
+    servers = [ld for ld in loaders if ld.serves]
+    charges: dict[UnitRef, list[Loader]] = {}
+    for loader in loaders:
+        if loader.asks and not loader.serves:
+            server = _server_of(loader, servers)
+            if server is not None:
+                charges.setdefault(server.ref, []).append(loader)
+    if not charges:
+        return loaders
+    charged_to = {c.ref: server for server, cs in charges.items() for c in cs}
+    out = []
+    for loader in loaders:
+        if loader.ref in charges:
+            clients = charges[loader.ref]
+            asked = [c.expected for c in clients if c.expected is not None]
+            if asked:
+                base = max((bases or {}).get(c.ref, loader.seen.used) for c in clients)
+                loader = replace(
+                    loader,
+                    expected=max(loader.expected or 0, base + sum(asked)),
+                    expected_from="clients",
+                )
+            loader = replace(loader, clients=tuple(c.ref for c in clients))
+        elif loader.ref in charged_to:
+            loader = replace(
+                loader, expected=None, expected_from="", charged_to=charged_to[loader.ref]
+            )
+        out.append(loader)
+    return tuple(out)
+
+
 def decide(snapshot: Snapshot, config: Config) -> Decision:
     reserve = config.reserve_for(snapshot.memory.total)
     current_phase = phase(snapshot, config)
-    loaders = tuple(
-        loader
-        for seen in snapshot.units
-        if (loader := classify(seen, config, snapshot.guard_unit)) is not None
-        and (seen.starting or seen.active_state in ("active", "activating", "reloading"))
+    loaders = charge_clients(
+        tuple(
+            loader
+            for seen in snapshot.units
+            if (loader := classify(seen, config, snapshot.guard_unit)) is not None
+            and (seen.starting or seen.active_state in ("active", "activating", "reloading"))
+        ),
+        snapshot.charge_bases,
     )
     rate = slope(snapshot.history, config.trend_window, snapshot.now)
     available = snapshot.memory.available
@@ -146,6 +209,8 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             kind: ActionKind = "stop"
             if current_phase == STEADY and config.steady == "warn":
                 kind = "warn"
+            if loader.clients:
+                detail += "; the load asked by " + ", ".join(printable(c) for c in loader.clients)
             actions[key] = Action(
                 kind,
                 loader.ref,
@@ -153,6 +218,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 detail,
                 _figures(snapshot, reserve, loader, **extra),
                 since=loader.seen.active_since,
+                clients=loader.clients,
             )
 
     if current_phase == STEADY and config.steady == "off":

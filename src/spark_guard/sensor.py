@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .classify import CommandLine, is_protected
 from .config import Config
+from .foresight.clients import ServerUnit, predict_client
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
+from .foresight.servers import OLLAMA
 from .snapshot import SYSTEM, RescueGroup, SeenUnit, Snapshot, UnitRef
 from .system.gpu import GpuWatch
 from .system.managers import (
@@ -276,10 +278,11 @@ class Sensor:
             state = states.get(ref)
             if state is None:
                 continue
-            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), memory.total)
+            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""))
             if ref in starting:
                 seen = replace(seen, starting=True)
             units.append(seen)
+        units = self._foresee(units, memory.total)
         for ref in [r for r in self._units if r not in groups]:
             del self._units[ref]
         live = {pid for procs in groups.values() for pid, _, _ in procs}
@@ -339,7 +342,6 @@ class Sensor:
         gpu: dict[int, int | None],
         now: float,
         cgroup: str,
-        mem_total: int,
     ) -> SeenUnit:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
@@ -365,19 +367,6 @@ class Sensor:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except (ManagerError, KeyError):
                 cache.details = UnitDetails((), None)
-        if not cache.predicted:
-            # Once per run: the command line and the model's header do not change under it.
-            # The model is read off the loop, with the unit owner's rights (foresight.py):
-            # while that read is on, the prediction is pending (None: the trend guards the
-            # unit) and the next pass asks again; the loop never waits for it.
-            cache.prediction = self.predictor.predict(
-                cache.details.exec_start,
-                parse_environment(cache.details.environment),
-                mem_total,
-                owner=owner_of(ref.manager),
-                wait=self.wait_for_models,
-            )
-            cache.predicted = cache.prediction is None or not cache.prediction.pending
         if cache.commands is None:
             cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
         cmdlines: list[CommandLine] = []
@@ -404,9 +393,58 @@ class Sensor:
             active_since=cache.details.active_since,
             growth=growth,
             cgroup=cgroup,
-            predicted=cache.prediction.bytes if cache.prediction else None,
-            prediction=cache.prediction.source if cache.prediction else "",
         )
+
+    def _foresee(self, units: list[SeenUnit], mem_total: int) -> list[SeenUnit]:
+        """Each loader's footprint before it allocates, once per run: the command line and
+        the model's header do not change under it. Models are read off the loop, with the
+        unit owner's rights (foresight/predict.py): while a read is on, the prediction is
+        pending (None: the trend guards the unit) and the next pass asks again; the loop
+        never waits for it. After every unit of the pass is seen: a client's load
+        (foresight/clients.py) is looked up in its Ollama server unit's files."""
+        servers = [
+            ServerUnit(
+                ref.manager,
+                c.details.exec_start,
+                parse_environment(c.details.environment),
+                c.details.user,
+            )
+            for ref, c in self._units.items()
+            if c.details is not None
+            and c.commands
+            and any(ln.serves == OLLAMA for ln in c.commands)
+        ]
+        out = []
+        for seen in units:
+            cache = self._units.get(seen.ref)
+            if cache is None or cache.details is None:
+                out.append(seen)
+                continue
+            if not cache.predicted:
+                details = cache.details
+                env = parse_environment(details.environment)
+                cache.prediction = predict_client(
+                    self.predictor,
+                    details.exec_start,
+                    env,
+                    mem_total,
+                    manager=seen.ref.manager,
+                    user=details.user,
+                    servers=servers,
+                    wait=self.wait_for_models,
+                ) or self.predictor.predict(
+                    details.exec_start,
+                    env,
+                    mem_total,
+                    owner=owner_of(seen.ref.manager),
+                    wait=self.wait_for_models,
+                )
+                cache.predicted = cache.prediction is None or not cache.prediction.pending
+            p = cache.prediction
+            if p is not None:
+                seen = replace(seen, predicted=p.bytes, prediction=p.source, runs_as=p.runs_as)
+            out.append(seen)
+        return out
 
     def _rescue(self) -> tuple[RescueGroup, ...]:
         m = self._rescue_manager()

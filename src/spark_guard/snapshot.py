@@ -8,6 +8,7 @@ clock systemd's *TimestampMonotonic properties use.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,6 +141,9 @@ class SeenUnit:
     prediction: str = ""
     # A start job is queued: no process yet, nothing allocated, the best time to stop it.
     starting: bool = False
+    # The uid its processes run as, where foresight looked it up (a system unit's User=,
+    # off the loop): whose server a client's load lands in. None: not known.
+    runs_as: int | None = None
 
     @property
     def used(self) -> int:
@@ -170,6 +174,9 @@ class Snapshot:
     guard_unit: UnitRef | None = None
     gpu_accounting: bool = False
     gpu_stale: bool = False  # NVML hangs: the GPU figures are the last known ones
+    # Remembered (step.GuardState): what each charged client's server held when the
+    # client was first seen asking it (policy.charge_clients); the load comes on top.
+    charge_bases: Mapping[UnitRef, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -180,8 +187,17 @@ class Loader:
     evidence: tuple[str, ...]
     models: tuple[str, ...]
     expected: int | None
-    # Where `expected` comes from: "config", "estimate", or "" (footprint unknown).
+    # Where `expected` comes from: "config", "estimate", "clients" (what the clients
+    # charged to it ask it to load), or "" (footprint unknown).
     expected_from: str = ""
+    # A server that loads on request (foresight/servers.py: "lmstudio", "ollama"): the
+    # kind it runs, or, for a client (`lms load`, `ollama run`), the kind it asks.
+    serves: str = ""
+    asks: str = ""
+    # A client's load is charged to its server (policy.charge_clients): the server's
+    # unit, and on the server the clients charged to it.
+    charged_to: UnitRef | None = None
+    clients: tuple[UnitRef, ...] = ()
 
     @property
     def ref(self) -> UnitRef:
@@ -199,6 +215,8 @@ class Action:
     figures: dict[str, int | float] = field(default_factory=dict, compare=False)
     # When this run of the unit became active: a restart is a new run to act on.
     since: float | None = None
+    # On a server: the client units whose loads it was refused or blocked for.
+    clients: tuple[UnitRef, ...] = ()
 
 
 @dataclass(frozen=True)

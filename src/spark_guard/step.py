@@ -25,6 +25,7 @@ from .config import Config
 from .events import Event
 from .foresight.predict import PENDING
 from .policy import STEADY, decide
+from .quantities import format_size
 from .snapshot import Action, Decision, Loader, Snapshot, UnitRef
 
 # Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
@@ -57,6 +58,9 @@ class GuardState:
     # When each loader's current run began, and how many runs were seen (restart storms).
     started_at: Mapping[UnitRef, float] = field(default_factory=_nothing)
     starts: Mapping[str, int] = field(default_factory=_nothing)
+    # What each charged client's server held when the client was first seen asking it:
+    # its load comes on top (policy.charge_clients).
+    charge_bases: Mapping[UnitRef, int] = field(default_factory=_nothing)
     # Actions taken by kind, and the last one, for state.json, the metrics and STATUS=.
     counts: Mapping[str, int] = field(default_factory=_nothing)
     last_action: str = "none"
@@ -89,7 +93,12 @@ def step(state: GuardState, snapshot: Snapshot, config: Config, *, dry_run: bool
     """One pass: remember the reading, decide, say what is new, take what is new."""
     state = remember(state, snapshot.now, snapshot.memory.available, config)
     # What the guard remembers is part of what it judges: the trend and the boot latch.
-    seen = replace(snapshot, history=state.history, boot_over=state.boot_over)
+    seen = replace(
+        snapshot,
+        history=state.history,
+        boot_over=state.boot_over,
+        charge_bases=state.charge_bases,
+    )
     decision = decide(seen, config)
     events: list[Event] = []
     if decision.phase == STEADY and not state.boot_over:
@@ -163,6 +172,14 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
             told.add(loader.ref)
             events.extend(_told(loader))
     refs = frozenset(ld.ref for ld in decision.loaders)
+    # A client's base is its server's hold on the pass it was first charged: kept while
+    # the client is charged, forgotten with it.
+    servers = {ld.ref: ld.seen.used for ld in decision.loaders}
+    bases = {
+        ld.ref: state.charge_bases.get(ld.ref, servers[ld.charged_to])
+        for ld in decision.loaders
+        if ld.charged_to is not None and ld.charged_to in servers
+    }
     started_at = dict(state.started_at)
     starts = dict(state.starts)
     for loader in decision.loaders:
@@ -173,6 +190,7 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
     return replace(
         state,
         told=frozenset(told & refs),
+        charge_bases=MappingProxyType(bases),
         loaders=refs,
         new_loaders=refs - state.loaders,
         started_at=MappingProxyType(started_at),
@@ -199,10 +217,18 @@ def _told(loader: Loader) -> list[Event]:
                 "unit_rss": seen.rss,
                 "unit_gpu": seen.gpu,
                 "pids": seen.pids,
+                "charged_to": str(loader.charged_to) if loader.charged_to else None,
             },
         )
     ]
-    if loader.expected is None:
+    if loader.charged_to is not None:
+        # A client: its load is the server's, and the server's footprint says it.
+        load = f"{format_size(seen.predicted)} " if seen.predicted is not None else ""
+        out[0] = replace(
+            out[0],
+            msg=f"{out[0].msg}; its load {load}lands in {loader.charged_to}, charged there",
+        )
+    elif loader.expected is None:
         why = seen.prediction or "no model file or size in its command line"
         out.append(
             Event(
@@ -227,6 +253,7 @@ def _decision_event(decision: Decision, action: Action) -> Event:
             "action": action.kind,
             "reason": action.reason,
             "phase": decision.phase,
+            "clients": [str(c) for c in action.clients] or None,
             **action.figures,
         },
     )

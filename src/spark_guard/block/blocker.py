@@ -168,6 +168,7 @@ class Blocker:
                     at=utc_now(),
                     boot_id=self.boot_id,
                     cgroup=cgroups.get(action.unit, ""),
+                    clients=[str(c) for c in action.clients],
                 )
             else:
                 # Blocked before, and running again (it started before its mask was back).
@@ -691,6 +692,7 @@ class Blocker:
             mask=record.mask_path,
             links_removed=removed,
             record=self.store.path_of(record.ref),
+            clients=record.clients or None,
             **record.figures,  # as decided: SG_MEM_AVAILABLE, SG_RESERVE, SG_EXPECTED, ...
             msg=f"{record.ref} is stopped, masked and disabled ({record.reason}: "
             f"{record.detail}); undo with: spark-guard release {record.ref}",

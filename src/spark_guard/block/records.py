@@ -110,6 +110,8 @@ class Record:
     # (UTC time, what happened), in order: the record's own log.
     history: list[tuple[str, str]] = field(default_factory=list)
     problem: str = ""
+    # A server blocked for loads its clients asked (`lms load`, `ollama run`): those units.
+    clients: list[str] = field(default_factory=list)
 
     @property
     def ref(self) -> UnitRef:

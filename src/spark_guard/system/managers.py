@@ -130,6 +130,7 @@ class UnitDetails:
     exec_start: tuple[tuple[str, ...], ...]
     active_since: float | None  # monotonic seconds
     environment: tuple[str, ...] = ()  # Environment= assignments, 'K=V'
+    user: str = ""  # User= as the manager reports it ("": the manager's own user)
 
 
 class Manager:
@@ -386,14 +387,16 @@ class Manager:
         path = self.unit_path(name)
         exec_start: tuple[tuple[str, ...], ...] = ()
         environment: tuple[str, ...] = ()
+        user = ""
         if name.endswith(".service"):
             raw = self._get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
             exec_start = tuple(tuple(_s(a) for a in row[1]) for row in raw)
             environment = tuple(_s(e) for e in self._get(path, _SERVICE, b"Environment", b"as"))
+            user = _s(self._get(path, _SERVICE, b"User", b"s"))
         since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
         if since_us == 0:  # still activating: it left 'inactive' when the start began
             since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
-        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, environment)
+        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, environment, user)
 
     def list_units(self) -> list[UnitState]:
         """Every unit loaded in this manager, with its states."""
