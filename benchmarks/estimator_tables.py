@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from lab import synth, testdata
-from lab.llamacpp import FIT_PARAMS, MEASURED
+from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED
 from spark_guard.foresight.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes
 from spark_guard.foresight.gguf import read_model
 
@@ -74,8 +74,64 @@ def measured() -> None:
         )
 
 
+ARCHITECTURES = {
+    "gpt-oss-20b": "gpt-oss-20b (gpt-oss: MXFP4 experts, attention sinks, SWA 128)",
+    "gpt-oss-120b": "gpt-oss-120b (gpt-oss)",
+    "qwen3-30b-a3b": "Qwen3-30B-A3B (qwen3moe)",
+    "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B (qwen3next: hybrid, gated delta net)",
+    "nemotron-3-nano-30b-a3b": "Nemotron-3-Nano-30B-A3B (nemotron_h_moe: hybrid, Mamba-2)",
+    "glm-4.5-air": "GLM-4.5-Air (glm4moe, with its MTP block)",
+}
+
+
+def settings_flags(settings: dict[str, object]) -> str:
+    names = {"n_ctx": "-c", "n_parallel": "-np", "cache_type_k": "-ctk", "cache_type_v": "-ctv"}
+    out = []
+    for k, v in settings.items():
+        if k == "kv_unified":
+            out.append("-kvu")
+        elif k == "flash_attn":
+            out.append(f"-fa {v}")
+        else:
+            out.append(f"{names[k]} {v}")
+    return " ".join(out)
+
+
+def architectures() -> None:
+    """One table per architecture: llama.cpp's own breakdown (lab/llamacpp.py LLAMA_CPP)."""
+    with tempfile.TemporaryDirectory() as d:
+        models = {k: read_model(str(synth.write(synth.SPECS[k], Path(d)))) for k in ARCHITECTURES}
+        for key, title in ARCHITECTURES.items():
+            rows = [r for r in LLAMA_CPP if r[0] == key]
+            print(f"#### {title}\n")
+            print(f"Weights: llama.cpp {rows[0][2] / GiB:.2f} GiB, estimate ", end="")
+            est0 = estimate(models[key], Settings(flash_attn="on", **rows[0][1]))  # type: ignore[arg-type]
+            print(f"{est0.terms[0].bytes / GiB:.2f} GiB ({est0.terms[0].detail}).\n")
+            print(
+                "| settings (-fa on unless said) | KV + state llama.cpp | estimate "
+                "| compute llama.cpp | estimate | weights + KV + compute | whole estimate |"
+            )
+            print("|---|---|---|---|---|---|---|")
+            for _, settings, weights, context, compute, _fit in rows:
+                s = Settings(**{"flash_attn": "on", **settings})  # type: ignore[arg-type]
+                est = estimate(models[key], s)
+                t = {x.name: x.bytes for x in est.terms}
+                need = weights + context + compute
+                ours = t["weights"] + t["kv"] + t["compute"]
+                print(
+                    f"| {settings_flags(settings)} | {context / MiB:.1f} MiB "
+                    f"| {t['kv'] / MiB:.1f} MiB "
+                    f"| {compute / MiB:.1f} MiB | {t['compute'] / MiB:.1f} MiB "
+                    f"| {(ours - need) / need * 100:+.2f} % "
+                    f"| {est.total / GiB:.2f} GiB ({(est.total - need) / need * 100:+.1f} %) |"
+                )
+            print()
+
+
 if __name__ == "__main__":
     print("### Published figures (Qwen3-30B-A3B, F16, CUDA)\n")
     published()
     print("\n### Measured here (SmolLM2-135M Q4_1, llama.cpp CPU build)\n")
     measured()
+    print("\n### The models of issue 18 (llama.cpp 0c1e57098, CPU build, its own breakdown)\n")
+    architectures()

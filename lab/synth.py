@@ -36,6 +36,10 @@ class Spec:
     n_ff_exp: int = 0
     weight_type: Any = Q.Q4_K
     extra: dict[str, Any] = field(default_factory=dict)
+    # Architectures whose tensor list llama.cpp checks name by name (_LAYOUTS): the
+    # layout's name, and typed metadata (int: uint32, float: float32, bool, str, list).
+    layout: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 SPECS = {
@@ -56,6 +60,7 @@ SPECS = {
         n_expert_used=8,
         n_ff_exp=768,
         weight_type=Q.F16,
+        layout="qwen3moe",
     ),
     "qwen3-32b": Spec("Qwen3-32B", "qwen3", 64, 5120, 64, 8, 128, 128, 40960, 151936, n_ff=25600),
     "gemma-3-27b": Spec(
@@ -87,8 +92,10 @@ SPECS = {
         n_expert=128,
         n_expert_used=4,
         n_ff_exp=2880,
-        weight_type=Q.MXFP4,
+        weight_type=Q.Q8_0,  # MXFP4 experts (the layout), Q8_0 for the rest
         extra={"attention.sliding_window": 128},
+        layout="gpt-oss",
+        meta={"rope.dimension_count": 64},
     ),
     # DeepSeek-V3 as llama.cpp converts it for MLA: one 576-wide K head, no V.
     "deepseek-v3": Spec(
@@ -115,11 +122,118 @@ SPECS = {
             "leading_dense_block_count": 3,
         },
     ),
+    # The models of issue 18, with the tensor lists llama.cpp's loader asks for (it
+    # refuses a file with a tensor missing or one too many), so that its own
+    # llama-fit-params accounting runs on them (lab/llamacpp.py).
+    # gpt-oss-20b: config.json of openai/gpt-oss-20b; MXFP4 experts, attention sinks, SWA 128.
+    "gpt-oss-20b": Spec(
+        "gpt-oss-20b",
+        "gpt-oss",
+        24,
+        2880,
+        64,
+        8,
+        64,
+        64,
+        131072,
+        201088,
+        n_ff=2880,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        weight_type=Q.Q8_0,
+        extra={"attention.sliding_window": 128},
+        layout="gpt-oss",
+        meta={"rope.dimension_count": 64},
+    ),
+    # Qwen3-Next-80B-A3B: gated-delta-net (linear attention) in 3 of 4 layers.
+    "qwen3-next-80b-a3b": Spec(
+        "Qwen3-Next-80B-A3B",
+        "qwen3next",
+        48,
+        2048,
+        16,
+        2,
+        256,
+        256,
+        262144,
+        151936,
+        n_ff=5120,
+        n_expert=512,
+        n_expert_used=10,
+        n_ff_exp=512,
+        layout="qwen3next",
+        meta={
+            "expert_shared_feed_forward_length": 512,
+            "ssm.conv_kernel": 4,
+            "ssm.state_size": 128,
+            "ssm.group_count": 16,
+            "ssm.time_step_rank": 32,
+            "ssm.inner_size": 4096,
+            "full_attention_interval": 4,
+            "rope.dimension_count": 64,
+        },
+    ),
+    # NVIDIA-Nemotron-3-Nano-30B-A3B: 23 Mamba-2, 23 MoE and 6 attention blocks.
+    "nemotron-3-nano-30b-a3b": Spec(
+        "Nemotron-3-Nano-30B-A3B",
+        "nemotron_h_moe",
+        52,
+        2688,
+        32,
+        2,
+        128,
+        128,
+        262144,
+        131072,
+        n_expert=128,
+        n_expert_used=6,
+        n_ff_exp=1856,
+        weight_type=Q.Q8_0,
+        layout="nemotron_h_moe",
+        meta={
+            "pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+            "expert_shared_feed_forward_length": 3712,
+            "expert_shared_count": 1,
+            "ssm.conv_kernel": 4,
+            "ssm.state_size": 128,
+            "ssm.group_count": 8,
+            "ssm.time_step_rank": 64,
+            "ssm.inner_size": 4096,
+        },
+    ),
+    # GLM-4.5-Air: 46 blocks and the MTP (next-token prediction) block as the 47th.
+    "glm-4.5-air": Spec(
+        "GLM-4.5-Air",
+        "glm4moe",
+        47,
+        4096,
+        96,
+        8,
+        128,
+        128,
+        131072,
+        151552,
+        n_ff=10944,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=1408,
+        weight_type=Q.Q4_0,
+        layout="glm4moe",
+        meta={
+            "nextn_predict_layers": 1,
+            "leading_dense_block_count": 1,
+            "expert_shared_count": 1,
+            "rope.dimension_count": 64,
+        },
+    ),
 }
 
 
 def _tensors(s: Spec) -> list[tuple[str, tuple[int, ...], Any]]:
     """(name, ggml dims, type): the weight matrices of a decoder, close to the real list."""
+    if s.layout:
+        return _LAYOUTS[s.layout](s)
     wt = s.weight_type
     out: list[tuple[str, tuple[int, ...], Any]] = [
         ("token_embd.weight", (s.n_embd, s.n_vocab), wt),
@@ -152,6 +266,217 @@ def _tensors(s: Spec) -> list[tuple[str, tuple[int, ...], Any]]:
     return out
 
 
+Tensors = list[tuple[str, tuple[int, ...], Any]]
+F32 = Q.F32
+
+
+def _head(s: Spec) -> Tensors:
+    return [
+        ("token_embd.weight", (s.n_embd, s.n_vocab), s.weight_type),
+        ("output_norm.weight", (s.n_embd,), F32),
+        ("output.weight", (s.n_embd, s.n_vocab), s.weight_type),
+    ]
+
+
+def _attn(s: Spec, b: str, q_rows: int, bias: bool = False) -> Tensors:
+    e, wt = s.n_embd, s.weight_type
+    kv = s.n_head_kv * s.k_len
+    out: Tensors = [
+        (f"{b}.attn_q.weight", (e, q_rows), wt),
+        (f"{b}.attn_k.weight", (e, kv), wt),
+        (f"{b}.attn_v.weight", (e, s.n_head_kv * s.v_len), wt),
+        (f"{b}.attn_output.weight", (s.n_head * s.v_len, e), wt),
+    ]
+    if bias:
+        out += [
+            (f"{b}.attn_q.bias", (q_rows,), F32),
+            (f"{b}.attn_k.bias", (kv,), F32),
+            (f"{b}.attn_v.bias", (s.n_head_kv * s.v_len,), F32),
+        ]
+    return out
+
+
+def _experts(s: Spec, b: str, wt: Any = None) -> Tensors:
+    e, f, x = s.n_embd, s.n_ff_exp, s.n_expert
+    wt = wt or s.weight_type
+    return [
+        (f"{b}.ffn_gate_inp.weight", (e, x), F32),
+        (f"{b}.ffn_gate_exps.weight", (e, f, x), wt),
+        (f"{b}.ffn_up_exps.weight", (e, f, x), wt),
+        (f"{b}.ffn_down_exps.weight", (f, e, x), wt),
+    ]
+
+
+def _shared(s: Spec, b: str, f: int, gate: bool = True) -> Tensors:
+    e, wt = s.n_embd, s.weight_type
+    out: Tensors = [(f"{b}.ffn_gate_shexp.weight", (e, f), wt)] if gate else []
+    return [
+        *out,
+        (f"{b}.ffn_up_shexp.weight", (e, f), wt),
+        (f"{b}.ffn_down_shexp.weight", (f, e), wt),
+    ]
+
+
+def _gpt_oss(s: Spec) -> Tensors:
+    """llama.cpp src/models/openai-moe.cpp: biases everywhere, sinks, MXFP4 experts."""
+    e, f, x = s.n_embd, s.n_ff_exp, s.n_expert
+    out = _head(s)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        out += [
+            (f"{b}.attn_norm.weight", (e,), F32),
+            (f"{b}.post_attention_norm.weight", (e,), F32),
+        ]
+        out += _attn(s, b, s.n_head * s.k_len, bias=True)
+        out += [(f"{b}.attn_output.bias", (e,), F32), (f"{b}.attn_sinks.weight", (s.n_head,), F32)]
+        out += _experts(s, b, Q.MXFP4)
+        out += [
+            (f"{b}.ffn_gate_inp.bias", (x,), F32),
+            (f"{b}.ffn_gate_exps.bias", (f, x), F32),
+            (f"{b}.ffn_up_exps.bias", (f, x), F32),
+            (f"{b}.ffn_down_exps.bias", (e, x), F32),
+        ]
+    return out
+
+
+def _qwen3next(s: Spec) -> Tensors:
+    """llama.cpp src/models/qwen3next.cpp: every 4th layer attention, the rest gated delta net."""
+    e, wt, m = s.n_embd, s.weight_type, s.meta
+    key_dim = m["ssm.state_size"] * m["ssm.group_count"]
+    value_dim = m["ssm.inner_size"]
+    n_v_heads = m["ssm.time_step_rank"]
+    out = _head(s)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        out += [
+            (f"{b}.attn_norm.weight", (e,), F32),
+            (f"{b}.post_attention_norm.weight", (e,), F32),
+        ]
+        if (il + 1) % m["full_attention_interval"] == 0:
+            out += _attn(s, b, s.n_head * s.k_len * 2)  # Q and its output gate
+            out += [(f"{b}.attn_q_norm.weight", (s.k_len,), F32)]
+            out += [(f"{b}.attn_k_norm.weight", (s.k_len,), F32)]
+        else:
+            out += [
+                (f"{b}.attn_qkv.weight", (e, key_dim * 2 + value_dim), wt),
+                (f"{b}.attn_gate.weight", (e, value_dim), wt),
+                (f"{b}.ssm_conv1d.weight", (m["ssm.conv_kernel"], key_dim * 2 + value_dim), F32),
+                (f"{b}.ssm_dt.bias", (n_v_heads,), F32),
+                (f"{b}.ssm_a", (n_v_heads,), F32),
+                (f"{b}.ssm_ba.weight", (e, n_v_heads * 2), wt),
+                (f"{b}.ssm_norm.weight", (m["ssm.state_size"],), F32),
+                (f"{b}.ssm_out.weight", (value_dim, e), wt),
+            ]
+        out += _experts(s, b)
+        out += [(f"{b}.ffn_gate_inp_shexp.weight", (e,), F32)]
+        out += _shared(s, b, m["expert_shared_feed_forward_length"])
+    return out
+
+
+def _nemotron_h_moe(s: Spec) -> Tensors:
+    """llama.cpp src/models/nemotron-h.cpp: one of Mamba-2 (M), MoE (E), attention (*) a block."""
+    e, wt, m = s.n_embd, s.weight_type, s.meta
+    d_inner, n_group, d_state = m["ssm.inner_size"], m["ssm.group_count"], m["ssm.state_size"]
+    heads = m["ssm.time_step_rank"]
+    conv = d_inner + 2 * n_group * d_state
+    out = _head(s)
+    for il, kind in enumerate(m["pattern"]):
+        b = f"blk.{il}"
+        out += [(f"{b}.attn_norm.weight", (e,), F32)]
+        if kind == "M":
+            out += [
+                (f"{b}.ssm_in.weight", (e, 2 * d_inner + 2 * n_group * d_state + heads), wt),
+                (f"{b}.ssm_conv1d.weight", (m["ssm.conv_kernel"], conv), F32),
+                (f"{b}.ssm_conv1d.bias", (conv,), F32),
+                (f"{b}.ssm_dt.bias", (heads,), F32),
+                (f"{b}.ssm_a", (1, heads), F32),
+                (f"{b}.ssm_d", (1, heads), F32),
+                (f"{b}.ssm_norm.weight", (d_inner // n_group, n_group), F32),
+                (f"{b}.ssm_out.weight", (d_inner, e), wt),
+            ]
+        elif kind == "*":
+            out += _attn(s, b, s.n_head * s.k_len)
+        else:
+            x, f = s.n_expert, s.n_ff_exp
+            out += [
+                (f"{b}.ffn_gate_inp.weight", (e, x), F32),
+                (f"{b}.exp_probs_b.bias", (x,), F32),
+                (f"{b}.ffn_up_exps.weight", (e, f, x), wt),
+                (f"{b}.ffn_down_exps.weight", (f, e, x), wt),
+            ]
+            out += _shared(s, b, m["expert_shared_feed_forward_length"], gate=False)
+    return out
+
+
+def _glm4moe(s: Spec) -> Tensors:
+    """llama.cpp src/models/glm4-moe.cpp: the last block is the MTP head (nextn)."""
+    e, wt, m = s.n_embd, s.weight_type, s.meta
+    trunk = s.n_layer - m["nextn_predict_layers"]
+    out = _head(s)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        out += [
+            (f"{b}.attn_norm.weight", (e,), F32),
+            (f"{b}.post_attention_norm.weight", (e,), F32),
+        ]
+        out += _attn(s, b, s.n_head * s.k_len, bias=True)
+        if il < m["leading_dense_block_count"]:
+            out += [
+                (f"{b}.ffn_gate.weight", (e, s.n_ff), wt),
+                (f"{b}.ffn_up.weight", (e, s.n_ff), wt),
+                (f"{b}.ffn_down.weight", (s.n_ff, e), wt),
+            ]
+        else:
+            out += [*_experts(s, b), (f"{b}.exp_probs_b.bias", (s.n_expert,), F32)]
+            out += _shared(s, b, s.n_ff_exp * m["expert_shared_count"])
+        if il >= trunk:
+            out += [
+                (f"{b}.nextn.eh_proj.weight", (2 * e, e), wt),
+                (f"{b}.nextn.enorm.weight", (e,), F32),
+                (f"{b}.nextn.hnorm.weight", (e,), F32),
+                (f"{b}.nextn.shared_head_norm.weight", (e,), F32),
+            ]
+    return out
+
+
+def _qwen3moe(s: Spec) -> Tensors:
+    """llama.cpp src/models/qwen3moe.cpp: Q/K norms, experts in every layer."""
+    e = s.n_embd
+    out = _head(s)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        out += [(f"{b}.attn_norm.weight", (e,), F32)]
+        out += _attn(s, b, s.n_head * s.k_len)
+        out += [(f"{b}.attn_q_norm.weight", (s.k_len,), F32)]
+        out += [(f"{b}.attn_k_norm.weight", (s.k_len,), F32)]
+        out += [(f"{b}.ffn_norm.weight", (e,), F32), *_experts(s, b)]
+    return out
+
+
+_LAYOUTS = {
+    "qwen3moe": _qwen3moe,
+    "gpt-oss": _gpt_oss,
+    "qwen3next": _qwen3next,
+    "nemotron_h_moe": _nemotron_h_moe,
+    "glm4moe": _glm4moe,
+}
+
+
+def _metadata(spec: Spec) -> dict[str, Any]:
+    """The metadata keys (without the architecture prefix) of a layout spec."""
+    kv: dict[str, Any] = {
+        "attention.layer_norm_rms_epsilon": 1e-5,
+        "attention.layer_norm_epsilon": 1e-5,
+        "rope.freq_base": 10000.0,
+    }
+    kv.update({k: v for k, v in spec.meta.items() if k != "pattern"})
+    pattern = spec.meta.get("pattern")
+    if pattern:  # per-layer head and FFN counts say which block is which (nemotron_h)
+        kv["attention.head_count_kv"] = [spec.n_head_kv if c == "*" else 0 for c in pattern]
+        kv["feed_forward_length"] = [spec.n_ff_exp if c == "E" else 0 for c in pattern]
+    return kv
+
+
 def _nbytes(dims: tuple[int, ...], qtype: Any) -> int:
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n = 1
@@ -173,23 +498,36 @@ def write(spec: Spec, directory: Path, *, shards: int = 1, vocabulary: bool = Fa
     w = gguf.GGUFWriter(path, spec.arch, split_max_tensors=per_shard)
     a = spec.arch
     w.add_name(spec.name)
-    w.add_uint32(f"{a}.block_count", spec.n_layer)
-    w.add_uint32(f"{a}.context_length", spec.n_ctx_train)
-    w.add_uint32(f"{a}.embedding_length", spec.n_embd)
-    w.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", spec.k_len)
-    w.add_uint32(f"{a}.attention.value_length", spec.v_len)
+    kv: dict[str, Any] = {
+        "block_count": spec.n_layer,
+        "context_length": spec.n_ctx_train,
+        "embedding_length": spec.n_embd,
+        "feed_forward_length": spec.n_ff,
+        "attention.head_count": spec.n_head,
+        "attention.head_count_kv": spec.n_head_kv,
+        "attention.key_length": spec.k_len,
+        "attention.value_length": spec.v_len,
+    }
     if spec.n_expert:
-        w.add_uint32(f"{a}.expert_count", spec.n_expert)
-        w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
-    for key, value in spec.extra.items():
-        w.add_uint32(f"{a}.{key}", value)
+        kv["expert_count"] = spec.n_expert
+        kv["expert_used_count"] = spec.n_expert_used
+        kv["expert_feed_forward_length"] = spec.n_ff_exp
+    kv.update(spec.extra)
+    if spec.layout:
+        kv.update(_metadata(spec))
+    for key, value in kv.items():
+        if isinstance(value, bool):
+            w.add_bool(f"{a}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{a}.{key}", value)
+        elif isinstance(value, list):
+            w.add_array(f"{a}.{key}", value)
+        else:
+            w.add_uint32(f"{a}.{key}", value)
     # The vocabulary's size, not its 150,000 strings: the real files in lab/testdata.py
     # carry real vocabularies; these are about shapes and sizes.
-    w.add_tokenizer_model("gpt2")
+    # llama.cpp reads a "none" tokenizer as that many placeholder tokens, no merges needed.
+    w.add_tokenizer_model("none" if spec.layout else "gpt2")
     w.add_vocab_size(spec.n_vocab)
     if vocabulary:
         w.add_token_list([f"tok{i}" for i in range(spec.n_vocab)])

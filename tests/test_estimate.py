@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab import synth, testdata
-from lab.llamacpp import FIT_PARAMS, MEASURED
+from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED
 from spark_guard.foresight.estimate import (
     EstimateError,
     MiB,
@@ -14,6 +14,8 @@ from spark_guard.foresight.estimate import (
     estimate,
     kv_bytes,
     layers,
+    skipped_bytes,
+    state_bytes,
 )
 from spark_guard.foresight.gguf import Model, read_model
 
@@ -123,3 +125,62 @@ def test_the_whole_estimate_says_what_is_exact_and_adds_a_margin(models):
     # The whole footprint within 5 % of llama.cpp's for this model (its README's run).
     llama_cpp = weights + (FIT_PARAMS["kv_4096"] + FIT_PARAMS["compute"]) * MiB
     assert abs(est.total - llama_cpp) / llama_cpp < 0.05
+
+
+# LLAMA_CPP: llama.cpp's own memory breakdown on the models of issue 18 (lab/llamacpp.py).
+@pytest.mark.parametrize(
+    ("key", "settings", "weights", "context", "compute", "compute_fit"),
+    LLAMA_CPP,
+    ids=[f"{r[0]}-{r[1]}" for r in LLAMA_CPP],
+)
+def test_issue_18_models_match_llama_cpps_accounting(
+    models, key, settings, weights, context, compute, compute_fit
+):
+    est = estimate(models[key], Settings(**{"flash_attn": "on", **settings}))
+    ours = {t.name: t.bytes for t in est.terms}
+    assert ours["weights"] == weights  # exact: MTP blocks left out, MXFP4 at 17 bytes / 32
+    assert ours["kv"] == context  # exact: KV of the attention layers + recurrent state
+    need = weights + context + compute  # llama-server's compute buffer (one logit row a slot)
+    total = ours["weights"] + ours["kv"] + ours["compute"]
+    assert abs(total - need) / need < 0.02, (total, need)  # the issue's target, like for like
+    assert abs(ours["compute"] - compute) / compute < 0.4, (ours["compute"], compute)
+    assert est.total > need  # the whole prediction is never under llama.cpp's need
+    assert compute_fit >= compute  # fit-params reserves a whole ubatch of logits
+
+
+def test_hybrids_keep_kv_in_their_attention_layers_and_a_state_per_sequence(models):
+    qwen = models["qwen3-next-80b-a3b"]
+    shape = layers(qwen)
+    assert sum(shape.recurrent) == 36 and shape.recurrent[:4] == (True, True, True, False)
+    assert sum(1 for h in shape.n_head_kv if h) == 12  # every 4th layer holds KV
+    # 36 gated-delta-net layers x (3 x 8192 conv + 128 x 4096 state) f32 = 75.4 MiB a sequence
+    per_seq = 36 * (3 * 8192 + 128 * 4096) * 4
+    assert state_bytes(qwen, Settings(n_parallel=1))[0] == per_seq
+    assert state_bytes(qwen, Settings(n_parallel=4))[0] == 4 * per_seq
+    # ... whatever the context or the cache type
+    assert state_bytes(qwen, Settings(n_ctx=4096, cache_type_k="q8_0"))[0] == per_seq
+    assert kv_bytes(qwen, Settings(n_ctx=4096))[0] == 12 * 4096 * 2 * 256 * 2 * 2
+    nemo = models["nemotron-3-nano-30b-a3b"]
+    assert sum(layers(nemo).recurrent) == 23  # the Mamba-2 blocks; MoE blocks are neither
+    assert state_bytes(nemo, Settings())[0] == 23 * (3 * 6144 + 128 * 4096) * 4  # 47.7 MiB
+    assert "recurrent state 23 layers x 1 sequences" in estimate(nemo, Settings()).terms[1].detail
+    assert state_bytes(models["qwen3-30b-a3b"], Settings())[0] == 0
+
+
+def test_an_mtp_block_holds_no_kv_and_is_not_loaded(models):
+    glm = models["glm-4.5-air"]
+    shape = layers(glm)
+    assert shape.n_trunk == 46 and shape.n_head_kv[46] == 0 and shape.n_head_kv[45] == 8
+    mtp = sum(t.nbytes or 0 for t in glm.tensors if t.name.startswith("blk.46."))
+    assert skipped_bytes(glm) == mtp and 1.2 * 2**30 < mtp < 1.4 * 2**30
+    weights = estimate(glm, Settings(n_ctx=4096)).terms[0]
+    assert weights.bytes == glm.tensor_bytes - mtp and "MTP blocks not loaded" in weights.detail
+
+
+def test_gpt_oss_experts_are_mxfp4_and_its_sinks_change_no_kv(models):
+    oss = models["gpt-oss-20b"]
+    exps = next(t for t in oss.tensors if t.name == "blk.0.ffn_up_exps.weight")
+    assert exps.nbytes == 2880 * 2880 * 32 // 32 * 17  # MXFP4: 32 values in 17 bytes
+    assert any(t.name == "blk.0.attn_sinks.weight" for t in oss.tensors)
+    # 12 full layers x 4096 cells + 12 sliding-window layers x pad256(128 + 512) cells
+    assert kv_bytes(oss, Settings(n_ctx=4096))[0] == (12 * 4096 + 12 * 768) * 8 * 64 * 2 * 2

@@ -2,7 +2,8 @@
 
 Four terms, each marked exact or approximate:
 
-- weights   exact: the tensor bytes of every shard (and of the --mmproj file).
+- weights   exact: the tensor bytes of every shard (and of the --mmproj file),
+            less the MTP (nextn) blocks llama.cpp does not load.
             Counted once: on a unified-memory machine the mmapped file sits
             in page cache, which MemAvailable already counts as available, and
             the copy the GPU holds is the one that costs.
@@ -13,7 +14,11 @@ Four terms, each marked exact or approximate:
             head); sliding-window layers hold pad256(min(n_ctx, window x
             slots + n_ubatch)) cells unless --swa-full; n_ctx padded to 256;
             -c 0 is the trained context; slots split the context unless the
-            cache is unified.
+            cache is unified. Hybrid and recurrent models (Mamba-2, gated delta
+            net): only their attention layers hold KV, and each recurrent layer
+            holds an f32 state of (r + s) floats per sequence, whatever the
+            context or cache type (counted in the same term, as llama.cpp's
+            "context" does). An MTP (nextn) block holds no KV.
 - compute   approximate: the graph's peak for one ubatch, fitted to the
             compute buffer llama.cpp reserves (see compute_bytes).
 - host      approximate: the CUDA context and runtime, the output buffer and
@@ -64,6 +69,32 @@ SWA_PATTERNS: dict[str, tuple[int, bool, int]] = {
     "olmo2": (4, False, 0),
     "llama4": (4, False, 8192),
 }
+
+
+# How llama.cpp tells a recurrent layer, for the architectures it keeps a recurrent
+# state for (src/llama-arch.cpp llm_arch_is_recurrent / llm_arch_is_hybrid, and each
+# src/models/<arch>.cpp load_arch_hparams):
+#   interval     every full_attention_interval-th layer (default 4) is attention, the rest
+#                recurrent, unless the file lists attention.recurrent_layers (qwen3next.cpp)
+#   no_kv        a layer without KV heads (granite-hybrid.cpp, jamba.cpp, lfm2.cpp, ...)
+#   no_kv_no_ff  without KV heads and without FFN; MoE blocks are neither (nemotron-h.cpp)
+#   all          every layer (mamba, mamba2); falcon-h1: every layer, and attention in each
+RECURRENT: dict[str, str] = {
+    "mamba": "all",
+    "mamba2": "all",
+    "falcon-h1": "all",
+    "jamba": "no_kv",
+    "granitehybrid": "no_kv",
+    "plamo2": "no_kv",
+    "lfm2": "no_kv",
+    "lfm2moe": "no_kv",
+    "nemotron_h": "no_kv_no_ff",
+    "nemotron_h_moe": "no_kv_no_ff",
+    "qwen3next": "interval",
+    "qwen35": "interval",
+    "qwen35moe": "interval",
+}
+STATE_BYTES = 4  # llama.cpp keeps recurrent state in f32 (GGML_TYPE_F32 in create_memory)
 
 
 class EstimateError(ValueError):
@@ -120,6 +151,8 @@ class Layers:
     v_len_swa: int
     n_swa: int
     mla: bool
+    recurrent: tuple[bool, ...] = ()  # layers that hold a recurrent state instead of (or with) KV
+    n_trunk: int = 0  # layers before the MTP (nextn) blocks; 0: all
 
 
 def _per_layer(value: Any, n_layer: int, key: str) -> tuple[int, ...]:
@@ -156,6 +189,15 @@ def layers(model: Model) -> Layers:
     mla = bool(
         model.get(f"{a}.attention.key_length_mla") and model.get(f"{a}.attention.value_length_mla")
     )
+    # MTP (nextn) blocks at the end: no KV, weights not loaded (llama_hparams::n_layer()).
+    n_next = int(model.get(f"{a}.nextn_predict_layers", 0) or 0)
+    n_trunk = n_layer - (n_next if 0 < n_next <= n_layer else 0)  # llama.cpp refuses the rest
+    recurrent = _recurrent_layers(model, a, n_layer, n_trunk, n_head_kv)
+    attends_too = a == "falcon-h1"  # attention and a recurrent state in every layer
+    n_head_kv = tuple(
+        0 if il >= n_trunk or (recurrent[il] and not attends_too) else h
+        for il, h in enumerate(n_head_kv)
+    )
     swa = _swa_layers(model, a, n_layer)
     pattern = SWA_PATTERNS.get(a)
     n_swa = int(model.get(f"{a}.attention.sliding_window", pattern[2] if pattern else 0) or 0)
@@ -172,7 +214,31 @@ def layers(model: Model) -> Layers:
         v_len_swa=int(model.get(f"{a}.attention.value_length_swa", v_len)),
         n_swa=n_swa,
         mla=mla,
+        recurrent=recurrent,
+        n_trunk=n_trunk,
     )
+
+
+def _recurrent_layers(
+    model: Model, arch: str, n_layer: int, n_trunk: int, n_head_kv: tuple[int, ...]
+) -> tuple[bool, ...]:
+    rule = RECURRENT.get(arch)
+    if rule is None:
+        return (False,) * n_layer
+    if rule == "all":
+        return (True,) * n_layer
+    if rule == "interval":
+        listed = model.get(f"{arch}.attention.recurrent_layers")
+        if isinstance(listed, list):
+            flags = tuple(bool(v) for v in listed[:n_layer])
+            return flags + (False,) * (n_layer - len(flags))
+        n = int(model.get(f"{arch}.full_attention_interval", 4) or 4)
+        return tuple(il < n_trunk and (il + 1) % n != 0 for il in range(n_layer))
+    if rule == "no_kv_no_ff":
+        key = f"{arch}.feed_forward_length"
+        ff = _per_layer(model.get(key, 0) or 0, n_layer, key)
+        return tuple(il < n_trunk and n_head_kv[il] == 0 and ff[il] == 0 for il in range(n_layer))
+    return tuple(h == 0 for h in n_head_kv)  # no_kv
 
 
 def _swa_layers(model: Model, arch: str, n_layer: int) -> tuple[bool, ...]:
@@ -254,6 +320,45 @@ def kv_bytes(model: Model, s: Settings) -> tuple[int, str]:
     return total, detail
 
 
+def state_bytes(model: Model, s: Settings) -> tuple[int, str]:
+    """The recurrent state llama.cpp keeps (llama-memory-recurrent.cpp): per recurrent
+    layer, one row of r + s f32 values per sequence (max(1, n_seq_max) rows), whatever
+    n_ctx or -ctk/-ctv say. r is the convolution's tail, (d_conv - 1) x (d_inner +
+    2 n_group d_state) (LFM2: n_embd x (l_cache - 1)); s the SSM state, d_state x d_inner
+    (llama_hparams::n_embd_r, n_embd_s)."""
+    a = model.arch
+    shape = layers(model)
+    n_recurrent = sum(shape.recurrent)
+    if not n_recurrent:
+        return 0, ""
+    d_conv = int(model.get(f"{a}.ssm.conv_kernel", 0) or 0)
+    d_inner = int(model.get(f"{a}.ssm.inner_size", 0) or 0)
+    d_state = int(model.get(f"{a}.ssm.state_size", 0) or 0)
+    n_group = int(model.get(f"{a}.ssm.group_count", 0) or 0)
+    l_cache = int(model.get(f"{a}.shortconv.l_cache", 0) or 0)
+    if l_cache:
+        r = int(_need(model, f"{a}.embedding_length")) * (l_cache - 1)
+    else:
+        r = max(0, d_conv - 1) * (d_inner + 2 * n_group * d_state)
+    per_seq = n_recurrent * (r + d_state * d_inner) * STATE_BYTES
+    n_seq = max(1, s.n_parallel)
+    return per_seq * n_seq, (
+        f"recurrent state {n_recurrent} layers x {n_seq} sequences x "
+        f"{per_seq / n_recurrent / MiB:.2f} MiB (f32)"
+    )
+
+
+def skipped_bytes(model: Model) -> int:
+    """The tensor bytes of the MTP (nextn) blocks, which llama.cpp does not load unless
+    MTP speculative decoding is on (TENSOR_SKIP in src/models/<arch>.cpp)."""
+    n_layer = int(model.get(f"{model.arch}.block_count", 0) or 0)
+    n_next = int(model.get(f"{model.arch}.nextn_predict_layers", 0) or 0)
+    if not 0 < n_next <= n_layer:
+        return 0
+    prefixes = tuple(f"blk.{il}." for il in range(n_layer - n_next, n_layer))
+    return sum(t.nbytes or 0 for t in model.tensors if t.name.startswith(prefixes))
+
+
 def vocab_size(model: Model) -> int:
     tokens = model.get("tokenizer.ggml.tokens")
     if isinstance(tokens, SkippedArray):
@@ -267,7 +372,8 @@ def compute_bytes(model: Model, s: Settings) -> tuple[int, str]:
     """The graph's peak for one ubatch, as fitted to llama.cpp's own reserve (docs/estimator.md).
 
     Flash attention on: FFN and residual activations (3 n_ff + 4 n_embd floats per
-    token) plus the f16 attention mask (cells x tokens). Off: the f32 attention
+    token; MoE: at least 2 x experts used x (n_embd + expert n_ff)) plus the f16
+    attention mask (cells x tokens). Off: the f32 attention
     scores and mask (cells x tokens x (4 heads + 4) bytes) dominate. Both plus the
     logits of one output per sequence.
     """
@@ -279,28 +385,41 @@ def compute_bytes(model: Model, s: Settings) -> tuple[int, str]:
     n_embd = int(_need(model, f"{a}.embedding_length"))
     n_ff_raw = model.get(f"{a}.feed_forward_length", 4 * n_embd) or 4 * n_embd
     n_ff = max(_per_layer(n_ff_raw, shape.n_layer, f"{a}.feed_forward_length"))
+    per_token = 3 * n_ff + 4 * n_embd
     experts_used = int(model.get(f"{a}.expert_used_count", 0) or 0)
     if experts_used:
-        n_ff = max(n_ff, experts_used * int(model.get(f"{a}.expert_feed_forward_length", n_ff)))
+        n_ff_exp = int(model.get(f"{a}.expert_feed_forward_length", n_ff))
+        n_ff = max(n_ff, experts_used * n_ff_exp)
+        # MoE: a token's up/gate rows and its n_embd output for each expert it uses, live at
+        # once (fitted to llama.cpp's CPU reserve on gpt-oss, Qwen3 MoE, Qwen3-Next, GLM-4.5).
+        moe = 2 * experts_used * (n_embd + n_ff_exp)
+        per_token = max(3 * n_ff + 4 * n_embd, moe)
     logits = vocab_size(model) * n_seq * 4
     if s.flash_attn == "off":
         heads = max(shape.n_head)
         total = cells * u * (4 * heads + 4) + u * 6 * n_embd * 4 + logits
         detail = f"attention scores {heads} heads x {cells} cells x {u} tokens"
     else:
-        total = u * (3 * n_ff + 4 * n_embd) * 4 + cells * u * 2 + logits
-        detail = f"flash attention; activations {n_ff} FFN x {u} tokens"
+        total = u * per_token * 4 + cells * u * 2 + logits
+        detail = f"flash attention; activations {per_token} floats x {u} tokens"
     return total, detail
 
 
 def estimate(model: Model, s: Settings) -> Estimate:
-    weights = model.tensor_bytes + s.mmproj_bytes
+    skipped = skipped_bytes(model)
+    weights = model.tensor_bytes - skipped + s.mmproj_bytes
     kv, kv_detail = kv_bytes(model, s)
+    state, state_detail = state_bytes(model, s)
+    if state:
+        kv += state
+        kv_detail += f"; + {state_detail}"
     compute, compute_detail = compute_bytes(model, s)
     n_vocab = vocab_size(model)
     _, n_seq = context_cells(model, s)
     host = RUNTIME + n_vocab * VOCAB_BYTES + n_vocab * n_seq * 4
     wdetail = f"{len(model.tensors)} tensors in {model.shards} file(s)"
+    if skipped:
+        wdetail += f", less {skipped / MiB:.0f} MiB of MTP blocks not loaded"
     if s.mmproj_bytes:
         wdetail += " + mmproj"
     terms = (

@@ -99,6 +99,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     39: ("MXFP4", 32, 17),
     40: ("NVFP4", 64, 36),
     41: ("Q1_0", 128, 18),
+    42: ("Q2_0", 64, 18),  # ggml-common.h block_q2_0: f16 scale + 64 x 2 bits (not in gguf-py 0.19)
 }
 
 # GGUF value types: (struct code, size) for scalars; 8 = string, 9 = array.
