@@ -10,13 +10,14 @@ fresh login leaves it. Each attack is run inside as that uid.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from lab import LAB
+from lab import LAB, synth
 from lab.harness import file_tree
 from lab.nspawn import Container
 from tests.test_nspawn import add_linger_user
@@ -188,3 +189,52 @@ def test_a_fifo_model_does_not_hang_the_installed_guard(box: Container) -> None:
     her(c, "systemctl --user start --no-block llama-m.service")
     wait_event(c, "unit-blocked", f"user:{MALLORY}:llama-m.service")
     assert c.show("spark-guard.service", "NRestarts")["NRestarts"] == "0"
+
+
+def test_the_incidents_pair_as_installed_a_system_client_is_charged_to_her_server(
+    box: Container,
+) -> None:
+    """The incident's pair on PID 1: lms-load.service, a system unit with User=mallory,
+    asks her lingering LM Studio server (a unit of her manager) for a model after a
+    boot delay. The installed guard looks up who the client runs as (User=, passwd, off
+    its loop), finds the model in her LM Studio folder with her rights, and refuses the
+    load on her server's unit before it takes a byte; the system unit is left alone."""
+    c = box
+    home = c.path("/home/mallory")
+    folder = home / ".lmstudio/models/deepseek-ai/DeepSeek-V3-GGUF"
+    folder.mkdir(parents=True)
+    made = synth.write(synth.SPECS["deepseek-v3"], folder)  # hundreds of GiB: never fits
+    made.rename(folder / "DeepSeek-V3-Q4_K_M.gguf")
+    lms = home / ".lmstudio/bin/lms"
+    lms.parent.mkdir(parents=True)
+    lms.write_text("#!/usr/bin/python3\n" + (LAB / "fake_model_server.py").read_text())
+    lms.chmod(0o755)
+    (home / ".config/systemd/user/lmstudio-server.service").write_text(
+        "[Service]\nExecStart=/home/mallory/.lmstudio/bin/lms server start\n"
+    )
+    for dirpath, dirs, files in os.walk(home / ".lmstudio"):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
+            os.lchown(name, MALLORY, MALLORY)
+    os.lchown(home / ".lmstudio", MALLORY, MALLORY)
+    os.lchown(home / ".config/systemd/user/lmstudio-server.service", MALLORY, MALLORY)
+    her(c, "systemctl --user daemon-reload; systemctl --user start lmstudio-server.service")
+    c.path("/etc/systemd/system/lms-load.service").write_text(
+        "[Unit]\nDescription=Load lms qwen model after boot delay\n"
+        "[Service]\nType=oneshot\nUser=mallory\n"
+        'ExecStart=/bin/sh -c "sleep 5; /home/mallory/.lmstudio/bin/lms load '
+        'deepseek-ai/DeepSeek-V3-GGUF -y"\n'
+    )
+    c.run("systemctl", "daemon-reload")
+    c.run("systemctl", "start", "--no-block", "lms-load.service")
+    server = f"user:{MALLORY}:lmstudio-server.service"
+    blocked = wait_event(c, "unit-blocked", server)
+    assert "lms-load.service" in blocked.get("SG_CLIENTS", ""), blocked
+    record = json.loads(c.path(f"/var/lib/spark-guard/blocked/{server}.json").read_text())
+    assert (record["reason"], record["clients"]) == ("footprint", ["lms-load.service"])
+    assert c.show("lmstudio-server.service", "LoadState", user=MALLORY)["LoadState"] == "masked"
+    assert c.show("lms-load.service", "LoadState")["LoadState"] == "loaded"
+    time.sleep(1)
+    assert not list((home / ".fake-model-server").glob("*.loaded"))  # never loaded
+    c.run("systemctl", "stop", "lms-load.service")
+    c.run("spark-guard", "release", server)
+    assert c.show("lmstudio-server.service", "LoadState", user=MALLORY)["LoadState"] == "loaded"
