@@ -41,3 +41,72 @@ def test_audit_json_with_no_manager_carries_the_finding(tmp_path):
     assert report["managers"] == []
     assert report["findings"][0]["code"] == "nothing-audited"
     assert report["findings"][0]["severity"] == "critical"
+
+
+def test_each_loaders_footprint_shows_its_rule_and_a_client_its_server(tmp_path, capsys):
+    """audit's footprints: the prediction's source and rule for each loader, the admin's
+    [loaders.footprint] where given, and a client charged to the server its load lands in
+    (policy.charge_clients), on the incident's pair; in text and in --json."""
+    from lab import synth
+    from spark_guard.config import Config
+    from spark_guard.foresight.predict import Prediction, Predictor
+    from spark_guard.snapshot import UnitRef
+    from spark_guard.tools import audit_cli
+    from spark_guard.tools.audit import footprints
+    from spark_guard.tools.inventory import Inventory, UnitInfo, foresee
+
+    model = synth.write(synth.SPECS["qwen3-30b-a3b"], tmp_path)
+
+    def unit(manager, name, *argv):
+        return UnitInfo(UnitRef(manager, name), "", "loaded", "inactive", "enabled", (argv,))
+
+    kobold = unit("system", "kobold.service", "koboldcpp", str(model), "--contextsize", "4096")
+    box = unit("system", "box.service", "llama-box", "-m", str(tmp_path / "gone.gguf"))
+    fixed = unit("system", "big.service", "llama-server", "-m", str(model))
+    server = unit("user:1000", "lmstudio-server.service", "lms", "server", "start")
+    client = unit("system", "lms-load.service", "/bin/sh", "-c", "sleep 60; lms load qwen")
+    inv = Inventory(loaders=[kobold, box, fixed, server, client])
+    config = Config(footprint={"big.service": 70 * 2**30})
+    predictions = foresee(Inventory(loaders=[kobold, box, fixed, server]), 128 * 2**30, Predictor())
+    predictions[client.ref] = Prediction(20 * 2**30, "lms load qwen → ...", runs_as=1000)
+    feet = footprints(inv, predictions, config)
+
+    assert feet[kobold.ref].kind == "llama.cpp" and feet[kobold.ref].bytes is not None
+    assert feet[kobold.ref].source.startswith("koboldcpp Qwen3-30B-A3B.gguf, ctx 4352: ")
+    assert "gone.gguf: cannot open the model" in feet[box.ref].source
+    assert feet[box.ref].bytes is None
+    assert (feet[fixed.ref].bytes, feet[fixed.ref].source) == (
+        70 * 2**30,
+        "[loaders.footprint] in the config",
+    )
+    assert feet[client.ref].charged_to == server.ref
+    assert feet[server.ref].clients == (client.ref,) and feet[server.ref].bytes == 20 * 2**30
+
+    audit_cli._print_footprints(inv, feet)
+    text = capsys.readouterr().out
+    assert "footprints (what the guard expects, and by which rule):" in text
+    # The rule is in the source once, not again.
+    assert "  kobold.service  " in text and text.count("+ 128 cells koboldcpp adds") == 1
+    assert (
+        "lms-load.service  -  charged to user:1000:lmstudio-server.service, whose process "
+        "the load lands in: lms load qwen → ..."
+    ) in text
+    assert (
+        "user:1000:lmstudio-server.service  20.0GiB  the loads its clients ask of it; with "
+        "the loads of lms-load.service"
+    ) in text
+    report = audit_cli._json(inv, [], _memory(), [], feet)
+    by_ref = {u["ref"]: u for u in report["loaders"]}
+    assert by_ref["lms-load.service"]["footprint"]["charged_to"] == (
+        "user:1000:lmstudio-server.service"
+    )
+    assert by_ref["big.service"]["footprint"]["kind"] == "config"
+    assert by_ref["kobold.service"]["footprint"]["rule"] == (
+        "flash attention on (its default); + 128 cells koboldcpp adds"
+    )
+
+
+def _memory():
+    from spark_guard.tools.audit import reconcile
+
+    return reconcile({"MemTotal": 2**37, "MemAvailable": 2**36}, 0, 0, False)

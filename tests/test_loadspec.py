@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from spark_guard.foresight.estimate import Settings
@@ -209,3 +211,196 @@ def test_tgi_flags_and_the_environment_clap_reads_for_them():
 def test_tgi_bad_values_name_the_flag_or_variable(argv, env, problem):
     with pytest.raises(SpecError, match=problem):
         parse(["text-generation-launcher", *argv], env)
+
+
+# --- koboldcpp and llama-box: llama.cpp inside, their own flags and defaults -------------
+
+
+def test_koboldcpp_in_each_spelling_with_its_defaults():
+    for argv in (
+        ["koboldcpp", "--model", "/m/x.gguf"],
+        ["/opt/kcpp/koboldcpp-linux-x64-cuda1210", "--model=/m/x.gguf", "--port", "5001"],
+        ["python3", "-u", "/opt/koboldcpp/koboldcpp.py", "/m/x.gguf", "5001"],
+        ["koboldcpp", "--threads", "8", "/m/x.gguf", "--skiplauncher"],
+        ["env", "CUDA_VISIBLE_DEVICES=0", "koboldcpp", "-m", "/m/x.gguf"],
+    ):
+        spec = parse(argv)
+        assert spec is not None and spec.kind == "llama.cpp", argv
+        assert (spec.binary, spec.model) == ("koboldcpp", "/m/x.gguf"), argv
+        # --contextsize 8192 (its default) + the 128 cells it adds; one unified sequence;
+        # flash attention on; the full sliding-window cache unless --useswa.
+        assert spec.settings == Settings(
+            n_ctx=8192 + 128, n_parallel=1, kv_unified=True, flash_attn="on", swa_full=True
+        ), argv
+        assert "--contextsize 8192 (koboldcpp's default)" in spec.rule
+    assert parse(["python3", "serve.py", "/m/x.gguf"]) is None
+
+
+def test_koboldcpp_flags_change_the_settings():
+    spec = parse(
+        [
+            "koboldcpp",
+            "/m/x.gguf",
+            "--contextsize",
+            "32768",
+            "--quantkv",
+            "1",
+            "--blasbatchsize",
+            "1024",
+            "--useswa",
+            "--mmproj",
+            "/m/mmproj.gguf",
+            "--gpulayers",
+            "99",
+            "--continuous-batching",
+            "3",
+        ]
+    )
+    assert spec is not None and spec.mmproj == "/m/mmproj.gguf"
+    assert spec.settings == Settings(
+        n_ctx=32768 + 128,
+        n_parallel=4,
+        kv_unified=True,
+        cache_type_k="q8_0",
+        cache_type_v="q8_0",
+        flash_attn="on",
+        n_ubatch=1024,
+        swa_full=False,
+    )
+    assert spec.notes == ("--gpulayers 99: one memory pool, so the total does not depend on it",)
+    # Without flash attention only K is quantized; the old 2 is q4_0; -1 batches by 16.
+    off = parse(["koboldcpp", "-m", "/m/x.gguf", "--noflashattention", "--quantkv=2", "-b", "-1"])
+    assert off is not None
+    assert (off.settings.flash_attn, off.settings.cache_type_k, off.settings.cache_type_v) == (
+        "off",
+        "q4_0",
+        "f16",
+    )
+    assert off.settings.n_ubatch == 16
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--contextsize", "100"], "--contextsize '100': must be in [256, 262144]"),
+        (["-c", "9" * 5000], "-c '99999999"),
+        (["--contextsize", "lots"], "--contextsize 'lots': not a number"),
+        (["--quantkv", "q3_k"], "--quantkv 'q3_k': not one of"),
+        (["--blasbatchsize", "100"], "--blasbatchsize 100: not one of -1, 16, 32"),
+        (["--continuous-batching", "1000"], "--continuous-batching '1000': must be in [0, 64]"),
+        (["--config", "/m/x.kcpps"], "--config '/m/x.kcpps': settings in a .kcpps file"),
+        (["--contextsize"], "--contextsize needs a value"),
+    ],
+)
+def test_koboldcpp_bad_values_name_the_flag(argv, problem):
+    with pytest.raises(SpecError, match=re.escape(problem)):
+        parse(["koboldcpp", "/m/x.gguf", *argv])
+
+
+def test_llama_box_reads_llama_servers_flags_with_its_own_defaults(monkeypatch):
+    from spark_guard.foresight import loadspec
+
+    monkeypatch.setattr(loadspec, "_cpus", lambda: 20)
+    spec = parse(["llama-box", "-m", "/m/x.gguf", "--host", "0.0.0.0"], {"LLAMA_ARG_CTX_SIZE": "9"})
+    assert spec is not None and (spec.kind, spec.binary) == ("llama.cpp", "llama-box")
+    # -c 4096, one sequence per CPU (its --threads-http default), each its own cache,
+    # flash attention off; LLAMA_ARG_* are llama-server's, not read by llama-box.
+    assert spec.settings == Settings(n_ctx=4096, n_parallel=20, kv_unified=False, flash_attn="off")
+    assert spec.rule == (
+        "ctx 4096 (llama-box's default); 20 sequences (llama-box's default: one per CPU, at "
+        "most 64); flash attention off (its default)"
+    )
+    given = parse(
+        [
+            "llama-box",
+            "-m",
+            "/m/x.gguf",
+            "-c",
+            "8192",
+            "-np",
+            "4",
+            "-fa",
+            "-kvu",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+            "-ub",
+            "1024",
+            "--swa-full",
+            "--mmproj",
+            "/m/p.gguf",
+        ]
+    )
+    assert given is not None and given.mmproj == "/m/p.gguf" and given.rule == ""
+    assert given.settings == Settings(
+        n_ctx=8192,
+        n_parallel=4,
+        kv_unified=True,
+        cache_type_k="q8_0",
+        cache_type_v="q8_0",
+        flash_attn="on",
+        n_ubatch=1024,
+        swa_full=True,
+    )
+    # --threads sets the sequences' default; a quantized V without flash attention is f16.
+    threads = parse(["llama-box", "-m", "/m/x.gguf", "-t", "8", "-ctv", "q4_0", "--no-flash-attn"])
+    assert threads is not None
+    assert (threads.settings.n_parallel, threads.settings.cache_type_v) == (8, "f16")
+    capped = parse(["llama-box", "-m", "/m/x.gguf", "--threads-http", "500"])
+    assert capped is not None and capped.settings.n_parallel == 64
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["-c", "-5"], "-c '-5': must be in [0, 4294967296]"),
+        (["-np", "0"], "-np 0: must be positive"),
+        (["-ctk", "q3_k"], "-ctk 'q3_k': not one of f32, f16"),
+        (["-ub", "x"], "-ub 'x': not a number"),
+        (["-m"], "-m needs a value"),
+    ],
+)
+def test_llama_box_bad_values_name_the_flag(argv, problem):
+    with pytest.raises(SpecError, match=re.escape(problem)):
+        parse(["llama-box", "-m", "/m/x.gguf", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "settings"),
+    [
+        (
+            ["koboldcpp", "--model", "{model}", "--quantkv", "q8_0"],
+            Settings(
+                n_ctx=8320,
+                kv_unified=True,
+                cache_type_k="q8_0",
+                cache_type_v="q8_0",
+                flash_attn="on",
+                swa_full=True,
+            ),
+        ),
+        (
+            ["llama-box", "-m", "{model}", "-c", "32768", "-np", "2"],
+            Settings(n_ctx=32768, n_parallel=2, flash_attn="off"),
+        ),
+    ],
+)
+def test_a_prediction_on_a_synthetic_gguf_is_the_estimate_with_their_settings(
+    tmp_path, argv, settings
+):
+    """End to end: the command line, the (sparse, real-shaped) GGUF's header, the estimate."""
+    from lab import synth
+    from spark_guard.foresight.estimate import estimate
+    from spark_guard.foresight.gguf import read_model
+    from spark_guard.foresight.predict import Predictor
+
+    model = synth.write(synth.SPECS["gemma-3-27b"], tmp_path)
+    argv = [a.format(model=model) for a in argv]
+    got = Predictor().predict([argv], {}, 128 << 30)
+    assert got is not None and got.estimate is not None, got
+    want = estimate(read_model(str(model)), settings)
+    assert got.bytes == want.total and got.estimate == want
+    assert got.source.startswith(f"{argv[0]} Gemma-3-27B.gguf, ctx {want.n_ctx}: ")
+    assert got.spec is not None and got.spec.rule
+    assert got.source.endswith(f"({got.spec.rule})")

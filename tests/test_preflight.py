@@ -145,3 +145,81 @@ def test_the_verdict_counts_only_what_the_guard_would_let_grow():
     assert v.fits and v.room == 100 * GiB - reserve - 30 * GiB
     # The unit asked about is not pending against itself.
     assert verdict(50 * GiB, snapshot, decision, itself=admitted.ref).pending == 0
+
+
+def test_the_rule_and_the_server_a_client_is_charged_to_are_shown(tmp_path, capsys):
+    """preflight prints the rule a figure comes from (the prediction's source, the defaults
+    the spec took, its notes) and, for a client unit, the server unit its load is charged
+    to, as decide() would charge it; the same in --json."""
+    from spark_guard.config import Config
+    from spark_guard.foresight.loadspec import parse
+    from spark_guard.foresight.predict import Prediction, Predictor
+    from spark_guard.policy import decide
+    from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
+    from spark_guard.tools import preflight_cli
+    from spark_guard.tools.preflight import verdict
+
+    model = synth.write(synth.SPECS["qwen3-30b-a3b"], tmp_path)
+    spec = parse(["koboldcpp", str(model), "--gpulayers", "99"])
+    assert spec is not None
+    pred = Predictor().for_spec(spec, 128 * GiB)
+    server = SeenUnit(
+        UnitRef("user:1000", "lmstudio-server.service"),
+        pids=(7,),
+        exec_start=(("lms", "server", "start"),),
+    )
+    snapshot = Snapshot(
+        now=5.0,
+        memory=Memory(128 * GiB, 100 * GiB),
+        units=(server,),
+        rescue=(RescueGroup(("ssh.service",), True, None),),
+    )
+    decision = decide(snapshot, Config())
+    v = verdict(pred.bytes or 0, snapshot, decision)
+    preflight_cli._print("kobold.service", pred, v)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("kobold.service: koboldcpp Qwen3-30B-A3B.gguf, ctx 8448: ")
+    assert out[0].endswith(
+        "(--contextsize 8192 (koboldcpp's default); flash attention on (its "
+        "default); + 128 cells koboldcpp adds)"
+    )
+    assert out[1] == "  note: --gpulayers 99: one memory pool, so the total does not depend on it"
+    report = preflight_cli._as_json("kobold.service", pred, v, None)
+    assert report["rule"] == {
+        "kind": "llama.cpp",
+        "binary": "koboldcpp",
+        "defaults": spec.rule,
+        "notes": list(spec.notes),
+    }
+    assert report["charged_to"] is None and report["client_of"] is None
+
+    # A client (the incident's lms-load.service, a system unit running as uid 1000): its
+    # load is charged to that user's LM Studio server; with none running, to itself.
+    client = UnitRef("system", "lms-load.service")
+    lms = [("/bin/sh", "-c", "sleep 60; lms load qwen/qwen3-30b-a3b")]
+    asked = Prediction(20 * GiB, "lms load qwen/qwen3-30b-a3b → ...", runs_as=1000)
+    charge = preflight_cli._charge(client, lms, asked, decision, Config())
+    assert charge == preflight_cli.Charge("lmstudio", server.ref)
+    preflight_cli._print(str(client), asked, v, charge)
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1] == (
+        "  a client of lmstudio: its load lands in user:1000:lmstudio-server.service's process "
+        "and is charged to that unit (the one the guard refuses or blocks)"
+    )
+    report = preflight_cli._as_json(str(client), asked, v, charge)
+    assert (report["client_of"], report["charged_to"]) == (
+        "lmstudio",
+        "user:1000:lmstudio-server.service",
+    )
+    alone = decide(replace_units(snapshot), Config())
+    assert preflight_cli._charge(client, lms, asked, alone, Config()) == preflight_cli.Charge(
+        "lmstudio", None
+    )
+    # A unit that asks nothing is no client.
+    assert preflight_cli._charge(client, [("llama-server",)], asked, decision, Config()) is None
+
+
+def replace_units(snapshot, *units):
+    from dataclasses import replace
+
+    return replace(snapshot, units=units)

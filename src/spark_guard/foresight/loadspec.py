@@ -10,7 +10,10 @@ vLLM: --gpu-memory-utilization, a share of the whole memory. SGLang
 TGI (text-generation-launcher): --model-id, --cuda-memory-fraction,
 --max-total-tokens, --max-batch-prefill-tokens, --kv-cache-dtype, and the
 environment variables clap reads for them (MODEL_ID, ...; the flag wins), and
-TGI_WIGGLE_ROOM, which its model server reads. Ollama: ollama.py (the
+TGI_WIGGLE_ROOM, which its model server reads. koboldcpp (`koboldcpp`,
+`koboldcpp-linux-*`, `python koboldcpp.py`) and llama-box: llama.cpp inside, so a
+LoadSpec of kind "llama.cpp" with each one's own flags and defaults (`rule` says
+which of them were defaults). Ollama: ollama.py (the
 server's environment, the clients that make it load, manifest -> blob; a
 LoadSpec of kind "ollama" there). Anything else (LM Studio, unknown servers):
 no spec; the footprint comes from the config. Pure: argv and environment in, a
@@ -245,6 +248,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> LoadSpec
     base = os.path.basename(args[0])
     if base in LLAMA_BINARIES:
         return _llama(base, args[1:], env or {})
+    if base == LLAMA_BOX:
+        return _llama_box(base, args[1:])
+    kobold = _koboldcpp_args(base, args)
+    if kobold is not None:
+        return _koboldcpp(kobold)
     if _is_sglang(base, args):
         return _sglang(base, args[1:])
     if base == TGI_BINARY:
@@ -493,6 +501,317 @@ def _tgi(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
         max_total_tokens=total,
         prefill_tokens=prefill,
         kv_bytes=kv_bytes,
+    )
+
+
+# --- koboldcpp and llama-box: llama.cpp inside, flags and defaults of their own -------------
+
+# llama.cpp's cache types (common/arg.cpp kv_cache_types), which both accept.
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def _scan(args: Sequence[str], table: Mapping[str, tuple[str, bool]]) -> dict[str, tuple[str, str]]:
+    """setting -> (flag as given, value; "" for a flag without one), for the flags in
+    `table` (flag -> (setting, takes a value)); `--flag=value` too; the last one wins."""
+    values: dict[str, tuple[str, str]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, inline = arg.partition("=")
+        i += 1
+        spec = table.get(flag if eq else arg)
+        if spec is None:
+            continue
+        name, takes = spec
+        if eq:
+            values[name] = (flag, inline)
+        elif not takes:
+            values[name] = (arg, "")
+        elif i < len(args):
+            values[name] = (arg, args[i])
+            i += 1
+        else:
+            raise SpecError(f"{arg} needs a value")
+    return values
+
+
+def _bounded(flag: str, raw: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:  # also an integer of more digits than Python converts
+        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+    if not low <= value <= high:
+        raise SpecError(f"{flag} {_shown(raw)}: must be in [{low}, {high}]")
+    return value
+
+
+def _value(v: Mapping[str, tuple[str, str]], name: str) -> str | None:
+    return v[name][1] or None if name in v else None
+
+
+def _cache_type(flag: str, raw: str) -> str:
+    if raw.lower() not in CACHE_TYPES:
+        raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(CACHE_TYPES)}")
+    return raw.lower()
+
+
+# llama-box (gpustack/llama-box, llama-box/engine_param.hpp and httpserver.hpp, v0.0.1xx,
+# Nov 2025): llama-server's flags, its own parser (no LLAMA_ARG_* variables), and its own
+# defaults: -c 4096 (README: "default: 4096, 0 = loaded from model"); flash attention off
+# unless -fa (a bare flag; --no-flash-attn turns it off); one KV cache per sequence unless
+# -kvu; a quantized V cache without flash attention is reset to f16 (its context patch).
+# Its sequences are --threads-http (-np/--parallel are its deprecated spellings), which
+# defaults to --threads, and that to the CPU's cores, at most 64; the context is split
+# among them, as llama-server's -np does.
+LLAMA_BOX = "llama-box"
+LLAMA_BOX_CTX = 4096
+LLAMA_BOX_MAX_HTTP = 64
+_LLAMA_BOX_FLAGS: dict[str, tuple[str, bool]] = {
+    "-m": ("model", True),
+    "--model": ("model", True),
+    "-c": ("n_ctx", True),
+    "--ctx-size": ("n_ctx", True),
+    "-np": ("slots", True),
+    "--parallel": ("slots", True),
+    "--threads-http": ("slots", True),
+    "-t": ("threads", True),
+    "--threads": ("threads", True),
+    "-kvu": ("kv_unified", False),
+    "--kv-unified": ("kv_unified", False),
+    "-ctk": ("cache_type_k", True),
+    "--cache-type-k": ("cache_type_k", True),
+    "-ctv": ("cache_type_v", True),
+    "--cache-type-v": ("cache_type_v", True),
+    "-fa": ("flash_attn", False),
+    "--flash-attn": ("flash_attn", False),
+    "--no-flash-attn": ("flash_attn", False),
+    "-ub": ("n_ubatch", True),
+    "--ubatch-size": ("n_ubatch", True),
+    "--swa-full": ("swa_full", False),
+    "--mmproj": ("mmproj", True),
+    "-ngl": ("n_gpu_layers", True),
+    "--gpu-layers": ("n_gpu_layers", True),
+    "--n-gpu-layers": ("n_gpu_layers", True),
+}
+
+
+def _cpus() -> int:
+    """The CPUs of this machine: llama-box's default --threads is its physical cores, never
+    more; counted as every CPU, so the sequences are never fewer than it makes."""
+    return os.cpu_count() or 1
+
+
+def _llama_box(binary: str, args: list[str]) -> LoadSpec:
+    v = _scan(args, _LLAMA_BOX_FLAGS)
+    said: list[str] = []
+    if "n_ctx" in v:
+        n_ctx = _bounded(*v["n_ctx"], 0, MAX_TOKENS)
+    else:
+        n_ctx = LLAMA_BOX_CTX
+        said.append(f"ctx {LLAMA_BOX_CTX} (llama-box's default)")
+    slots = _bounded(*v["slots"], -1, MAX_TOKENS) if "slots" in v else -1
+    if slots == 0:
+        raise SpecError(f"{v['slots'][0]} 0: must be positive, or -1 for its default")
+    if slots < 0:  # its default: --threads, else the cores
+        threads = _bounded(*v["threads"], -1, MAX_TOKENS) if "threads" in v else -1
+        slots = min(threads if threads > 0 else _cpus(), LLAMA_BOX_MAX_HTTP)
+        whence = f"{v['threads'][0]} {threads}" if threads > 0 else "one per CPU, at most 64"
+        said.append(f"{slots} sequences (llama-box's default: {whence})")
+    slots = min(slots, LLAMA_BOX_MAX_HTTP)
+    flash = "on" if "flash_attn" in v and v["flash_attn"][0] != "--no-flash-attn" else "off"
+    if "flash_attn" not in v:
+        said.append("flash attention off (its default)")
+    k = _cache_type(*v["cache_type_k"]) if "cache_type_k" in v else "f16"
+    cv = _cache_type(*v["cache_type_v"]) if "cache_type_v" in v else "f16"
+    if flash == "off" and cv not in ("f32", "f16", "bf16"):
+        said.append(f"V cache {cv} without flash attention: f16, as llama-box resets it")
+        cv = "f16"
+    s = Settings(
+        n_ctx=n_ctx,
+        n_parallel=slots,
+        kv_unified="kv_unified" in v,
+        cache_type_k=k,
+        cache_type_v=cv,
+        flash_attn=flash,
+        n_ubatch=_bounded(*v["n_ubatch"], 1, MAX_TOKENS) if "n_ubatch" in v else 512,
+        swa_full="swa_full" in v,
+    )
+    notes = []
+    if "n_gpu_layers" in v:
+        notes.append(
+            f"-ngl {v['n_gpu_layers'][1]}: one memory pool, so the total does not depend on it"
+        )
+    return LoadSpec(
+        kind="llama.cpp",
+        binary=binary,
+        model=_value(v, "model"),
+        mmproj=_value(v, "mmproj"),
+        settings=s,
+        rule="; ".join(said),
+        notes=tuple(notes),
+    )
+
+
+# koboldcpp (LostRuins/koboldcpp, koboldcpp.py's argparse and gpttype_adapter.cpp, 2026):
+# --contextsize (-c, --ctx-size) defaults to 8192 ("(default 8192)", check_range 256..262144;
+# it was 4096 up to 1.8x and 2048 before 1.6x: the current default is also the largest), and
+# the context it makes is that plus 128 (extra_context_handle_fragmentation); one unified
+# cache, one sequence unless --continuous-batching N (N + 1); flash attention on unless
+# --noflashattention (--flashattention is kept as a no-op; before 1.9x it was off unless
+# given); --quantkv f16|bf16|q8_0|q5_1|q4_0 or the old 0 (f16), 1 (q8_0), 2 (q4_0), 3
+# (bf16), V only with flash attention; --batchsize (--blasbatchsize, -b) is both batch and
+# ubatch, 16 when <= 0; the full sliding-window cache unless --useswa.
+KOBOLDCPP_CTX = 8192
+KOBOLDCPP_CTX_EXTRA = 128
+KOBOLDCPP_CTX_RANGE = (256, 262144)
+KOBOLDCPP_BATCHES = (-1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_KOBOLDCPP_QUANTKV = {
+    "0": "f16",
+    "f16": "f16",
+    "1": "q8_0",
+    "q8_0": "q8_0",
+    "2": "q4_0",
+    "q4_0": "q4_0",
+    "3": "bf16",
+    "bf16": "bf16",
+    "q5_1": "q5_1",
+}
+_KOBOLDCPP_FLAGS: dict[str, tuple[str, bool]] = {
+    "--model": ("model", True),
+    "-m": ("model", True),
+    "--contextsize": ("n_ctx", True),
+    "--ctx-size": ("n_ctx", True),
+    "-c": ("n_ctx", True),
+    "--flashattention": ("flash_on", False),
+    "--flash-attn": ("flash_on", False),
+    "-fa": ("flash_on", False),
+    "--noflashattention": ("flash_off", False),
+    "--no-flash-attn": ("flash_off", False),
+    "-nofa": ("flash_off", False),
+    "--quantkv": ("quantkv", True),
+    "--batchsize": ("batch", True),
+    "--blasbatchsize": ("batch", True),
+    "--batch-size": ("batch", True),
+    "-b": ("batch", True),
+    "--continuous-batching": ("slots", True),
+    "--contbatch": ("slots", True),
+    "--useswa": ("useswa", False),
+    "--mmproj": ("mmproj", True),
+    "--gpulayers": ("n_gpu_layers", True),
+    "--gpu-layers": ("n_gpu_layers", True),
+    "--n-gpu-layers": ("n_gpu_layers", True),
+    "-ngl": ("n_gpu_layers", True),
+    "--config": ("config", True),
+}
+# Its options whose value is a file that could end in .gguf (never the positional model).
+_KOBOLDCPP_FILES = (
+    "--draftmodel",
+    "--model-draft",
+    "-md",
+    "--lora",
+    "--sdmodel",
+    "--embeddingsmodel",
+    "--ttsmodel",
+    "--ttswavtokenizer",
+    "--whispermodel",
+    "--musicllm",
+    "--musicembeddings",
+    "--analyze",
+)
+
+
+def _koboldcpp_args(base: str, args: Sequence[str]) -> list[str] | None:
+    """koboldcpp's arguments, after `koboldcpp`, `koboldcpp-linux-x64-cuda1210` (its release
+    binaries) or `python3 [-u] /opt/koboldcpp/koboldcpp.py`; None for anything else."""
+    if base == "koboldcpp" or base.startswith("koboldcpp-linux-") or base == "koboldcpp.py":
+        return list(args[1:])
+    if base.startswith("python"):
+        for i, arg in enumerate(args[1:4], 1):
+            if os.path.basename(arg) == "koboldcpp.py":
+                return list(args[i + 1 :])
+            if not arg.startswith("-"):
+                return None
+    return None
+
+
+def _koboldcpp_model(args: Sequence[str]) -> str | None:
+    """The positional model (argparse's model_param): the first word that no option takes,
+    when it comes first or names a .gguf (after an option of its own it is that option's)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg.startswith("-"):
+            spec = _KOBOLDCPP_FLAGS.get(arg)
+            if (spec is not None and spec[1]) or arg in _KOBOLDCPP_FILES:
+                i += 1  # its value
+            elif (
+                spec is None
+                and i < len(args)
+                and not args[i].startswith("-")
+                and not args[i].lower().endswith(".gguf")
+            ):
+                i += 1  # an option of its own, with a value
+            continue
+        return arg
+    return None
+
+
+def _koboldcpp(args: list[str]) -> LoadSpec:
+    binary = "koboldcpp"
+    v = _scan(args, _KOBOLDCPP_FLAGS)
+    if "config" in v:
+        raise SpecError(
+            f"{v['config'][0]} {_shown(v['config'][1])}: settings in a .kcpps file are not "
+            "read; give the size in [loaders.footprint]"
+        )
+    said: list[str] = []
+    if "n_ctx" in v:
+        ctx = _bounded(*v["n_ctx"], *KOBOLDCPP_CTX_RANGE)
+    else:
+        ctx = KOBOLDCPP_CTX
+        said.append(f"--contextsize {KOBOLDCPP_CTX} (koboldcpp's default)")
+    slots = _bounded(*v["slots"], 0, 64) if "slots" in v else 0
+    flash = "off" if "flash_off" in v else "on"
+    if "flash_on" not in v and "flash_off" not in v:
+        said.append("flash attention on (its default)")
+    cache = "f16"
+    if "quantkv" in v:
+        flag, raw = v["quantkv"]
+        if raw.lower() not in _KOBOLDCPP_QUANTKV:
+            raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(_KOBOLDCPP_QUANTKV)}")
+        cache = _KOBOLDCPP_QUANTKV[raw.lower()]
+    batch = 512
+    if "batch" in v:
+        flag, raw = v["batch"]
+        batch = _bounded(flag, raw, -1, 4096)
+        if batch not in KOBOLDCPP_BATCHES:
+            raise SpecError(f"{flag} {batch}: not one of {', '.join(map(str, KOBOLDCPP_BATCHES))}")
+    ubatch = batch if batch > 0 else 16
+    s = Settings(
+        n_ctx=ctx + KOBOLDCPP_CTX_EXTRA,
+        n_parallel=slots + 1 if slots > 0 else 1,
+        kv_unified=True,
+        cache_type_k=cache,
+        cache_type_v=cache if flash == "on" or cache == "bf16" else "f16",
+        flash_attn=flash,
+        n_ubatch=ubatch,
+        swa_full="useswa" not in v,
+    )
+    said.append(f"+ {KOBOLDCPP_CTX_EXTRA} cells koboldcpp adds")
+    notes = []
+    if "n_gpu_layers" in v:
+        ngl = v["n_gpu_layers"][1]
+        notes.append(f"--gpulayers {ngl}: one memory pool, so the total does not depend on it")
+    model = v["model"][1] if "model" in v else _koboldcpp_model(args)
+    return LoadSpec(
+        kind="llama.cpp",
+        binary=binary,
+        model=model or None,
+        mmproj=_value(v, "mmproj"),
+        settings=s,
+        rule="; ".join(said),
+        notes=tuple(notes),
     )
 
 

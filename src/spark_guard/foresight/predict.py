@@ -56,6 +56,7 @@ from .estimate import (
     EstimateError,
     Term,
     estimate,
+    projector_compute_bytes,
 )
 from .gguf import (
     READ_SECONDS,
@@ -478,12 +479,18 @@ class Predictor:
         assert isinstance(model, Model)
         settings = spec.settings
         if isinstance(projector, Model):
-            settings = replace(settings, mmproj_bytes=projector.tensor_bytes)
+            settings = replace(
+                settings,
+                mmproj_bytes=projector.tensor_bytes,
+                mmproj_compute=projector_compute_bytes(projector, settings.flash_attn)[0],
+            )
         try:
             est = estimate(model, settings)
         except EstimateError as e:
             return Prediction(None, str(e), spec)
         source = f"{os.path.basename(spec.model)}, ctx {est.n_ctx}: {format_size(est.total)}"
+        if spec.rule:  # koboldcpp's and llama-box's: their defaults, said
+            source = f"{spec.binary} {source} ({spec.rule})"
         return Prediction(est.total, source, spec, est)
 
     def _tgi(self, spec: LoadSpec, mem_total: int, owner: int | None, wait: bool) -> Prediction:

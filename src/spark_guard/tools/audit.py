@@ -7,12 +7,14 @@ a memory reconciliation out. `spark-guard audit` is the front door.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..classify import canonical_model, model_files
+from ..classify import canonical_model, classify, model_files
 from ..config import Config
+from ..foresight.predict import Prediction
+from ..policy import charge_clients
 from ..quantities import format_size
-from ..snapshot import STORM_WINDOW, SYSTEM, UnitRef
+from ..snapshot import STORM_WINDOW, SYSTEM, SeenUnit, UnitRef
 from .findings import Finding, Severity
 from .harden import rescue_units
 from .inventory import INFINITY, Inventory, UnitInfo
@@ -197,4 +199,64 @@ def memory_findings(r: Reconciliation, holders: Sequence[tuple[str, int]]) -> li
                 fix=f"spark-guard preflight {unit}",
             )
         )
+    return out
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What the guard would expect of a loader, and by which rule."""
+
+    bytes: int | None
+    source: str  # Prediction.source, "[loaders.footprint] in the config", or why none
+    kind: str = ""  # "config", or the spec's kind ("llama.cpp", "ollama", "lmstudio", ...)
+    rule: str = ""  # the spec's rule: the defaults it took
+    notes: tuple[str, ...] = ()
+    # A client's load is charged to its server (policy.charge_clients), and a server
+    # carries the clients charged to it.
+    charged_to: UnitRef | None = None
+    clients: tuple[UnitRef, ...] = ()
+
+
+def footprints(
+    inv: Inventory, predictions: Mapping[UnitRef, Prediction | None], config: Config
+) -> dict[UnitRef, Footprint]:
+    """Each loader's footprint and its rule: the admin's figure ([loaders.footprint]) over
+    the prediction, as classify() takes it; clients charged to their servers as the guard
+    charges them (policy.charge_clients), against every loader the inventory lists."""
+    loaders = []
+    for u in inv.loaders:
+        got = predictions.get(u.ref)
+        seen = SeenUnit(
+            u.ref,
+            u.active_state,
+            exec_start=u.exec_start,
+            predicted=got.bytes if got is not None else None,
+            runs_as=got.runs_as if got is not None else None,
+        )
+        loader = classify(seen, config)
+        if loader is not None:
+            loaders.append(loader)
+    charged = {ld.ref: ld for ld in charge_clients(tuple(loaders))}
+    out = {}
+    for u in inv.loaders:
+        got = predictions.get(u.ref)
+        ld = charged.get(u.ref)
+        if ld is not None and ld.expected_from == "config":
+            fp = Footprint(ld.expected, "[loaders.footprint] in the config", "config")
+        elif got is None and ld is not None and ld.clients:
+            fp = Footprint(ld.expected, "the loads its clients ask of it", "clients")
+        elif got is None:
+            fp = Footprint(None, "no rule reads its command line: give it [loaders.footprint]")
+        else:
+            spec = got.spec
+            fp = Footprint(
+                got.bytes,
+                got.source,
+                spec.kind if spec else "",
+                spec.rule if spec else "",
+                spec.notes if spec else (),
+            )
+        if ld is not None:
+            fp = replace(fp, charged_to=ld.charged_to, clients=ld.clients)
+        out[u.ref] = fp
     return out

@@ -3,6 +3,10 @@
 Exit 0: nothing worse than info; 1: a warning or worse; 2: nothing could be
 audited (no systemd manager answered: PID 1 is not systemd here, or no right
 to its socket) or an error.
+
+Each loader's footprint is shown with the rule it comes from (the prediction's
+source: the command line and model read, the defaults taken; or the admin's
+[loaders.footprint]), and a client unit with the server its load is charged to.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..quantities import format_size
 from ..text import printable as p
-from .audit import loader_findings, memory_findings, reconcile
+from .audit import Footprint, footprints, loader_findings, memory_findings, reconcile
 from .findings import Finding, Severity, worst, worst_first
-from .inventory import INFINITY, Inventory, collect
+from .inventory import INFINITY, Inventory, collect, foresee
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
+    feet = footprints(inv, foresee(inv, meminfo["MemTotal"]), config)
     holders = sorted(((str(u.ref), u.gpu) for u in snapshot.units if u.gpu), key=lambda h: -h[1])
     gpu_total = sum(u.gpu for u in snapshot.units)
     memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)
@@ -63,25 +68,48 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
     if args.json:
-        json.dump(_json(inv, findings, memory, holders), sys.stdout, indent=1)
+        json.dump(_json(inv, findings, memory, holders, feet), sys.stdout, indent=1)
         print()
     else:
-        _print(inv, findings, memory, holders)
+        _print(inv, findings, memory, holders, feet)
     if not inv.managers:
         return 2
     return 1 if worst(findings).at_least(Severity.WARNING) else 0
 
 
-def _json(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> dict[str, Any]:
+def _footprint(f: Footprint | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "bytes": f.bytes,
+        "source": f.source,
+        "kind": f.kind,
+        "rule": f.rule,
+        "notes": list(f.notes),
+        "charged_to": str(f.charged_to) if f.charged_to else None,
+        "clients": [str(c) for c in f.clients],
+    }
+
+
+def _json(
+    inv: Inventory,
+    findings: list[Finding],
+    memory: Any,
+    holders: Any,
+    feet: dict[Any, Footprint] | None = None,
+) -> dict[str, Any]:
     def unit(u: Any) -> dict[str, Any]:
         d = dataclasses.asdict(u)
         d["ref"] = str(u.ref)
         d["memory_max"] = None if u.memory_max >= INFINITY else u.memory_max
         return d
 
+    def loader(u: Any) -> dict[str, Any]:
+        return {**unit(u), "footprint": _footprint((feet or {}).get(u.ref))}
+
     return {
         "managers": inv.managers,
-        "loaders": [unit(u) for u in inv.loaders],
+        "loaders": [loader(u) for u in inv.loaders],
         "failed": [unit(u) for u in inv.failed],
         "lingering": [dataclasses.asdict(x) for x in inv.lingering],
         "missing": inv.missing,
@@ -108,7 +136,13 @@ def _table(rows: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -> None:
+def _print(
+    inv: Inventory,
+    findings: list[Finding],
+    memory: Any,
+    holders: Any,
+    feet: dict[Any, Footprint] | None = None,
+) -> None:
     # Unit names, states, model paths and the findings built from them can hold a user's
     # text: everything shown goes through p(), so nothing of theirs acts on the terminal.
     print(f"managers: {p(', '.join(inv.managers) or 'none reachable')}")
@@ -138,6 +172,7 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
                 ]
             )
         _table(rows)
+        _print_footprints(inv, feet or {})
     print(
         f"\nmemory: used {format_size(memory.used)} = processes' RSS {format_size(memory.rss)}"
         f" + GPU (NVML) {format_size(memory.gpu)} + kernel {format_size(memory.kernel)}"
@@ -152,3 +187,26 @@ def _print(inv: Inventory, findings: list[Finding], memory: Any, holders: Any) -
     for f in sorted(findings, key=worst_first):
         print(f"  {f.severity.upper():8} {f.code:18} {p(f.unit)}: {p(f.message)}")
         print(f"  {'':8} {'':18} fix: {p(f.fix)}")
+
+
+def _print_footprints(inv: Inventory, feet: dict[Any, Footprint]) -> None:
+    """One line per loader: what the guard would expect of it, and the rule it comes from."""
+    print("\nfootprints (what the guard expects, and by which rule):")
+    rows = []
+    for u in inv.loaders:
+        f = feet.get(u.ref)
+        if f is None:
+            continue
+        if f.charged_to is not None:
+            size = "-"
+            said = f"charged to {f.charged_to}, whose process the load lands in: {f.source}"
+        else:
+            size = format_size(f.bytes) if f.bytes is not None else "unknown"
+            said = f.source
+            if f.clients:
+                said += "; with the loads of " + ", ".join(str(c) for c in f.clients)
+        if f.rule and f.rule not in f.source:
+            said += f" [rule: {f.rule}]"
+        rows.append([p(u.ref), size, p(said)])
+    for row in rows:
+        print(f"  {row[0]}  {row[1]}  {row[2]}")

@@ -51,6 +51,7 @@ class UnitInfo:
     fragment: str = ""
     drop_ins: tuple[str, ...] = ()
     from_files: bool = False  # read from disk: its manager is not running
+    service_user: str = ""  # User= ("": the manager's own user)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def _info(manager: Manager, name: str, load: str, active: str, file_state: str) 
         n_restarts=int(p.get("NRestarts", 0)),
         fragment=str(p.get("FragmentPath", "")),
         drop_ins=tuple(p.get("DropInPaths", ())),
+        service_user=details.user,
     )
 
 
@@ -285,6 +287,7 @@ def _from_files(user: pwd.struct_passwd, config: Config, inv: Inventory) -> None
             start_limit_interval=_seconds(last("Unit.StartLimitIntervalSec", "10s"), 10.0),
             fragment=path,
             from_files=True,
+            service_user=last("Service.User"),
         )
         if is_loader(info, config):
             inv.loaders.append(info)
@@ -332,3 +335,38 @@ def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
         if str(r) not in found and (r.manager or r.name not in found)
     ]
     return inv
+
+
+# --- each loader's footprint, foreseen as the guard foresees it -----------------------------
+
+
+def foresee(inv: Inventory, mem_total: int, predictor: Any = None) -> dict[UnitRef, Any]:
+    """Each loader's Prediction (None: no rule reads its command line), as the sensor makes
+    it: a client's (`lms load`, `ollama run`, a curl preload) where its load lands, with the
+    Ollama server units of the inventory; anything else by its command line. Models are read
+    off this thread with the unit owner's file rights, bounded, as the guard reads them."""
+    from ..classify import command_line
+    from ..foresight.clients import ServerUnit, predict_client
+    from ..foresight.predict import Predictor, owner_of, parse_environment
+    from ..foresight.servers import OLLAMA
+
+    predictor = predictor or Predictor()
+    servers = [
+        ServerUnit(u.ref.manager, u.exec_start, parse_environment(u.environment), u.service_user)
+        for u in inv.loaders
+        if any(command_line(c).serves == OLLAMA for c in u.exec_start)
+    ]
+    out: dict[UnitRef, Any] = {}
+    for u in inv.loaders:
+        env = parse_environment(u.environment)
+        out[u.ref] = predict_client(
+            predictor,
+            u.exec_start,
+            env,
+            mem_total,
+            manager=u.ref.manager,
+            user=u.service_user,
+            servers=servers,
+            wait=True,
+        ) or predictor.predict(u.exec_start, env, mem_total, owner=owner_of(u.ref.manager))
+    return out

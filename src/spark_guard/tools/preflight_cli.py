@@ -2,7 +2,10 @@
 
 For a unit, its ExecStart= and Environment= come from its manager (PID 1, or
 `user:UID:` units' own manager; run as a user, the user's own manager), and
-[loaders.footprint] wins over the estimate as in the guard. For a model file,
+[loaders.footprint] wins over the estimate as in the guard. A client unit (`lms
+load`, `ollama run`, a curl preload) is predicted where its load lands, and the
+server unit it is charged to (policy.charge_clients) is named. The rule each
+figure comes from (Prediction.source, the spec's rule and notes) is shown. For a model file,
 llama-server's defaults apply unless flags say otherwise. Exit status: 0 it
 fits, 1 it does not, 2 it cannot be told (the message says why).
 """
@@ -13,18 +16,22 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import config as config_mod
 from .. import log as log_mod
-from ..classify import expected_footprint
+from ..classify import classify, command_line, expected_footprint
 from ..config import Config
+from ..foresight.clients import ServerUnit, predict_client
 from ..foresight.estimate import Estimate, Settings
 from ..foresight.loadspec import LoadSpec, SpecError, first_spec
 from ..foresight.predict import Prediction, Predictor, parse_environment
+from ..foresight.servers import OLLAMA
+from ..policy import charge_clients
 from ..quantities import format_size
-from ..snapshot import UnitRef, parse_ref
+from ..snapshot import Decision, SeenUnit, UnitRef, parse_ref
 from ..system.managers import ManagerError, command_manager, connect_to
 from ..text import printable as p
 from .preflight import Verdict, verdict
@@ -61,7 +68,8 @@ def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
     return ref
 
 
-def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dict[str, str]]:
+def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dict[str, str], str]:
+    """Its ExecStart= command lines, its Environment= and its User=."""
     try:
         manager = connect_to(ref.manager, config.system_manager, config.user_runtime)
     except ManagerError as e:
@@ -75,12 +83,66 @@ def _unit_spec(ref: UnitRef, config: Config) -> tuple[list[tuple[str, ...]], dic
         raise PreflightError(str(e)) from None
     finally:
         manager.close()
-    return [tuple(a) for a in details.exec_start], parse_environment(details.environment)
+    return (
+        [tuple(a) for a in details.exec_start],
+        parse_environment(details.environment),
+        details.user,
+    )
+
+
+def _ollama_servers(decision: Decision, config: Config) -> list[ServerUnit]:
+    """The Ollama server units running now (decide()'s loaders), with their settings: where
+    an `ollama run` client's model is looked up. One that cannot be read is left out."""
+    out = []
+    for loader in decision.loaders:
+        if loader.serves != OLLAMA:
+            continue
+        try:
+            exec_start, env, user = _unit_spec(loader.ref, config)
+        except PreflightError:
+            continue
+        out.append(ServerUnit(loader.ref.manager, tuple(exec_start), env, user))
+    return out
+
+
+@dataclass(frozen=True)
+class Charge:
+    """A client unit's load, charged to the server unit it lands in (or to itself)."""
+
+    asks: str  # the kind of server it asks ("lmstudio", "ollama")
+    server: UnitRef | None  # None: no server it could be charged to is running
+
+
+def _charge(
+    ref: UnitRef,
+    command_lines: Sequence[Sequence[str]],
+    p: Prediction,
+    decision: Decision,
+    config: Config,
+) -> Charge | None:
+    """policy.charge_clients' answer for this client against the servers running now."""
+    seen = SeenUnit(
+        ref,
+        "inactive",
+        exec_start=tuple(tuple(c) for c in command_lines),
+        predicted=p.bytes,
+        runs_as=p.runs_as,
+    )
+    client = classify(seen, config)
+    if client is None or not client.asks or client.serves:
+        return None
+    servers = tuple(ld for ld in decision.loaders if ld.serves and ld.ref != ref)
+    charged = next(ld for ld in charge_clients((*servers, client)) if ld.ref == ref)
+    return Charge(client.asks, charged.charged_to)
 
 
 def _predict(
-    args: argparse.Namespace, config: Config, mem_total: int, own_unit: UnitRef | None
-) -> tuple[str, Prediction, UnitRef | None]:
+    args: argparse.Namespace,
+    config: Config,
+    mem_total: int,
+    own_unit: UnitRef | None,
+    decision: Decision | None = None,
+) -> tuple[str, Prediction, UnitRef | None, Charge | None]:
     predictor = Predictor()
     target = args.target
     if target.endswith(".gguf") or os.path.isfile(target):
@@ -92,13 +154,29 @@ def _predict(
             mmproj=os.path.abspath(args.mmproj) if args.mmproj else None,
             settings=_settings(args, Settings(n_parallel=4, kv_unified=True)),
         )
-        return path, predictor.for_spec(spec, mem_total), None
+        return path, predictor.for_spec(spec, mem_total), None, None
     ref = _unit_ref(target, own_unit)
     fixed = expected_footprint(ref, config)
     if fixed is not None:
-        return str(ref), Prediction(fixed, "[loaders.footprint] in the config"), ref
-    command_lines, env = _unit_spec(ref, config)
+        return str(ref), Prediction(fixed, "[loaders.footprint] in the config"), ref, None
+    command_lines, env, user = _unit_spec(ref, config)
     found = first_spec(command_lines, env)
+    asks = any(command_line(c).asks for c in command_lines)
+    if found is None and asks:
+        servers = _ollama_servers(decision, config) if decision is not None else []
+        got = predict_client(
+            predictor,
+            command_lines,
+            env,
+            mem_total,
+            manager=ref.manager,
+            user=user,
+            servers=servers,
+            wait=True,
+        )
+        if got is not None:
+            charge = _charge(ref, command_lines, got, decision, config) if decision else None
+            return str(ref), got, ref, charge
     if found is None:
         raise PreflightError(
             f"{ref}: footprint unknown: not a loader command this reads "
@@ -110,7 +188,7 @@ def _predict(
         settings=_settings(args, found.settings),
         mmproj=os.path.abspath(args.mmproj) if args.mmproj else found.mmproj,
     )
-    return str(ref), predictor.for_spec(spec, mem_total), ref
+    return str(ref), predictor.for_spec(spec, mem_total), ref, None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,21 +215,39 @@ def run(args: argparse.Namespace) -> int:
     log_mod.configure("console", level="error")
     try:
         snapshot, own_unit = sense_once(config, log_mod.get_logger())
-        what, prediction, itself = _predict(args, config, snapshot.memory.total, own_unit)
+        decision = decide(snapshot, config)
+        what, prediction, itself, charge = _predict(
+            args, config, snapshot.memory.total, own_unit, decision
+        )
     except (ProcError, PreflightError, SpecError) as e:
         # The message can quote the unit's command line: a user's text, shown inert.
         print(f"spark-guard: {p(e)}", file=sys.stderr)
         return 2
     if prediction.bytes is None:
         print(f"spark-guard: {p(what)}: footprint unknown: {p(prediction.source)}", file=sys.stderr)
+        if charge is not None:
+            print(f"spark-guard: {p(what)}: {_charged(charge)}", file=sys.stderr)
         return 2
-    result = verdict(prediction.bytes, snapshot, decide(snapshot, config), itself)
+    result = verdict(prediction.bytes, snapshot, decision, itself)
     if args.json:
-        json.dump(_as_json(what, prediction, result), sys.stdout, indent=1)
+        json.dump(_as_json(what, prediction, result, charge), sys.stdout, indent=1)
         print()
     else:
-        _print(what, prediction, result)
+        _print(what, prediction, result, charge)
     return 0 if result.fits else 1
+
+
+def _charged(c: Charge) -> str:
+    if c.server is not None:
+        return (
+            f"a client of {c.asks}: its load lands in {c.server}'s process and is charged "
+            "to that unit (the one the guard refuses or blocks)"
+        )
+    return (
+        f"a client of {c.asks}: no {c.asks} server unit runs where it could be charged "
+        "(its own manager, or, for a system unit, that of the user it runs as), so the "
+        "guard charges it to this unit"
+    )
 
 
 def _terms(est: Estimate | None) -> list[dict[str, Any]]:
@@ -162,10 +258,21 @@ def _terms(est: Estimate | None) -> list[dict[str, Any]]:
     ] + [{"name": "margin", "bytes": est.margin, "exact": False, "detail": ""}]
 
 
-def _as_json(what: str, pred: Prediction, v: Verdict) -> dict[str, Any]:
+def _as_json(what: str, pred: Prediction, v: Verdict, charge: Charge | None) -> dict[str, Any]:
+    spec = pred.spec
     return {
         "target": what,
         "source": pred.source,
+        # The rule behind `source`: the loader it was read as, the defaults it took, notes;
+        # for a client, the server unit its load is charged to (null: not charged to one).
+        "rule": {
+            "kind": spec.kind if spec else ("config" if pred.estimate is None else ""),
+            "binary": spec.binary if spec else "",
+            "defaults": spec.rule if spec else "",
+            "notes": list(spec.notes) if spec else [],
+        },
+        "client_of": charge.asks if charge else None,
+        "charged_to": str(charge.server) if charge and charge.server else None,
         "terms": _terms(pred.estimate),
         "total": pred.bytes,
         "n_ctx": pred.estimate.n_ctx if pred.estimate else None,
@@ -178,9 +285,15 @@ def _as_json(what: str, pred: Prediction, v: Verdict) -> dict[str, Any]:
     }
 
 
-def _print(what: str, pred: Prediction, v: Verdict) -> None:
+def _print(what: str, pred: Prediction, v: Verdict, charge: Charge | None = None) -> None:
     # The target, the source and the terms' details name model paths and units: shown inert.
     print(f"{p(what)}: {p(pred.source)}")
+    if pred.spec is not None and pred.spec.rule and pred.spec.rule not in pred.source:
+        print(f"  rule: {p(pred.spec.rule)}")
+    for note in pred.spec.notes if pred.spec is not None else ():
+        print(f"  note: {p(note)}")
+    if charge is not None:
+        print(f"  {p(_charged(charge))}")
     for t in _terms(pred.estimate):
         kind = "" if t["name"] == "margin" else ("exact" if t["exact"] else "approx")
         print(f"  {t['name']:<8} {format_size(t['bytes']):>9}  {kind:<6} {p(t['detail'])}")
