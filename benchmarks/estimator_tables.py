@@ -14,8 +14,15 @@ import tempfile
 from pathlib import Path
 
 from lab import synth, testdata
-from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED
-from spark_guard.foresight.estimate import MiB, Settings, compute_bytes, estimate, kv_bytes
+from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED, MMPROJ
+from spark_guard.foresight.estimate import (
+    MiB,
+    Settings,
+    compute_bytes,
+    estimate,
+    kv_bytes,
+    projector_compute_bytes,
+)
 from spark_guard.foresight.gguf import read_model
 
 GiB = 1024 * MiB
@@ -128,6 +135,38 @@ def architectures() -> None:
             print()
 
 
+PROJECTORS = {
+    "gemma-3-27b-mmproj": "Gemma 3 27B (gemma3: SigLIP 896 px, 4x4 pool)",
+    "qwen2.5-vl-7b-mmproj": "Qwen2.5-VL 7B (qwen2.5vl_merger: window attention, 2x2 merge)",
+}
+
+
+def warmup(detail: str) -> str:
+    """'projector 896 px warmup, 4096 patches, ...' -> '896 px, 4096 patches'."""
+    size, patches = detail.split(", ")[:2]
+    return f"{size.removeprefix('projector ').removesuffix(' warmup')}, {patches}"
+
+
+def projectors() -> None:
+    """The projectors (--mmproj): clip.cpp's own accounting (lab/llamacpp.py MMPROJ)."""
+    print(
+        "| projector | -fa | weights llama.cpp | estimate "
+        "| compute llama.cpp | estimate | off by | warmup image |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as d:
+        for key, title in PROJECTORS.items():
+            model = read_model(str(synth.write_projector(synth.PROJECTORS[key], Path(d))))
+            for _, fa, weights, compute in (r for r in MMPROJ if r[0] == key):
+                ours, detail = projector_compute_bytes(model, fa)
+                print(
+                    f"| {title} | {fa} | {weights / MiB:.1f} MiB "
+                    f"| {model.tensor_bytes / MiB:.1f} MiB "
+                    f"| {compute / MiB:.1f} MiB | {ours / MiB:.1f} MiB "
+                    f"| {(ours - compute) / compute * 100:+.1f} % | {warmup(detail)} |"
+                )
+
+
 if __name__ == "__main__":
     print("### Published figures (Qwen3-30B-A3B, F16, CUDA)\n")
     published()
@@ -135,3 +174,5 @@ if __name__ == "__main__":
     measured()
     print("\n### The models of issue 18 (llama.cpp 0c1e57098, CPU build, its own breakdown)\n")
     architectures()
+    print("### Vision projectors (--mmproj; llama.cpp 0c1e57098 tools/mtmd, CPU build)\n")
+    projectors()

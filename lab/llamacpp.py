@@ -258,3 +258,20 @@ LLAMA_CPP: list[tuple[str, dict[str, object], int, int, int, int]] = [
         335546368,
     ),
 ]
+
+# clip.cpp's own accounting of the vision projectors (--mmproj) of lab/synth.py PROJECTORS
+# (the real files' keys, tensor names, shapes and types; sparse), in bytes: (projector,
+# flash attention as llama-server passes it, weights, compute). mtmd_get_memory_usage, the
+# call llama-server makes to size the projector (no_alloc), without and with clip's warmup:
+# the weights, then the compute buffer reserved for the warmup image (Gemma 3: its 896 px;
+# Qwen2.5-VL: 46 x 46 merged tokens, 1288 px). Measured, CPU backend, the same llama.cpp
+# (0c1e57098) and build dir, `cmake --build /var/tmp/llama.cpp-build --target mtmd -j2`, by
+# lab/llamacpp_mmproj.cpp: `python -m lab.llamacpp_run --mmproj /var/tmp/llama.cpp-build/sg-mmproj`.
+MMPROJ: list[tuple[str, str, int, int]] = [
+    ("gemma-3-27b-mmproj", "auto", 857714112, 127139840),
+    ("gemma-3-27b-mmproj", "on", 857714112, 127139840),
+    ("gemma-3-27b-mmproj", "off", 857714112, 1186988032),
+    ("qwen2.5-vl-7b-mmproj", "auto", 1354131456, 739025728),
+    ("qwen2.5-vl-7b-mmproj", "on", 1354131456, 739025728),
+    ("qwen2.5-vl-7b-mmproj", "off", 1354131456, 5108210240),
+]

@@ -9,6 +9,13 @@ build). By hand, with llama.cpp built out of the tree:
         -L$BUILD/bin -lllama -lggml -lggml-base -lggml-cpu -Wl,-rpath,$BUILD/bin
     .venv/bin/python -m lab.llamacpp_run $BUILD/sg-mem > /tmp/rows.py
 
+The projectors (--mmproj) the same way, with tools/mtmd built (--target mtmd):
+
+    c++ -O2 -std=c++17 -I$SRC/include -I$SRC/ggml/include -I$SRC/tools/mtmd \\
+        lab/llamacpp_mmproj.cpp -o $BUILD/sg-mmproj -L$BUILD/bin -lmtmd -lllama -lggml \\
+        -lggml-base -Wl,-rpath,$BUILD/bin
+    .venv/bin/python -m lab.llamacpp_run --mmproj $BUILD/sg-mmproj > /tmp/mmproj_rows.py
+
 lab/llamacpp_mem.cpp loads the model and sets up the context as llama-fit-params
 does (no_alloc: nothing is allocated, tensor data is never read, so the sparse
 files serve) and prints llama.cpp's memory breakdown in bytes: the model buffer,
@@ -88,5 +95,25 @@ def main(tool: str) -> None:
         print("]")
 
 
+def projectors(tool: str) -> None:
+    """lab/llamacpp.py MMPROJ: mtmd_get_memory_usage on each synthetic projector (a sparse
+    file: no_alloc, its tensor data is never read), flash attention auto, on and off."""
+    with tempfile.TemporaryDirectory() as d:
+        print("MMPROJ = [")
+        for key, spec in synth.PROJECTORS.items():
+            path = synth.write_projector(spec, Path(d))
+            run = subprocess.run([tool, str(path)], capture_output=True, text=True, check=False)
+            rows = re.findall(r"SGMMPROJ fa=(\w+) weights=(\d+) compute=(\d+)", run.stdout)
+            if run.returncode or len(rows) != 3:
+                sys.exit(f"{tool} {path}: {run.returncode}\n{run.stderr[-3000:]}")
+            for fa, weights, compute in rows:
+                print(f"    ({key!r}, {fa!r}, {weights}, {compute}),")
+            sys.stdout.flush()
+        print("]")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--mmproj":
+        projectors(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -557,3 +557,126 @@ def _data_end(path: Path) -> int:
     for t in h.tensors:
         end = max(end, h.data_offset + t.offset + (t.nbytes or 0))
     return end
+
+
+# Vision projectors (--mmproj), as llama.cpp's converter writes them (conversion/gemma.py
+# Gemma3VisionModel, conversion/qwenvl.py Qwen2VLVisionModel, MmprojModel in base.py:
+# F16 matrices, F32 vectors) with the clip.* keys and v.* / mm.* tensors that
+# tools/mtmd/clip.cpp reads (clip-impl.h KEY_* and TN_*).
+@dataclass
+class ProjectorSpec:
+    name: str
+    projector_type: str  # clip.projector_type
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_ff: int
+    projection_dim: int  # the text model's n_embd
+    eps: float = 1e-6
+    ffn: str = "gelu"  # clip.use_gelu / clip.use_silu
+    n_wa_pattern: int = 0  # Qwen2.5-VL: every n-th block attends in full, the rest in windows
+
+
+PROJECTORS = {
+    # mmproj of google/gemma-3-27b-it: SigLIP-so400m at 896 px, 4x4 average pool, RMS norm and
+    # a projection to the text model's 5376. Patch and position embeddings kept F32.
+    "gemma-3-27b-mmproj": ProjectorSpec(
+        "mmproj-gemma-3-27b-it", "gemma3", 896, 14, 1152, 27, 16, 4304, 5376
+    ),
+    # mmproj of Qwen/Qwen2.5-VL-7B-Instruct: 32 blocks, SwiGLU, RMS norms, window attention
+    # (fullatt_block_indexes 7, 15, 23, 31), 2x2 patch merger to 3584.
+    "qwen2.5-vl-7b-mmproj": ProjectorSpec(
+        "mmproj-Qwen2.5-VL-7B-Instruct",
+        "qwen2.5vl_merger",
+        560,
+        14,
+        1280,
+        32,
+        16,
+        3420,
+        3584,
+        ffn="silu",
+        n_wa_pattern=8,
+    ),
+}
+
+
+def _projector_tensors(p: ProjectorSpec) -> Tensors:
+    e, f, F16 = p.n_embd, p.n_ff, Q.F16
+    qwen = p.projector_type == "qwen2.5vl_merger"
+    patch = (p.patch_size, p.patch_size, 3, e)
+    out: Tensors = []
+    if qwen:  # the Conv3D split into two Conv2D (two frames), no bias, no position table
+        out += [("v.patch_embd.weight", patch, F16), ("v.patch_embd.weight.1", patch, F16)]
+    else:
+        n_pos = (p.image_size // p.patch_size) ** 2
+        out += [
+            ("v.patch_embd.weight", patch, F32),
+            ("v.patch_embd.bias", (e,), F32),
+            ("v.position_embd.weight", (e, n_pos), F32),
+        ]
+    for il in range(p.n_layer):
+        b = f"v.blk.{il}"
+        for t in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out += [(f"{b}.{t}.weight", (e, e), F16), (f"{b}.{t}.bias", (e,), F32)]
+        out += [(f"{b}.ln1.weight", (e,), F32), (f"{b}.ln2.weight", (e,), F32)]
+        if not qwen:  # LayerNorm (SigLIP) has biases; Qwen's RMSNorm has none
+            out += [(f"{b}.ln1.bias", (e,), F32), (f"{b}.ln2.bias", (e,), F32)]
+        out += [(f"{b}.ffn_up.weight", (e, f), F16), (f"{b}.ffn_up.bias", (f,), F32)]
+        if qwen:
+            out += [(f"{b}.ffn_gate.weight", (e, f), F16), (f"{b}.ffn_gate.bias", (f,), F32)]
+        out += [(f"{b}.ffn_down.weight", (f, e), F16), (f"{b}.ffn_down.bias", (e,), F32)]
+    out += [("v.post_ln.weight", (e,), F32)]
+    if qwen:
+        m = 4 * e  # 2x2 patches merged
+        out += [
+            ("mm.0.weight", (m, m), F16),
+            ("mm.0.bias", (m,), F32),
+            ("mm.2.weight", (m, p.projection_dim), F16),
+            ("mm.2.bias", (p.projection_dim,), F32),
+        ]
+    else:
+        out += [
+            ("v.post_ln.bias", (e,), F32),
+            ("mm.input_projection.weight", (p.projection_dim, e), F16),
+            ("mm.soft_emb_norm.weight", (e,), F32),
+        ]
+    return out
+
+
+def write_projector(p: ProjectorSpec, directory: Path) -> Path:
+    """Write the projector (sparse) as <name>.gguf; returns its path."""
+    path = directory / f"{p.name}.gguf"
+    w = gguf.GGUFWriter(path, "clip")
+    w.add_type("mmproj")
+    w.add_name(p.name)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type(p.projector_type)
+    w.add_vision_image_size(p.image_size)
+    w.add_vision_patch_size(p.patch_size)
+    w.add_vision_embedding_length(p.n_embd)
+    w.add_vision_feed_forward_length(p.n_ff)
+    w.add_vision_block_count(p.n_layer)
+    w.add_vision_head_count(p.n_head)
+    w.add_vision_projection_dim(p.projection_dim)
+    w.add_vision_attention_layernorm_eps(p.eps)
+    w.add_vision_image_mean([0.5, 0.5, 0.5])
+    w.add_vision_image_std([0.5, 0.5, 0.5])
+    if p.ffn == "silu":
+        w.add_vision_use_silu(True)
+    else:
+        w.add_vision_use_gelu(True)
+    if p.n_wa_pattern:
+        w.add_vision_n_wa_pattern(p.n_wa_pattern)
+    for name, dims, qtype in _projector_tensors(p):
+        w.add_tensor_info(
+            name, tuple(reversed(dims)), np.dtype(np.float32), _nbytes(dims, qtype), raw_dtype=qtype
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    os.truncate(path, _data_end(path))
+    return path

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lab import synth, testdata
-from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED
+from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED, MMPROJ
 from spark_guard.foresight.estimate import (
     EstimateError,
     MiB,
@@ -14,6 +16,7 @@ from spark_guard.foresight.estimate import (
     estimate,
     kv_bytes,
     layers,
+    projector_compute_bytes,
     skipped_bytes,
     state_bytes,
 )
@@ -184,3 +187,40 @@ def test_gpt_oss_experts_are_mxfp4_and_its_sinks_change_no_kv(models):
     assert any(t.name == "blk.0.attn_sinks.weight" for t in oss.tensors)
     # 12 full layers x 4096 cells + 12 sliding-window layers x pad256(128 + 512) cells
     assert kv_bytes(oss, Settings(n_ctx=4096))[0] == (12 * 4096 + 12 * 768) * 8 * 64 * 2 * 2
+
+
+@pytest.fixture(scope="module")
+def projectors(tmp_path_factory):
+    d = tmp_path_factory.mktemp("projectors")
+    return {k: read_model(str(synth.write_projector(p, d))) for k, p in synth.PROJECTORS.items()}
+
+
+# MMPROJ: clip.cpp's own accounting of the projectors, mtmd_get_memory_usage (lab/llamacpp.py).
+@pytest.mark.parametrize(
+    ("key", "fa", "weights", "compute"), MMPROJ, ids=[f"{r[0]}-fa-{r[1]}" for r in MMPROJ]
+)
+def test_projectors_match_clips_accounting(projectors, key, fa, weights, compute):
+    projector = projectors[key]
+    assert projector.tensor_bytes == weights  # exact: every tensor of the file is one clip loads
+    ours = projector_compute_bytes(projector, fa)[0]
+    assert abs(ours - compute) / compute < 0.05, (ours, compute)
+
+
+def test_a_projector_adds_its_weights_and_its_compute_buffer(models, projectors):
+    gemma, proj = models["gemma-3-27b"], projectors["gemma-3-27b-mmproj"]
+    s = Settings(n_ctx=4096, flash_attn="on")
+    plain = {t.name: t.bytes for t in estimate(gemma, s).terms}
+    buffer, detail = projector_compute_bytes(proj, "on")
+    assert detail == "projector 896 px warmup, 4096 patches"
+    est = estimate(gemma, replace(s, mmproj_bytes=proj.tensor_bytes, mmproj_compute=buffer))
+    ours = {t.name: t.bytes for t in est.terms}
+    assert ours["weights"] == plain["weights"] + proj.tensor_bytes
+    assert ours["compute"] == plain["compute"] + buffer
+    assert f"+ projector {buffer / MiB:.0f} MiB" in est.terms[2].detail
+    # Qwen2.5-VL warms up on 46 x 46 merged tokens, whatever its image_size says.
+    qwen = projectors["qwen2.5-vl-7b-mmproj"]
+    assert "1288 px warmup, 8464 patches" in projector_compute_bytes(qwen)[1]
+    # An audio projector, or a header without clip's vision keys: no vision buffer counted.
+    audio = Model("a.gguf", {"clip.has_audio_encoder": True}, (), 0, 1)
+    odd = Model("b", {"clip.has_vision_encoder": True, "clip.vision.patch_size": "14"}, (), 0, 1)
+    assert projector_compute_bytes(audio) == projector_compute_bytes(odd) == (0, "")

@@ -20,7 +20,9 @@ Four terms, each marked exact or approximate:
             context or cache type (counted in the same term, as llama.cpp's
             "context" does). An MTP (nextn) block holds no KV.
 - compute   approximate: the graph's peak for one ubatch, fitted to the
-            compute buffer llama.cpp reserves (see compute_bytes).
+            compute buffer llama.cpp reserves (see compute_bytes); with
+            --mmproj, plus the compute buffer the projector's image encoder
+            reserves at load (see projector_compute_bytes).
 - host      approximate: the CUDA context and runtime, the output buffer and
             the tokenizer's tables.
 
@@ -114,6 +116,7 @@ class Settings:
     n_ubatch: int = 512
     swa_full: bool = False
     mmproj_bytes: int = 0
+    mmproj_compute: int = 0  # the projector's compute buffer (projector_compute_bytes)
     no_mmap: bool = False
     n_gpu_layers: int | None = None
 
@@ -405,6 +408,67 @@ def compute_bytes(model: Model, s: Settings) -> tuple[int, str]:
     return total, detail
 
 
+# Vision projectors (--mmproj, tools/mtmd/clip.cpp). llama-server sizes the encoder's compute
+# buffer at load on clip's graph for one warmup image (clip_model_loader::warmup,
+# hparams.warmup_image_size): the projector's image_size, except for the encoders of dynamic
+# resolution, which warm up on a fixed count of output tokens ("avoid OOM on warmup"):
+# clip.projector_type -> (tokens a side, default patch merge, the merge's key).
+PROJECTOR_WARMUP: dict[str, tuple[int, int, str]] = {
+    "qwen2vl_merger": (46, 2, "clip.vision.spatial_merge_size"),
+    "qwen2.5vl_merger": (46, 2, "clip.vision.spatial_merge_size"),
+    "qwen3vl_merger": (46, 2, "clip.vision.spatial_merge_size"),
+    "glm4v": (46, 2, "clip.vision.spatial_merge_size"),
+    "pixtral": (16, 1, "clip.vision.spatial_merge_size"),
+}
+
+
+def _uint(value: Any) -> int:
+    """A metadata value as a count (0 when it is not one: a hostile or foreign header)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def projector_compute_bytes(projector: Model, flash_attn: str = "auto") -> tuple[int, str]:
+    """The compute buffer clip.cpp reserves for a vision projector at load, fitted to its own
+    accounting, mtmd_get_memory_usage (lab/llamacpp.py MMPROJ; docs/estimator.md).
+
+    n patches of the warmup image (PROJECTOR_WARMUP), n_embd E, n_ff F, H heads, f32. With
+    flash attention (on, auto): a ViT block's live activations, (3 E + F) a patch, or
+    (6 E + 3 F) when the FFN is gated (SwiGLU: up, gate and their product live at once);
+    window attention (Qwen2.5-VL's n_wa_pattern) adds its n x n mask as f16. Without: the
+    scores of all heads, H n^2, plus 6 E a patch, plus the f32 window mask. 0 when the file
+    says no vision encoder (an audio projector) or lacks clip's vision keys.
+    """
+    get = projector.get
+    if get("clip.has_vision_encoder") is not True:
+        return 0, ""
+    ptype = str(get("clip.projector_type") or get("clip.vision.projector_type") or "")
+    image = _uint(get("clip.vision.image_size"))
+    patch = _uint(get("clip.vision.patch_size"))
+    e = _uint(get("clip.vision.embedding_length"))
+    f = _uint(get("clip.vision.feed_forward_length")) or 4 * e
+    heads = _uint(get("clip.vision.attention.head_count")) or 1
+    if not (patch and e):
+        return 0, ""
+    warmup = PROJECTOR_WARMUP.get(ptype)
+    if warmup:
+        side_tokens, merge, key = warmup
+        side = side_tokens * (_uint(get(key)) or merge)
+    else:
+        side = image // patch
+    n = side * side
+    windows = bool(_uint(get("clip.vision.n_wa_pattern")))
+    detail = f"projector {side * patch} px warmup, {n} patches"
+    if flash_attn == "off":
+        total = heads * n * n * 4 + 6 * e * n * 4 + (n * n * 4 if windows else 0)
+        detail += f", attention scores {heads} heads"
+    else:
+        gated = any(t.name == "v.blk.0.ffn_gate.weight" for t in projector.tensors)
+        total = ((6 * e + 3 * f) if gated else (3 * e + f)) * n * 4 + (n * n * 2 if windows else 0)
+    if windows:
+        detail += ", window mask"
+    return total, detail
+
+
 def estimate(model: Model, s: Settings) -> Estimate:
     skipped = skipped_bytes(model)
     weights = model.tensor_bytes - skipped + s.mmproj_bytes
@@ -414,6 +478,9 @@ def estimate(model: Model, s: Settings) -> Estimate:
         kv += state
         kv_detail += f"; + {state_detail}"
     compute, compute_detail = compute_bytes(model, s)
+    if s.mmproj_compute:
+        compute += s.mmproj_compute
+        compute_detail += f"; + projector {s.mmproj_compute / MiB:.0f} MiB"
     n_vocab = vocab_size(model)
     _, n_seq = context_cells(model, s)
     host = RUNTIME + n_vocab * VOCAB_BYTES + n_vocab * n_seq * 4

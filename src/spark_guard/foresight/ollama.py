@@ -86,7 +86,14 @@ from urllib.parse import urlsplit
 
 from ..quantities import format_size
 from ..system.safefs import UnsafePath, read_regular
-from .estimate import CACHE_TYPES, Estimate, EstimateError, Settings, estimate
+from .estimate import (
+    CACHE_TYPES,
+    Estimate,
+    EstimateError,
+    Settings,
+    estimate,
+    projector_compute_bytes,
+)
 from .gguf import (
     READ_SECONDS,
     GgufError,
@@ -997,6 +1004,7 @@ def load_spec(
         flash_attn=fa,
         n_ubatch=max(1, ubatch),
         mmproj_bytes=got.projector.tensor_bytes if got.projector is not None else 0,
+        mmproj_compute=projector_compute_bytes(got.projector, fa)[0] if got.projector else 0,
     )
     return LoadSpec(
         kind="ollama",
