@@ -12,7 +12,7 @@ REPO = Path(__file__).parent.parent
 # Markers of tests that need root: they start real managers, containers and VMs, or act
 # as other users. Without root they are skipped with the reason, as systemd's own tests
 # do, so `pytest` as a normal user runs every pure test. CI runs as root: all of them.
-NEEDS_ROOT = ("root", "systemd", "journald", "nspawn", "vm")
+NEEDS_ROOT = ("root", "systemd", "journald", "nspawn", "vm", "engine")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

