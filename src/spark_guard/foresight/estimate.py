@@ -43,7 +43,7 @@ PAD = 256  # llama.cpp pads n_ctx and the sliding-window cache to 256 cells
 RUNTIME = 320 * MiB  # CUDA context, cuBLAS workspace, driver allocations (per process)
 VOCAB_BYTES = 256  # host bytes per vocabulary entry (token text, scores, maps)
 MARGIN_EXACT = 0.02  # alignment, per-backend padding, buffers the exact terms do not list
-MARGIN_SHARE = 0.25  # of the approximate terms (CUDA's compute buffer runs larger than CPU's)
+MARGIN_SHARE = 0.20  # of the approximate terms (CUDA's compute buffer runs larger than CPU's)
 MARGIN_MIN = 128 * MiB
 
 # KV cache types llama.cpp accepts for -ctk/-ctv -> ggml type id.
