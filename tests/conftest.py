@@ -1,10 +1,13 @@
 import os
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from lab.accounts import User, unprivileged_user
 
 REPO = Path(__file__).parent.parent
 
@@ -49,3 +52,21 @@ def deb() -> Path:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return REPO / out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def mallory() -> Iterator[User]:
+    """A real unprivileged account, one per test module, for the attacks done as her."""
+    with unprivileged_user() as user:
+        yield user
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A root-owned directory anyone may search, outside pytest's root-only tmp tree."""
+    d = Path(tempfile.mkdtemp(prefix="sg-public."))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        subprocess.run(["rm", "-rf", str(d)], check=True)

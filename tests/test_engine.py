@@ -38,9 +38,11 @@ LOADER = (
 
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[DockerD]:
+    # scripts/deps --test installs docker.io: as root (conftest skips the rest), a missing
+    # engine is a broken test machine, not a reason to leave containers untested.
     why = available()
     if why:
-        pytest.skip(why)
+        pytest.fail(why)
     began = time.monotonic()
     with DockerD() as d:
         yield d
@@ -370,8 +372,6 @@ def test_no_socket_and_a_peer_that_is_not_root() -> None:
 
 @pytest.mark.root
 def test_a_socket_a_user_listens_on_is_not_believed() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
     base = tempfile.mkdtemp(prefix="sg-fake.")
     os.chmod(base, 0o777)
     path = os.path.join(base, "docker.sock")

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab import testdata
-from lab.accounts import User, unprivileged_user
+from lab.accounts import User
 from spark_guard.foresight.loadspec import LoadSpec
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor, owner_of
 
@@ -41,23 +39,6 @@ def answer(predictor: Predictor, model: str | Path, owner: int | None, within: f
             return p
         assert time.monotonic() < give_up, f"{model}: still pending after {within}s"
         time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def mallory() -> Iterator[User]:
-    with unprivileged_user() as user:
-        yield user
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A root-owned directory anyone may search, outside pytest's root-only tmp tree."""
-    d = Path(tempfile.mkdtemp(prefix="sg-foresight."))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        subprocess.run(["rm", "-rf", str(d)], check=True)
 
 
 def test_owner_of_a_unit_is_its_managers_user():

@@ -12,15 +12,13 @@ import dataclasses
 import json
 import os
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab import synth
-from lab.accounts import User, unprivileged_user
+from lab.accounts import User
 from spark_guard.foresight import lmstudio
 from spark_guard.foresight.estimate import Settings, estimate
 from spark_guard.foresight.gguf import GgufError, GgufTimeout, read_model
@@ -483,23 +481,6 @@ def test_asking_never_waits(home: Path):
 
 
 # --- as a real unprivileged user ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mallory() -> Iterator[User]:
-    with unprivileged_user() as user:
-        yield user
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A root-owned directory anyone may search, outside pytest's root-only tmp tree."""
-    d = Path(tempfile.mkdtemp(prefix="sg-lmstudio."))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        subprocess.run(["rm", "-rf", str(d)], check=True)
 
 
 @pytest.mark.root

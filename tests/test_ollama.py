@@ -12,17 +12,14 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab import synth
-from lab.accounts import User, unprivileged_user
+from lab.accounts import User
 from spark_guard.foresight import ollama
 from spark_guard.foresight.estimate import Settings, estimate
 from spark_guard.foresight.gguf import read_model
@@ -865,23 +862,6 @@ def test_the_last_model_layer_and_the_first_projector_are_loaded(layout, ggufs):
 
 
 # --- as a real unprivileged user ----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mallory() -> Iterator[User]:
-    with unprivileged_user() as user:
-        yield user
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A root-owned directory anyone may search, outside pytest's root-only tmp tree."""
-    d = Path(tempfile.mkdtemp(prefix="sg-ollama."))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        subprocess.run(["rm", "-rf", str(d)], check=True)
 
 
 @pytest.mark.root

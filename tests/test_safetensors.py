@@ -13,18 +13,17 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from lab.accounts import User, unprivileged_user
+from lab.accounts import User
 from spark_guard.classify import CommandLine
 from spark_guard.foresight import safetensors as st
 from spark_guard.foresight.loadspec import parse
@@ -778,23 +777,6 @@ def answer(predictor: Predictor, argv: list[str], owner: int, within: float) -> 
             return p
         assert time.monotonic() < give_up, f"{argv}: still pending after {within}s"
         time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def mallory() -> Iterator[User]:
-    with unprivileged_user() as user:
-        yield user
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A root-owned directory anyone may search, outside pytest's root-only tmp tree."""
-    d = Path(tempfile.mkdtemp(prefix="sg-safetensors."))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        subprocess.run(["rm", "-rf", str(d)], check=True)
 
 
 def hers(user: User, path: Path) -> None:

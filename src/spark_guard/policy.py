@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config
+from .foresight.servers import server_managers
 from .quantities import format_size
 from .snapshot import SYSTEM, Action, ActionKind, Decision, Loader, Memory, Phase, Snapshot, UnitRef
 from .text import printable
@@ -133,10 +134,7 @@ def _server_of(client: Loader, servers: list[Loader]) -> Loader | None:
     for a system client also in the manager of the user it runs as (root's when it runs
     as root). Never another user's from a user's client: a user's unit cannot make the
     guard refuse someone else's server. None when there is none, or more than one."""
-    managers = [client.ref.manager]
-    if client.ref.manager == SYSTEM:
-        managers.append(f"user:{client.seen.runs_as or 0}")
-    for manager in managers:
+    for manager in server_managers(client.ref.manager, client.seen.runs_as):
         found = [s for s in servers if s.ref.manager == manager and s.serves == client.asks]
         if found:
             return found[0] if len(found) == 1 else None

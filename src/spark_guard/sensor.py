@@ -395,14 +395,10 @@ class Sensor:
             cgroup=cgroup,
         )
 
-    def _foresee(self, units: list[SeenUnit], mem_total: int) -> list[SeenUnit]:
-        """Each loader's footprint before it allocates, once per run: the command line and
-        the model's header do not change under it. Models are read off the loop, with the
-        unit owner's rights (foresight/predict.py): while a read is on, the prediction is
-        pending (None: the trend guards the unit) and the next pass asks again; the loop
-        never waits for it. After every unit of the pass is seen: a client's load
-        (foresight/clients.py) is looked up in its Ollama server unit's files."""
-        servers = [
+    def _ollama_servers(self) -> list[ServerUnit]:
+        """The Ollama server units seen: asked only for a unit not yet foreseen (a quiet
+        machine's full look, every unit foreseen long ago, never walks the caches for it)."""
+        return [
             ServerUnit(
                 ref.manager,
                 c.details.exec_start,
@@ -414,6 +410,14 @@ class Sensor:
             and c.commands
             and any(ln.serves == OLLAMA for ln in c.commands)
         ]
+
+    def _foresee(self, units: list[SeenUnit], mem_total: int) -> list[SeenUnit]:
+        """Each loader's footprint before it allocates, once per run: the command line and
+        the model's header do not change under it. Models are read off the loop, with the
+        unit owner's rights (foresight/predict.py): while a read is on, the prediction is
+        pending (None: the trend guards the unit) and the next pass asks again; the loop
+        never waits for it. After every unit of the pass is seen: a client's load
+        (foresight/clients.py) is looked up in its Ollama server unit's files."""
         out = []
         for seen in units:
             cache = self._units.get(seen.ref)
@@ -430,7 +434,7 @@ class Sensor:
                     mem_total,
                     manager=seen.ref.manager,
                     user=details.user,
-                    servers=servers,
+                    servers=self._ollama_servers(),
                     wait=self.wait_for_models,
                 ) or self.predictor.predict(
                     details.exec_start,

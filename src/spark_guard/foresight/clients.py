@@ -25,6 +25,7 @@ from . import lmstudio, ollama
 from .gguf import GgufOpenError
 from .loadspec import SpecError
 from .predict import PENDING, Prediction, Predictor
+from .servers import server_managers
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,7 @@ def predict_client(
     assert asked is not None
     # The Ollama server it asks: one in its own manager, else, for a system client, one
     # in the manager of the user it runs as; the answer comes from that server's files.
-    managers = [manager] + ([f"user:{me.uid}"] if manager == SYSTEM else [])
-    found = [s for m in managers for s in servers if s.manager == m][:1]
+    found = [s for m in server_managers(manager, me.uid) for s in servers if s.manager == m][:1]
     if not found:
         return Prediction(None, "ollama: no Ollama server unit seen to answer it", runs_as=me.uid)
     server_unit = found[0]
