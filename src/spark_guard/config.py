@@ -118,6 +118,10 @@ class Config:
     gpu: bool = True
     gpu_retry: float = 60.0  # seconds between attempts to find a missing driver
     gpu_deadline: float = 2.0  # seconds the loop waits for NVML; later, figures are stale
+    # [containers]: engines asked about the containers whose processes the guard sees
+    containers: bool = True
+    engines: tuple[str, ...] = ("/run/docker.sock", "/run/podman/podman.sock")
+    engine_timeout: float = 2.0  # seconds for one call to an engine
     # [guard]
     dry_run: bool = False
     repeat_after: float = 30.0
@@ -232,6 +236,9 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("gpu", "enabled"): ("gpu", _bool),
     ("gpu", "retry"): ("gpu_retry", _positive_duration),
     ("gpu", "deadline"): ("gpu_deadline", _positive_duration),
+    ("containers", "enabled"): ("containers", _bool),
+    ("containers", "engines"): ("engines", _str_list),
+    ("containers", "timeout"): ("engine_timeout", _positive_duration),
     ("guard", "dry_run"): ("dry_run", _bool),
     ("guard", "repeat_after"): ("repeat_after", parse_duration),
     ("guard", "stop_timeout"): ("stop_timeout", _positive_duration),

@@ -132,6 +132,14 @@ class Prediction:
     runs_as: int | None = None
 
 
+# How for_spec gets a model a command line names: (the path as named, "gguf" or
+# "safetensors", wait) -> the model, or why there is none, or None while it is read. By
+# default the path is read as it is, with `owner`'s rights (Predictor._model); a caller
+# whose paths mean something else (a container's, behind its mounts: containers.py) gives
+# its own, which reads through Predictor.run so the read stays off the loop and bounded.
+ModelRead = Callable[[str, str, bool], Model | safetensors.Model | Held | str | None]
+
+
 def parse_environment(assignments: Iterable[str]) -> dict[str, str]:
     """systemd's Environment= list ('K=V' strings) as a mapping."""
     env = {}
@@ -438,6 +446,7 @@ class Predictor:
         *,
         owner: int | None = None,
         wait: bool = True,
+        read: ModelRead | None = None,
     ) -> Prediction | None:
         """None when no command line is a loader this knows (the config must say).
 
@@ -445,32 +454,41 @@ class Predictor:
         manager)), and then a model it cannot open gets one answer whatever the reason;
         None: the caller's own rights, and the reason. `wait=False`: never block; a
         pending Prediction while the model is read (ask again later). Waiting lasts at
-        most about the read's budget (READ_SECONDS)."""
+        most about the read's budget (READ_SECONDS). `read`: how a named model is read
+        instead (ModelRead; `owner` is then not used)."""
         try:
             spec = first_spec(command_lines, environment)
         except SpecError as e:
             return Prediction(None, f"command line: {e}")
         if spec is None:
             return None
-        return self.for_spec(spec, mem_total, owner=owner, wait=wait)
+        return self.for_spec(spec, mem_total, owner=owner, wait=wait, read=read)
 
     def for_spec(
-        self, spec: LoadSpec, mem_total: int, *, owner: int | None = None, wait: bool = True
+        self,
+        spec: LoadSpec,
+        mem_total: int,
+        *,
+        owner: int | None = None,
+        wait: bool = True,
+        read: ModelRead | None = None,
     ) -> Prediction:
+        if read is None:
+            read = self._reader(owner)
         if spec.kind == "vllm" and spec.gpu_fraction is not None:
             need = int(mem_total * spec.gpu_fraction)
             return Prediction(need, f"vLLM --gpu-memory-utilization {spec.gpu_fraction:g}", spec)
         if spec.kind == "sglang":
             return sglang_prediction(spec, mem_total)
         if spec.kind == "tgi":
-            return self._tgi(spec, mem_total, owner, wait)
+            return self._tgi(spec, mem_total, read, wait)
         if not spec.model:
             return Prediction(None, f"{spec.binary}: no -m/--model given", spec)
         for path in (spec.model, spec.mmproj):
             if path is not None and not os.path.isabs(path):
                 return Prediction(None, f"{path}: relative model path", spec)
-        model = self._model(spec.model, owner, wait)
-        projector = self._model(spec.mmproj, owner, wait) if spec.mmproj else None
+        model = read(spec.model, "gguf", wait)
+        projector = read(spec.mmproj, "gguf", wait) if spec.mmproj else None
         for got in (model, projector):
             if isinstance(got, str):
                 return Prediction(None, got, spec)
@@ -493,7 +511,15 @@ class Predictor:
             source = f"{spec.binary} {source} ({spec.rule})"
         return Prediction(est.total, source, spec, est)
 
-    def _tgi(self, spec: LoadSpec, mem_total: int, owner: int | None, wait: bool) -> Prediction:
+    def _reader(self, owner: int | None) -> ModelRead:
+        """The paths as they are, read with `owner`'s rights (the default ModelRead)."""
+
+        def read(path: str, kind: str, wait: bool) -> Model | safetensors.Model | Held | str | None:
+            return self._model(path, owner, wait, kind=kind)
+
+        return read
+
+    def _tgi(self, spec: LoadSpec, mem_total: int, read: ModelRead, wait: bool) -> Prediction:
         """The larger of TGI's share of MemTotal and the least its model needs."""
         fraction = spec.gpu_fraction if spec.gpu_fraction is not None else 1.0
         share = int(mem_total * fraction)
@@ -503,7 +529,7 @@ class Predictor:
         if not os.path.isabs(spec.model):
             why = f"{spec.model}: not an absolute path (a Hub id?)"
             return Prediction(share, f"{said}; weights not read: {why}", spec)
-        got = self._model(spec.model, owner, wait, kind="safetensors")
+        got = read(spec.model, "safetensors", wait)
         if got is None:
             return Prediction(None, PENDING, spec, pending=True)
         if isinstance(got, str):

@@ -1,0 +1,266 @@
+"""A loader container's footprint before it allocates: its command, its mounts, its model.
+
+A container's command (the engine's Path + Args) is read by the same load specs
+as a unit's ExecStart= (loadspec.py: llama-server and the rest of llama.cpp,
+vLLM's --gpu-memory-utilization as a share of MemTotal, SGLang, TGI...), and
+predicted by the same Predictor.for_spec. What differs is where its model is:
+
+- A path in the command is the container's. It is mapped to the host through
+  the container's mounts: the longest mount destination that is a prefix of it,
+  component by component (`/models` holds `/models/x.gguf`, not
+  `/models2/x.gguf`), gives the host's source, and the rest of the path is
+  appended to it. A path in no mount is in the image's own filesystem, which
+  the guard does not read: no prediction from the file (a rule that needs none,
+  --gpu-memory-utilization, still gives one). A relative path, or one with a
+  `..` anywhere, is refused, never resolved: `..` after a directory that is a
+  symlink inside the container means something else than the text says.
+- The host file belongs to whoever made the mount: anyone in the docker group,
+  who can make any file and any symlink, root's included (a container runs as
+  root). So it is read with the guard's own rights (root) but walked from / one
+  component at a time with O_NOFOLLOW, and a symlink anywhere on the way, even
+  one root owns, means no prediction (safefs.Tree follows root's own symlinks
+  at /; here they are no sign of trust). The file must be a regular file before
+  it is opened (lstat, then fstat of what was opened): a device a container made
+  with mknod is never opened.
+- The read runs as a unit's model does: off the loop on the Predictor's worker
+  thread (Predictor.run), within its deadline, its header cached by path and
+  identity, its answer kept a while; `wait=False` gives a pending Prediction
+  until it is there.
+- A safetensors directory (TGI's --model-id) is not read: its reader follows
+  symlinks by design (Hugging Face caches are symlinks). TGI's share of the
+  memory is still its footprint; the source says the weights were not read.
+
+The hook into predict.py is Predictor.for_spec's `read` (predict.ModelRead): the
+spec keeps the path as the container names it (the shown source says that
+path), and only this module's reader knows the mounts. The mapping
+(`host_path`) is pure.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..system.engine import Container
+from .gguf import (
+    MAX_SHARDS,
+    MAX_TENSORS,
+    GgufError,
+    GgufOpenError,
+    GgufTimeout,
+    GgufUnreadable,
+    HeaderCache,
+    Model,
+    identity,
+    read_header,
+    shard_paths,
+)
+from .predict import Held, Prediction, Predictor
+from .safetensors import Model as SafetensorsModel
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_NAME = "{host} (a container's mount)"  # the Predictor.run name of a read: its own kind
+
+
+class MountError(ValueError):
+    """A path in a container that does not lead to a host file the guard reads; str() says
+    why, naming the path."""
+
+
+def _components(path: str) -> list[str]:
+    """The names of absolute `path`, without empty ones and `.`; MountError for `..`."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    if ".." in parts:
+        raise MountError(f"{path}: '..' is not followed in a container's path")
+    return parts
+
+
+def host_path(mounts: Sequence[tuple[str, str]], inside: str) -> str:
+    """Where `inside` (a path in the container) is on the host, through `mounts` ((source
+    on the host, destination inside) pairs, as Container holds them). Pure.
+
+    MountError if it is relative, has a `..`, is in no mount (the image's own files), or
+    its mount's source is not an absolute host path (a tmpfs has none)."""
+    if not inside.startswith("/"):
+        raise MountError(f"{inside}: a relative path in a container is not resolved")
+    parts = _components(inside)
+    best: tuple[int, str] | None = None  # (destination's length in components, source)
+    for source, destination in mounts:
+        if not destination.startswith("/"):
+            continue
+        try:
+            dest = _components(destination)
+        except MountError:
+            continue  # the engine cleans destinations; one with '..' matches nothing
+        if parts[: len(dest)] == dest and (best is None or len(dest) > best[0]):
+            best = (len(dest), source)
+    if best is None:
+        raise MountError(
+            f"{inside}: in no mount of the container (the image's own files are not read)"
+        )
+    depth, source = best
+    if not source.startswith("/"):
+        raise MountError(f"{inside}: its mount's source {source!r} is not a path on the host")
+    try:
+        base = _components(source)
+    except MountError:
+        raise MountError(f"{inside}: its mount's source {source}: '..' is not followed") from None
+    return "/" + "/".join(base + parts[depth:])
+
+
+# --- the read, on the Predictor's worker thread ---------------------------------------------
+
+
+def _is_symlink(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _symlink(host: str, name: str) -> GgufError:
+    return GgufError(f"{host}: {name!r} is a symlink, not followed in a container's mount")
+
+
+def _open_parent(host: str) -> int:
+    """An fd of `host`'s directory, walked from / with no symlink followed (none at all)."""
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for part in _components(host)[:-1]:
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if _is_symlink(part, fd):
+                    raise _symlink(host, part) from None
+                raise GgufOpenError(host, e) from None
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]:
+    """An fd of regular file `name` in `dir_fd` and its stat; a symlink, FIFO, device or
+    directory is refused before it is opened."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as e:
+        raise GgufOpenError(shown, e) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _symlink(shown, name)
+    if not stat.S_ISREG(st.st_mode):
+        raise GgufError(f"{shown}: not a regular file")
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # swapped for a symlink since the stat
+            raise _symlink(shown, name) from None
+        raise GgufOpenError(shown, e) from None
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise GgufUnreadable(f"{shown}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise GgufError(f"{shown}: not a regular file")
+    return fd, st
+
+
+def read_mounted(host: str, *, deadline: float, cache: HeaderCache | None = None) -> Model:
+    """The GGUF model at `host` (all its shards, which sit beside it), as gguf.read_model
+    reads one, but reached without following any symlink; GgufError for the first problem,
+    naming its file. With the caller's rights: the Predictor's worker, the guard's (root)."""
+    dir_fd = _open_parent(host)
+    try:
+        paths = shard_paths(host)
+        if len(paths) > MAX_SHARDS:
+            raise GgufError(f"{host}: split into {len(paths)} files (at most {MAX_SHARDS})")
+        headers = []
+        n_tensors = 0
+        for p in paths:
+            if time.monotonic() > deadline:
+                raise GgufTimeout(f"{p}: header read past its deadline")
+            fd, st = _open_file(os.path.basename(p), dir_fd, p)
+            try:
+                ident = identity(st)
+                h = cache.get(p, ident) if cache is not None else None
+                if isinstance(h, GgufError):
+                    raise GgufError(str(h)) from None
+                if h is None:
+                    try:
+                        h = read_header(p, deadline=deadline, opened=(fd, st))
+                    except (GgufUnreadable, GgufTimeout):
+                        raise
+                    except GgufError as e:
+                        if cache is not None:
+                            cache.put(p, ident, GgufError(str(e)))
+                        raise
+                    if cache is not None:
+                        cache.put(p, ident, h)
+            finally:
+                os.close(fd)
+            n_tensors += len(h.tensors)
+            if n_tensors > MAX_TENSORS:
+                raise GgufError(f"{p}: the model's shards hold over {MAX_TENSORS} tensors")
+            headers.append(h)
+    finally:
+        os.close(dir_fd)
+    first = headers[0]
+    declared = first.get("split.count")
+    if declared is not None and declared != len(paths):
+        raise GgufError(f"{paths[0]}: split.count says {declared} shards, the name {len(paths)}")
+    tensors = tuple(t for h in headers for t in h.tensors)
+    return Model(
+        path=paths[0],
+        metadata=first.metadata,
+        tensors=tensors,
+        tensor_bytes=sum(h.tensor_bytes for h in headers),
+        shards=len(paths),
+        cost=sum(h.cost for h in headers) + 8 * len(tensors),
+    )
+
+
+def predict_container(
+    predictor: Predictor, container: Container, mem_total: int, *, wait: bool
+) -> Prediction | None:
+    """The footprint of `container`'s loader, as Predictor.predict gives a unit's; None when
+    its command is no loader this knows. `wait=False`: never block; a pending Prediction
+    while the model is read (ask again later), as Predictor.predict."""
+    found: dict[str, str] = {}  # the container's paths read, and where they are on the host
+
+    def read(path: str, kind: str, wait: bool) -> Model | SafetensorsModel | Held | str | None:
+        try:
+            host = host_path(container.mounts, path)
+        except MountError as e:
+            return str(e)
+        if kind != "gguf":
+            return (
+                f"{path}: a model directory in a container is not read yet (safetensors' "
+                "reader follows symlinks)"
+            )
+
+        def job(deadline: float) -> Model:
+            return read_mounted(host, deadline=deadline, cache=predictor.headers)
+
+        got = predictor.run(READ_NAME.format(host=host), None, job, wait=wait)
+        if got is None:
+            return None
+        if isinstance(got, str):
+            return f"{path}: {got}"
+        if not isinstance(got, Model):  # the name is this module's own: never another's read
+            return f"{path}: {host}: not read"
+        found[path] = host
+        return got
+
+    p = predictor.predict([container.command], {}, mem_total, wait=wait, read=read)
+    if p is None or p.estimate is None or p.spec is None or p.spec.model not in found:
+        return p
+    return replace(p, source=f"{p.source}; {p.spec.model} is the host's {found[p.spec.model]}")

@@ -1,0 +1,279 @@
+"""Foresight for a loader container: its command read as a unit's, its model through its mounts.
+
+Real files: sparse GGUFs written by lab/synth.py in a temp dir that a
+`Container` value (as the engine's inspect answer is read into one) mounts at
+/models. No engine is needed: the mounts are data. The figures are checked
+against Predictor.predict on the same command line with the host's paths.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import synth
+from spark_guard.foresight.containers import MountError, host_path, predict_container
+from spark_guard.foresight.predict import PENDING, Prediction, Predictor
+from spark_guard.system.engine import Container
+
+MEM_TOTAL = 128 * 2**30
+TINY = synth.Spec("Tiny", "llama", 2, 256, 4, 4, 64, 64, 2048, 1000, n_ff=512)
+CID = "0123456789abcdef" * 4
+
+
+def container(command: tuple[str, ...], *mounts: tuple[str | Path, str]) -> Container:
+    return Container(
+        id=CID,
+        name="llm",
+        image="ghcr.io/ggml-org/llama.cpp:server",
+        command=command,
+        restart="unless-stopped",
+        running=True,
+        mounts=tuple((str(s), d) for s, d in mounts),
+    )
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """tmp/models/Tiny.gguf (one file) and tmp/models/sub/Tiny-0000N-of-00002.gguf (split)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    synth.write(TINY, models)
+    (models / "sub").mkdir()
+    synth.write(TINY, models / "sub", shards=2)
+    return tmp_path
+
+
+def llama(model: str, *more: str) -> tuple[str, ...]:
+    return ("/app/llama-server", "-m", model, "-c", "1024", *more)
+
+
+def predict(c: Container, *, wait: bool = True) -> Prediction | None:
+    return predict_container(Predictor(), c, MEM_TOTAL, wait=wait)
+
+
+# --- the same figure as a unit with the host's path -----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Tiny.gguf", "sub/Tiny-00001-of-00002.gguf"])
+def test_a_model_in_a_mount_gets_the_units_figure(host: Path, name: str):
+    models = host / "models"
+    got = predict(container(llama(f"/models/{name}"), (models, "/models")))
+    unit = Predictor().predict([llama(str(models / name))], {}, MEM_TOTAL)
+    assert unit is not None and unit.bytes is not None and unit.estimate is not None
+    assert got is not None and got.estimate is not None
+    assert got.bytes == unit.bytes
+    assert got.estimate.terms == unit.estimate.terms
+    assert got.spec is not None and got.spec.model == f"/models/{name}"  # the container's path
+    assert got.source == f"{unit.source}; /models/{name} is the host's {models / name}"
+
+
+def test_the_longest_mount_wins_and_a_mounted_file_is_read(host: Path):
+    models = host / "models"
+    # /models is something else entirely; /models/deep is the directory with the model.
+    c = container(
+        llama("/models/deep/Tiny.gguf"), (host / "nowhere", "/models"), (models, "/models/deep")
+    )
+    unit = Predictor().predict([llama(str(models / "Tiny.gguf"))], {}, MEM_TOTAL)
+    got = predict(c)
+    assert unit is not None and got is not None and got.bytes == unit.bytes
+    # A single file mounted as itself (-v /srv/m.gguf:/m.gguf).
+    got = predict(container(llama("/m.gguf"), (models / "Tiny.gguf", "/m.gguf")))
+    assert got is not None and got.bytes == unit.bytes
+
+
+def test_through_a_shell_and_a_wrapper(host: Path):
+    models = host / "models"
+    unit = Predictor().predict([llama(str(models / "Tiny.gguf"))], {}, MEM_TOTAL)
+    script = "exec env LLAMA_CACHE=/tmp llama-server -m /models/Tiny.gguf -c 1024"
+    got = predict(container(("/bin/sh", "-c", script), (models, "/models")))
+    assert unit is not None and got is not None and got.bytes == unit.bytes
+
+
+def test_asked_without_waiting_it_is_pending_then_the_same(host: Path):
+    models = host / "models"
+    c = container(llama("/models/Tiny.gguf"), (models, "/models"))
+    predictor = Predictor()
+    first = predict_container(predictor, c, MEM_TOTAL, wait=False)
+    assert first is not None
+    if first.pending:
+        assert first.bytes is None and first.source == PENDING
+    give_up = time.monotonic() + 5
+    got = first
+    while got.pending:
+        assert time.monotonic() < give_up
+        time.sleep(0.02)
+        again = predict_container(predictor, c, MEM_TOTAL, wait=False)
+        assert again is not None
+        got = again
+    unit = Predictor().predict([llama(str(models / "Tiny.gguf"))], {}, MEM_TOTAL)
+    assert unit is not None and got.bytes == unit.bytes
+
+
+# --- rules that need no file -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("vllm", "serve", "/models/x", "--gpu-memory-utilization", "0.5"),
+        (
+            "python3",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "/models/x",
+            "--gpu-memory-utilization=0.5",
+        ),
+    ],
+)
+def test_vllm_is_its_share_of_the_pool_as_for_a_unit(host: Path, command: tuple[str, ...]):
+    got = predict(container(command, (host / "models", "/models")))
+    unit = Predictor().predict([command], {}, MEM_TOTAL)
+    assert got is not None and unit is not None
+    assert got.bytes == unit.bytes == MEM_TOTAL // 2
+    assert got.source == "vLLM --gpu-memory-utilization 0.5"
+    # Its default, with no mount at all: the rule reads no file.
+    got = predict(container(("vllm", "serve", "/opt/model")))
+    assert got is not None and got.bytes == int(MEM_TOTAL * 0.9)
+
+
+def test_tgi_keeps_its_share_and_says_the_weights_were_not_read(host: Path):
+    command = (
+        "text-generation-launcher",
+        "--model-id",
+        "/models/sub",
+        "--cuda-memory-fraction",
+        "0.5",
+    )
+    got = predict(container(command, (host / "models", "/models")))
+    assert got is not None and got.bytes == int(MEM_TOTAL * 0.9 * 0.5)
+    assert "weights not read: /models/sub: a model directory in a container is not read" in (
+        got.source
+    )
+
+
+# --- refused: no file prediction ---------------------------------------------------------------
+
+
+def test_a_path_in_no_mount_is_the_images_own_and_not_read(host: Path):
+    models = host / "models"
+    for path in ("/opt/Tiny.gguf", "/models2/Tiny.gguf", "/Tiny.gguf"):
+        got = predict(container(llama(path), (models, "/models")))
+        assert got is not None and got.bytes is None and not got.pending
+        assert got.source == (
+            f"{path}: in no mount of the container (the image's own files are not read)"
+        )
+    # Not even when the host happens to have a file at that very path.
+    got = predict(container(llama(str(models / "Tiny.gguf")), (host / "other", "/elsewhere")))
+    assert got is not None and got.bytes is None and "in no mount" in got.source
+
+
+def test_dot_dot_and_relative_paths_are_refused_never_resolved(host: Path):
+    models = host / "models"
+    secret = host / "secret"
+    secret.mkdir()
+    synth.write(TINY, secret)  # where a textual join would land: readable, and not read
+    for path in ("/models/../secret/Tiny.gguf", "/models/sub/../../secret/Tiny.gguf"):
+        got = predict(container(llama(path), (models, "/models")))
+        assert got is not None and got.bytes is None
+        assert got.source == f"{path}: '..' is not followed in a container's path"
+    # A '..' that would stay inside the mount is refused too: the text is not the truth there.
+    got = predict(container(llama("/models/sub/../Tiny.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None and "'..'" in got.source
+    got = predict(container(llama("models/Tiny.gguf"), (host, "/")))
+    assert got is not None and got.bytes is None
+    assert got.source == "models/Tiny.gguf: relative model path"
+
+
+def test_a_symlinked_model_file_is_refused(host: Path):
+    models = host / "models"
+    (models / "link.gguf").symlink_to("Tiny.gguf")
+    unit = Predictor().predict([llama(str(models / "link.gguf"))], {}, MEM_TOTAL)
+    assert unit is not None and unit.bytes is not None  # a unit's path may be a symlink
+    got = predict(container(llama("/models/link.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None and not got.pending
+    assert got.source == (
+        f"/models/link.gguf: {models}/link.gguf: 'link.gguf' is a symlink, "
+        "not followed in a container's mount"
+    )
+    # A split model's second shard as a symlink: the same.
+    shard = models / "sub" / "Tiny-00002-of-00002.gguf"
+    shard.rename(host / "elsewhere.gguf")
+    shard.symlink_to(host / "elsewhere.gguf")
+    got = predict(container(llama("/models/sub/Tiny-00001-of-00002.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None
+    assert "'Tiny-00002-of-00002.gguf' is a symlink" in got.source
+
+
+def test_a_symlinked_mount_source_or_directory_is_refused(host: Path):
+    models = host / "models"
+    (host / "linkdir").symlink_to(models)
+    got = predict(container(llama("/models/Tiny.gguf"), (host / "linkdir", "/models")))
+    assert got is not None and got.bytes is None
+    assert got.source == (
+        f"/models/Tiny.gguf: {host}/linkdir/Tiny.gguf: 'linkdir' is a symlink, "
+        "not followed in a container's mount"
+    )
+    # A directory inside the mount that is a symlink: the same.
+    (models / "deeper").symlink_to(models / "sub")
+    got = predict(container(llama("/models/deeper/Tiny-00001-of-00002.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None and "'deeper' is a symlink" in got.source
+
+
+def test_a_fifo_or_a_missing_file_answers_at_once(host: Path):
+    models = host / "models"
+    os.mkfifo(models / "fifo.gguf")  # no writer, ever: an open without O_NONBLOCK would hang
+    t = time.monotonic()
+    got = predict(container(llama("/models/fifo.gguf"), (models, "/models")))
+    assert time.monotonic() - t < 2
+    assert got is not None and got.bytes is None
+    assert got.source == f"/models/fifo.gguf: {models}/fifo.gguf: not a regular file"
+    got = predict(container(llama("/models/none.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None
+    assert got.source == f"/models/none.gguf: {models}/none.gguf: No such file or directory"
+
+
+def test_a_non_loader_is_none(host: Path):
+    models = host / "models"
+    assert predict(container(("nginx", "-g", "daemon off;"), (models, "/models"))) is None
+    assert predict(container(("/bin/sh", "-c", "sleep infinity"), (models, "/models"))) is None
+    assert predict(container(())) is None
+
+
+# --- the mapping, pure --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("inside", "mounts", "expected"),
+    [
+        ("/models/x.gguf", [("/srv/m", "/models")], "/srv/m/x.gguf"),
+        ("/models/./a//x.gguf", [("/srv/m", "/models/")], "/srv/m/a/x.gguf"),
+        ("/models/x.gguf", [("/srv/m", "/models"), ("/srv/x", "/models/x.gguf")], "/srv/x"),
+        ("/models/a/x", [("/srv/a", "/models/a"), ("/srv/m", "/models")], "/srv/a/x"),
+        ("/x.gguf", [("/srv/root", "/")], "/srv/root/x.gguf"),
+    ],
+)
+def test_host_path(inside: str, mounts: list[tuple[str, str]], expected: str):
+    assert host_path(mounts, inside) == expected
+
+
+@pytest.mark.parametrize(
+    ("inside", "mounts", "why"),
+    [
+        ("/models2/x", [("/srv/m", "/models")], "in no mount"),
+        ("/mod/x", [("/srv/m", "/models")], "in no mount"),
+        ("/models/x", [("/srv/m", "models")], "in no mount"),  # not a destination at all
+        ("/models/x", [("/srv/m", "/a/../models")], "in no mount"),
+        ("/models/x", [("", "/models")], "is not a path on the host"),  # a tmpfs
+        ("/models/x", [("/srv/../etc", "/models")], "'..' is not followed"),
+        ("/models/../etc/shadow", [("/srv/m", "/models")], "'..' is not followed"),
+        ("x.gguf", [("/srv/m", "/")], "a relative path"),
+    ],
+)
+def test_host_path_refuses(inside: str, mounts: list[tuple[str, str]], why: str):
+    with pytest.raises(MountError, match=why):
+        host_path(mounts, inside)
