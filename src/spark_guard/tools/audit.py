@@ -1,23 +1,26 @@
 """The audit's judgement: what on this machine can wedge it, each with the command that fixes it.
 
-Pure: an Inventory, per-unit GPU figures and /proc/meminfo in, Findings and
-a memory reconciliation out. `spark-guard audit` is the front door.
+Pure: an Inventory (and the engines' loader containers), per-unit GPU figures
+and /proc/meminfo in, Findings and a memory reconciliation out. `spark-guard
+audit` is the front door.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..classify import canonical_model, classify, model_files
+from ..classify import canonical_model, classify, matches_any, model_files
 from ..config import Config
 from ..foresight.predict import Prediction
 from ..policy import charge_clients
 from ..quantities import format_size
 from ..snapshot import STORM_WINDOW, SYSTEM, SeenUnit, UnitRef
+from ..system.engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .findings import Finding, Severity
 from .harden import rescue_units
-from .inventory import INFINITY, Inventory, UnitInfo
+from .inventory import INFINITY, ContainerInfo, ContainerInventory, Inventory, UnitInfo
 
 
 def systemctl(ref: UnitRef, user: str) -> str:
@@ -132,6 +135,84 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
     out.extend(
         Finding(Severity.WARNING, "unreadable", error, fix="run the audit as root")
         for error in inv.errors
+    )
+    return out
+
+
+# --- loader containers (issue 19) ----------------------------------------------------------
+
+# Restart policies under which the engine starts a container at its own start: at every boot,
+# before anyone can log in. Docker (moby's restore, shown on the private dockerd): `always`
+# even if stopped by hand, `unless-stopped` unless stopped by hand, neither if never started;
+# `on-failure` if it last ended in a failure, as a loader killed at shutdown does.
+BOOT_POLICIES = ("always", "unless-stopped")
+
+
+def engine_cli(socket: str) -> str:
+    """The CLI an admin types for the engine on `socket`: `docker` or `podman` (a socket
+    with "podman" in its path), told the socket where it is not the CLI's default."""
+    if "podman" in socket:
+        default = socket in (PODMAN_SOCKET, "/var" + PODMAN_SOCKET)
+        return "podman" if default else f"podman --url {shlex.quote('unix://' + socket)}"
+    default = socket in (DOCKER_SOCKET, "/var" + DOCKER_SOCKET)
+    return "docker" if default else f"docker -H {shlex.quote('unix://' + socket)}"
+
+
+def container_protected(info: ContainerInfo, config: Config) -> bool:
+    """Named in [protected] as `container:NAME` (globs matched against that string)."""
+    return matches_any(info.container.ref, config.protected_units)
+
+
+def container_findings(found: ContainerInventory, config: Config) -> list[Finding]:
+    """A loader container its engine brings back by itself is a boot risk; a protected one
+    is never flagged. An engine that failed is one line, and is no risk of the machine's."""
+    out: list[Finding] = []
+    for info in found.loaders:
+        if container_protected(info, config):
+            continue
+        c = info.container
+        name = c.ref.removeprefix("container:")  # NAME, or the id where the name is not one
+        fix = f"{engine_cli(info.engine)} update --restart=no {name}"
+        if c.restart in BOOT_POLICIES:
+            when = "its engine starts it at every boot, before anyone can log in"
+            if c.status == "created":  # never started: Docker starts none such at its start
+                when = f"not started yet, so not at boot; once started, {when}"
+            elif c.status == "exited" and c.restart == "unless-stopped":  # stopped by hand
+                when = f"stopped by hand, so not at boot until started again; then {when}"
+            elif c.status == "exited":
+                when = f"stopped now, but {when}"
+            out.append(
+                Finding(
+                    Severity.WARNING,
+                    "container-at-boot",
+                    f"restart policy {c.policy}: {when}; spark-guard blocks it at boot only "
+                    f'if its footprint is known ([loaders.footprint] "{c.ref}" = "SIZE") '
+                    "or foreseeable",
+                    unit=c.ref,
+                    fix=fix,
+                )
+            )
+        elif c.restart == "on-failure":
+            times = f"up to {c.max_retries} times" if c.max_retries else "with no limit"
+            out.append(
+                Finding(
+                    Severity.INFO,
+                    "container-restart",
+                    f"restart policy {c.policy}: its engine starts it again after it fails, "
+                    f"an OOM kill among them ({times}), and at boot if shutdown killed it",
+                    unit=c.ref,
+                    fix=fix,
+                )
+            )
+    out.extend(
+        Finding(
+            Severity.INFO,
+            "engine-unreachable",
+            f"container engine failed, so its containers were not all audited: {problem.reason}",
+            unit=problem.socket,
+            fix="start the engine, or take its socket out of [containers] engines",
+        )
+        for problem in found.errors
     )
     return out
 

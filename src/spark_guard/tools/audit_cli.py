@@ -7,6 +7,11 @@ to its socket) or an error.
 Each loader's footprint is shown with the rule it comes from (the prediction's
 source: the command line and model read, the defaults taken; or the admin's
 [loaders.footprint]), and a client unit with the server its load is charged to.
+
+Loader containers (issue 19) are listed from every engine in `[containers]
+engines` (a socket that is not there is passed over; one that fails is one
+info line): their restart policy, state and evidence; `always` and
+`unless-stopped` are a boot risk, `on-failure` a lesser one.
 """
 
 from __future__ import annotations
@@ -21,9 +26,26 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..quantities import format_size
 from ..text import printable as p
-from .audit import Footprint, footprints, loader_findings, memory_findings, reconcile
+from .audit import (
+    Footprint,
+    container_findings,
+    container_protected,
+    engine_cli,
+    footprints,
+    loader_findings,
+    memory_findings,
+    reconcile,
+)
 from .findings import Finding, Severity, worst, worst_first
-from .inventory import INFINITY, Inventory, collect, foresee
+from .inventory import (
+    INFINITY,
+    ContainerInfo,
+    ContainerInventory,
+    Inventory,
+    collect,
+    collect_containers,
+    foresee,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log_mod.configure("console", level="error")
     inv = collect(config, args.units)
+    found = collect_containers(config)
     try:
         snapshot, _ = sense_once(config, log_mod.get_logger())
         proc = ProcFS(config.proc)
@@ -51,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     holders = sorted(((str(u.ref), u.gpu) for u in snapshot.units if u.gpu), key=lambda h: -h[1])
     gpu_total = sum(u.gpu for u in snapshot.units)
     memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)
-    findings = loader_findings(inv, config) + memory_findings(memory, holders)
+    findings = (
+        loader_findings(inv, config)
+        + container_findings(found, config)
+        + memory_findings(memory, holders)
+    )
     if not inv.managers:
         # No unit was read: "no findings" would be a clean bill for a machine never examined.
         why = "; ".join(inv.errors) or (
@@ -68,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
     if args.json:
-        json.dump(_json(inv, findings, memory, holders, feet), sys.stdout, indent=1)
+        report = _json(inv, findings, memory, holders, feet, found, config)
+        json.dump(report, sys.stdout, indent=1)
         print()
     else:
-        _print(inv, findings, memory, holders, feet)
+        _print(inv, findings, memory, holders, feet, found, config)
     if not inv.managers:
         return 2
     return 1 if worst(findings).at_least(Severity.WARNING) else 0
@@ -97,6 +125,8 @@ def _json(
     memory: Any,
     holders: Any,
     feet: dict[Any, Footprint] | None = None,
+    found: ContainerInventory | None = None,
+    config: config_mod.Config | None = None,
 ) -> dict[str, Any]:
     def unit(u: Any) -> dict[str, Any]:
         d = dataclasses.asdict(u)
@@ -116,6 +146,26 @@ def _json(
         "findings": [_finding(f) for f in findings],
         "memory": {**dataclasses.asdict(memory), "probably": memory.probably},
         "gpu_holders": [{"unit": u, "bytes": b} for u, b in holders],
+        "containers": [
+            _container(c, config or config_mod.Config()) for c in (found.loaders if found else [])
+        ],
+    }
+
+
+def _container(info: ContainerInfo, config: config_mod.Config) -> dict[str, Any]:
+    c = info.container
+    return {
+        "ref": p(c.ref),
+        "engine": p(info.engine),
+        "id": c.id,
+        "name": p(c.name),
+        "image": p(c.image),
+        "restart": p(c.policy),
+        "running": c.running,
+        "status": p(c.status),
+        "command": c.shown_command(),
+        "evidence": [p(e) for e in info.evidence],
+        "protected": container_protected(info, config),
     }
 
 
@@ -142,6 +192,8 @@ def _print(
     memory: Any,
     holders: Any,
     feet: dict[Any, Footprint] | None = None,
+    found: ContainerInventory | None = None,
+    config: config_mod.Config | None = None,
 ) -> None:
     # Unit names, states, model paths and the findings built from them can hold a user's
     # text: everything shown goes through p(), so nothing of theirs acts on the terminal.
@@ -173,6 +225,8 @@ def _print(
             )
         _table(rows)
         _print_footprints(inv, feet or {})
+    if found is not None:
+        _print_containers(found, config or config_mod.Config())
     print(
         f"\nmemory: used {format_size(memory.used)} = processes' RSS {format_size(memory.rss)}"
         f" + GPU (NVML) {format_size(memory.gpu)} + kernel {format_size(memory.kernel)}"
@@ -210,3 +264,28 @@ def _print_footprints(inv: Inventory, feet: dict[Any, Footprint]) -> None:
         rows.append([p(u.ref), size, p(said)])
     for row in rows:
         print(f"  {row[0]}  {row[1]}  {row[2]}")
+
+
+def _print_containers(found: ContainerInventory, config: config_mod.Config) -> None:
+    """Each engine that answered: its loader containers, or that it has none."""
+    for socket in found.engines + [e.socket for e in found.errors]:
+        loaders = [c for c in found.loaders if c.engine == socket]
+        where = f"{engine_cli(socket).split()[0]} at {p(socket)}"
+        if not loaders:
+            if socket in found.engines:
+                print(f"\nloader containers ({where}): none")
+            continue
+        print(f"\nloader containers ({where}):")
+        rows = [["CONTAINER", "IMAGE", "RESTART", "STATE", "EVIDENCE"]]
+        for info in loaders:
+            c = info.container
+            rows.append(
+                [
+                    p(c.ref) + (" (protected)" if container_protected(info, config) else ""),
+                    p(c.image or "-"),
+                    p(c.policy),
+                    p(c.status or ("running" if c.running else "stopped")),
+                    p(" ".join(info.evidence)),
+                ]
+            )
+        _table(rows)

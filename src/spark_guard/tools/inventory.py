@@ -8,7 +8,10 @@ seen today. Those files are the user's: they are listed and read with the
 user's own file rights (safefs.as_user), only as regular files and only up
 to UNIT_FILE_MAX bytes, so a unit file linked to /dev/zero, a FIFO or a
 file that never ends is one error line in the report, not a hang or an
-exhausted memory. Sensing only: the judgement is audit.py's.
+exhausted memory. Containers (issue 19) are read from each container engine's
+API socket in the config (`[containers] engines`): every container inspected,
+the loaders kept with their evidence (containers.loader_evidence). Sensing
+only: the judgement is audit.py's.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from typing import Any
 
 from ..classify import classify
 from ..config import Config
+from ..containers import loader_evidence
 from ..quantities import parse_duration, parse_size
 from ..snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref
+from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.safefs import UnsafePath, as_user, read_regular
+from ..text import printable
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
@@ -335,6 +341,71 @@ def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
         if str(r) not in found and (r.manager or r.name not in found)
     ]
     return inv
+
+
+# --- containers: each engine's loader containers (issue 19) --------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """A loader container, as its engine's inspect answer says, and why it is one."""
+
+    engine: str  # the engine's API socket it was read from
+    container: Container
+    evidence: tuple[str, ...]  # containers.loader_evidence: never empty here
+
+
+@dataclass(frozen=True)
+class EngineProblem:
+    """An engine socket that is there but did not answer as it should."""
+
+    socket: str
+    reason: str  # the EngineError's text without the socket's name: "CALL: reason"
+
+
+@dataclass
+class ContainerInventory:
+    loaders: list[ContainerInfo] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)  # sockets whose every answer was read
+    errors: list[EngineProblem] = field(default_factory=list)
+
+
+def _reason(e: EngineError, socket: str) -> str:
+    text = str(e)
+    head = f"{printable(socket, 256)}: "
+    return text[len(head) :] if text.startswith(head) else text
+
+
+def collect_containers(config: Config) -> ContainerInventory:
+    """The loader containers of every engine in `config.engines`, each call bounded by
+    `config.engine_timeout`. A socket that is not there is no engine on this machine and is
+    passed over; one that fails is one EngineProblem, with the loaders read before it failed.
+    A container gone between the list and its inspection is passed over too."""
+    out = ContainerInventory()
+    if not config.containers:
+        return out
+    for path in dict.fromkeys(config.engines):
+        if not os.path.exists(path):
+            continue
+        engine = Engine(path, timeout=config.engine_timeout)
+        loaders: list[ContainerInfo] = []
+        try:
+            for listed in engine.containers():
+                try:
+                    container = engine.inspect(listed.id)
+                except EngineError as e:
+                    if e.status == 404:
+                        continue
+                    raise
+                evidence = loader_evidence(container, config.loader_binaries)
+                if evidence:
+                    loaders.append(ContainerInfo(path, container, evidence))
+        except EngineError as e:
+            out.errors.append(EngineProblem(path, _reason(e, path)))
+        else:
+            out.engines.append(path)
+        out.loaders += sorted(loaders, key=lambda i: i.container.ref)
+    return out
 
 
 # --- each loader's footprint, foreseen as the guard foresees it -----------------------------
