@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from spark_guard.block.containers import ContainerBlockError, ContainerRecord
+from spark_guard.block.records import ContainerState, Record, RecordError
 from spark_guard.containers import (
     image_evidence,
     loader_evidence,
@@ -227,30 +227,40 @@ def test_container_refs():
 
 
 def test_a_container_record_is_json_and_read_back_exactly():
-    record = ContainerRecord(
-        id=ID,
-        name="llm",
-        image="vllm/vllm-openai:test",
-        engine="/run/docker.sock",
-        restart="on-failure",
-        max_retries=3,
-        was_running=True,
+    record = Record(
+        unit="llm",
+        manager="container",
+        reason="footprint",
+        detail="expects 100 GiB",
+        phase="strict",
         at="2026-12-01T00:00:00Z",
+        container=ContainerState(
+            id=ID,
+            image="vllm/vllm-openai:test",
+            engine="/run/docker.sock",
+            restart="on-failure",
+            max_retries=3,
+            was_running=True,
+        ),
     )
     record.note("stopped")
     text = record.to_json()
-    assert json.loads(text)["kind"] == "container" and json.loads(text)["format"] == 1
-    back = ContainerRecord.from_json(text, "x.json")
-    assert back == record and back.policy == "on-failure:3" and back.key == "container:llm"
+    data = json.loads(text)
+    assert data["format"] == 1 and data["manager"] == "container"
+    back = Record.from_json(text, "x.json")
+    assert back == record and str(back.ref) == "container:llm"
+    assert back.container is not None and back.container.policy == "on-failure:3"
+    state = data["container"]
     for bad in (
         "{",
         "[]",
-        json.dumps({**json.loads(text), "format": 2}),
-        json.dumps({**json.loads(text), "kind": "unit"}),
-        json.dumps({**json.loads(text), "id": "abc"}),
-        json.dumps({**json.loads(text), "name": "a/b"}),
-        json.dumps({**json.loads(text), "max_retries": "3"}),
-        json.dumps({**json.loads(text), "surprise": 1}),
+        json.dumps({**data, "format": 2}),
+        json.dumps({**data, "container": {**state, "id": "abc"}}),
+        json.dumps({**data, "unit": "a/b"}),
+        json.dumps({**data, "container": {**state, "max_retries": "3"}}),
+        json.dumps({**data, "container": {**state, "surprise": 1}}),
+        json.dumps({**data, "container": "yes"}),
+        json.dumps({**data, "surprise": 1}),
     ):
-        with pytest.raises(ContainerBlockError, match=r"x\.json: unreadable record"):
-            ContainerRecord.from_json(bad, "x.json")
+        with pytest.raises(RecordError, match=r"x\.json: unreadable record"):
+            Record.from_json(bad, "x.json")

@@ -9,6 +9,7 @@ small unix-socket servers of the test's own, without root.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import tempfile
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from lab.engine import DockerD, available
-from spark_guard.block.containers import ContainerBlockError, ContainerRecord, block, release
+from spark_guard.block.containers import ContainerBlockError, block, release
+from spark_guard.block.records import ContainerState, Record
 from spark_guard.containers import loader_evidence
 from spark_guard.system.engine import Engine, EngineError, container_id
 
@@ -78,6 +80,15 @@ def _rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _record(name: str) -> Record:
+    return Record(unit=name, manager="container", reason="test", detail="", phase="strict")
+
+
+def _state(record: Record) -> ContainerState:
+    assert record.container is not None
+    return record.container
 
 
 def _wait(check: Callable[[], bool], timeout: float = 10) -> bool:
@@ -141,22 +152,29 @@ def test_containers_blocked_stay_down_across_a_dockerd_restart_and_come_back_exa
     assert loader_evidence(w) == ()
     assert loader_evidence(engine.inspect(always)) == ("image:lmsysorg/sglang",)
 
-    records = {
-        name: block(engine, engine.inspect(name), "test", stop_timeout=2)
-        for name in ("llm", "srv", "always-llm")
-    }
+    records = {name: _record(name) for name in ("llm", "srv", "always-llm")}
+    saved: dict[str, str] = {}
+
+    def remember(r: Record) -> None:
+        saved.setdefault(r.unit, r.to_json())
+
+    for record in records.values():
+        # The record is handed over (to be saved) before anything is changed.
+        block(engine, record, 2, remember=remember)
     engine.stop(control, 2)
     for name, record in records.items():
         now = engine.inspect(name)
         assert (now.running, now.restart, now.max_retries) == (False, "no", 0), name
-        assert record.was_running
-    assert records["llm"].policy == "unless-stopped"
-    assert (records["srv"].restart, records["srv"].max_retries) == ("on-failure", 3)
-    assert records["always-llm"].policy == "always"
-    # What the guard would store, read back.
-    records = {
-        n: ContainerRecord.from_json(r.to_json(), f"container:{n}.json") for n, r in records.items()
-    }
+        assert record.container is not None and record.container.was_running
+        assert json.loads(saved[name])["container"]["restart"] == record.container.restart
+    assert _state(records["llm"]).policy == "unless-stopped"
+    assert (_state(records["srv"]).restart, _state(records["srv"]).max_retries) == (
+        "on-failure",
+        3,
+    )
+    assert _state(records["always-llm"]).policy == "always"
+    # As the guard stores them, read back.
+    records = {n: Record.from_json(r.to_json(), f"container:{n}.json") for n, r in records.items()}
 
     d.restart()
     # dockerd started "always" ones again at its start: the control proves it would have.
@@ -168,13 +186,20 @@ def test_containers_blocked_stay_down_across_a_dockerd_restart_and_come_back_exa
         assert (now.running, now.restart) == (False, "no"), name
 
     # A second block of a blocked container changes nothing and says it was not running.
-    again = block(engine, engine.inspect("llm"), stop_timeout=2)
-    assert (again.restart, again.was_running) == ("no", False)
+    again = _record("llm")
+    block(engine, again, 2)
+    assert (_state(again).restart, _state(again).was_running) == ("no", False)
+    # Blocked again under its first record: the policy recorded first is kept.
+    block(engine, records["llm"], 2)
+    assert _state(records["llm"]).policy == "unless-stopped"
 
     for name, record in records.items():
         back = release(engine, record)
         assert back.running, name
-        assert (back.restart, back.max_retries) == (record.restart, record.max_retries)
+        assert (back.restart, back.max_retries) == (
+            _state(record).restart,
+            _state(record).max_retries,
+        )
     assert engine.inspect("llm").policy == "unless-stopped"
     assert engine.inspect("srv").policy == "on-failure:3"
     assert engine.inspect("always-llm").policy == "always"

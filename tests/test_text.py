@@ -259,7 +259,7 @@ def test_rescue_report_shows_units_and_problems_inert(tmp_path, capsys):
     blocker = Blocker({}, Config(state=str(tmp_path / "state")), structlog.get_logger())
     blocker.records[str(ref)] = record(ref.name, ref.manager, step="stop", problem=EVIL)
     info = UnitInfo(ref, "u", "loaded", "active", "enabled")
-    assert rescue_cli._report([info], {}, ProcFS(str(proc)), blocker) == 1
+    assert rescue_cli._report([info], {}, ProcFS(str(proc)), blocker, []) is False
     out = capsys.readouterr().out
     assert inert(out)
     assert "user:1000:llama\\x1b[2J.service" in out and f"({EVIL_SHOWN})" in out

@@ -34,11 +34,16 @@ def matches_any(name: str, globs: Iterable[str]) -> bool:
     return any(fnmatchcase(name, g) for g in globs)
 
 
+def config_name(ref: UnitRef) -> str:
+    """How the config names it: the unit's name on any manager, `container:NAME`."""
+    return str(ref) if ref.is_container else ref.name
+
+
 def is_protected(ref: UnitRef, config: Config, guard_unit: UnitRef | None = None) -> bool:
-    """Units the guard never acts on, whatever else matches."""
+    """Units (and containers) the guard never acts on, whatever else matches."""
     if guard_unit is not None and ref == guard_unit:
         return True
-    return matches_any(ref.name, config.protected_units)
+    return matches_any(config_name(ref), config.protected_units)
 
 
 def canonical_model(path: str) -> str:
@@ -184,11 +189,12 @@ def _binary_evidence(lines: Iterable[CommandLine], binaries: tuple[str, ...]) ->
 
 def expected_footprint(ref: UnitRef, config: Config) -> int | None:
     """The admin's figure for this unit, from [loaders.footprint] (globs allowed)."""
-    exact = config.footprint.get(ref.name)
+    name = config_name(ref)
+    exact = config.footprint.get(name)
     if exact is not None:
         return exact
     for glob, size in config.footprint.items():
-        if fnmatchcase(ref.name, glob):
+        if fnmatchcase(name, glob):
             return size
     return None
 
@@ -196,13 +202,18 @@ def expected_footprint(ref: UnitRef, config: Config) -> int | None:
 def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) -> Loader | None:
     """A Loader with its evidence, or None if nothing marks the unit as one.
 
-    Only services are loaders: slices and scopes are not restarted by the
-    manager and are not what autostarts a model.
+    Only services and containers are loaders: slices and scopes are not restarted
+    by the manager and are not what autostarts a model (a container's scope is seen
+    as its container, whose engine restarts it).
     """
     ref = seen.ref
-    if not ref.name.endswith(".service") or is_protected(ref, config, guard_unit):
+    if not (ref.name.endswith(".service") or ref.is_container) or is_protected(
+        ref, config, guard_unit
+    ):
         return None
     evidence: list[str] = []
+    if seen.container is not None and seen.container.image_evidence:
+        evidence.append(seen.container.image_evidence)
     lowered = ref.name.lower()
     for pattern in config.loader_patterns:
         if pattern.lower() in lowered:

@@ -8,7 +8,9 @@ printable strings. Behaviour (a GPU holder, a mapped .gguf) is the unit's
 evidence already: a container's scope is seen like any unit's.
 
 What the engine said is read into system.engine.Container there; this module
-only judges it. Issue 19, first slice: nothing calls this from the daemon yet.
+judges it. The daemon's sensor uses image_evidence() (the command is read as a
+unit's ExecStart=); the commands (audit, rescue) list each engine's loaders
+with tools/inventory.collect_containers().
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ MESSAGE_IDS: dict[str, str] = {
     "manager-connected": "542be34c8de6421cb66e1a009b6949e3",
     "manager-lost": "be412eceffd849ddaa1bd575d38bd4b3",
     "manager-untrusted": "30ca554172384757b931717acb0d32b7",
+    "engine-unanswered": "c7752726b9074718bb28d293086eea7d",
     "loader-seen": "4a07fefefba742fca5fdea72ee9904c8",
     "phase-changed": "9fdd30b2101e4b4a800f03b3587ed425",
     "decision": "386c475fe9d64cdfb4d03ede643cd1d2",

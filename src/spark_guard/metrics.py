@@ -25,10 +25,13 @@ PREFIX = "spark_guard"
 
 
 def unit_labels(unit: str) -> tuple[str, str, str]:
-    """'llama.service' -> (llama.service, system, ""); 'user:1000:x.service' -> (x, user, 1000)."""
+    """'llama.service' -> (llama.service, system, ""); 'user:1000:x.service' -> (x, user, 1000);
+    'container:vllm' -> (vllm, container, "")."""
     ref = parse_ref(unit, SYSTEM)
     if ref.manager == SYSTEM:
         return ref.name, "system", ""
+    if ref.is_container:
+        return ref.name, "container", ""
     return ref.name, "user", str(manager_uid(ref.manager))
 
 

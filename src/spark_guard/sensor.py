@@ -13,10 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from .classify import CommandLine, is_protected
 from .config import Config
+from .containers import image_evidence
 from .foresight.clients import ServerUnit, predict_client
+from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .foresight.servers import OLLAMA
-from .snapshot import SYSTEM, RescueGroup, SeenUnit, Snapshot, UnitRef
+from .snapshot import (
+    CONTAINER,
+    SYSTEM,
+    ContainerFacts,
+    RescueGroup,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+)
+from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
+from .system.engine import Container, container_id, valid_name
 from .system.gpu import GpuWatch
 from .system.managers import (
     Connecting,
@@ -52,6 +64,8 @@ class _UnitCache:
     at: float = 0.0
     # ExecStart= read once per run (bounded, split): no pass splits it again.
     commands: tuple[CommandLine, ...] | None = None
+    # When this run was first seen (a container's: its engine's StartedAt is wall-clock).
+    since: float = 0.0
 
 
 @dataclass
@@ -95,6 +109,14 @@ class Sensor:
         # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
         self.gpu = GpuWatch(retry=config.gpu_retry, deadline=config.gpu_deadline)
         self.predictor = Predictor()
+        # Container engines are asked off the loop (system/containerwatch.py) what a
+        # container's cgroup is; answers wake the loop as a manager's do.
+        self.containers = ContainerWatch(
+            config.engines if config.containers else (),
+            config.engine_timeout,
+            on_answer=lambda: self.on_manager_ready(),
+        )
+        self._container_of: dict[UnitRef, tuple[Container, str]] = {}
         # The loop never waits on a model read; a command (sense_once) does, up to its deadline.
         self.wait_for_models = False
         self.started = clock()
@@ -104,6 +126,7 @@ class Sensor:
         self._rescue_since: dict[str, float] = {}
         self.rescue_groups: list[tuple[str, ...]] = []
         self._graphical_checked = False
+        self._engine_said: dict[str, str] = {}
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -258,21 +281,42 @@ class Sensor:
 
         groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
         cgroups: dict[UnitRef, str] = {}
+        engines = bool(self.containers.engines) and self.containers.present()
+        seen_ids: set[str] = set()
+        containers: dict[UnitRef, tuple[Container, str]] = {}
         for pid in self.proc.pids():
             info = self.proc.process(pid)
             if info is None:
                 continue  # exited while we looked: normal
+            cid = container_id(info.cgroup) if engines else None
+            if cid is not None:
+                seen_ids.add(cid)
+                answer, engine = self.containers.lookup(cid)
+                if answer is PENDING:
+                    continue  # its engine answers within a pass: seen then, as a container
+                if isinstance(answer, Container) and valid_name(answer.name):
+                    ref = UnitRef(CONTAINER, answer.name)
+                    containers[ref] = (answer, engine)
+                    groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
+                    cgroups.setdefault(ref, container_cgroup(info.cgroup, cid))
+                    continue
+                # No engine has it: whatever its manager says it is (a scope).
             owner = self._attribute(info.cgroup)
             if owner is None:
                 continue
             ref = UnitRef(*owner)
             groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
             cgroups.setdefault(ref, unit_cgroup(info.cgroup, ref.name))
+        if engines:
+            self.containers.forget(seen_ids)
+            self._report_engines()
+        self._container_of = containers
 
         starting = self._start_jobs(groups)
         for ref in starting:
             groups.setdefault(ref, [])
         states = self._states(groups)
+        states.update({ref: "active" for ref in containers})  # it has processes: it runs
         units = []
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
@@ -355,14 +399,29 @@ class Sensor:
             growth = (rss + gpu_bytes - cache.used) / (now - cache.at)
         cache.pids, cache.used, cache.at = frozenset(pids), rss + gpu_bytes, now
 
-        interesting = ref.name.endswith(".service") and not is_protected(
+        if not cache.since:
+            cache.since = now
+        interesting = (ref.name.endswith(".service") or ref.is_container) and not is_protected(
             ref, self.config, self.guard_unit
         )
         if not interesting:
             return SeenUnit(
                 ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth, cgroup=cgroup
             )
-        if cache.details is None:
+        facts = None
+        if ref.is_container:
+            container, engine = self._container_of[ref]
+            facts = ContainerFacts(
+                container.id,
+                container.image,
+                engine,
+                container.restart,
+                container.max_retries,
+                image_evidence(container.image) or "",
+            )
+            # Its command as its ExecStart=; it became active when first seen running.
+            cache.details = UnitDetails((container.command,), cache.since)
+        elif cache.details is None:
             try:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except (ManagerError, KeyError):
@@ -393,7 +452,15 @@ class Sensor:
             active_since=cache.details.active_since,
             growth=growth,
             cgroup=cgroup,
+            container=facts,
         )
+
+    def _report_engines(self) -> None:
+        """An engine that fails (not a 404) is said once per distinct error."""
+        for path, error in list(self.containers.errors.items()):
+            if self._engine_said.get(path) != error:
+                self._engine_said[path] = error
+                self.log.warning("engine-unanswered", socket=path, error=error, msg=error)
 
     def _ollama_servers(self) -> list[ServerUnit]:
         """The Ollama server units seen: asked only for a unit not yet foreseen (a quiet
@@ -424,7 +491,17 @@ class Sensor:
             if cache is None or cache.details is None:
                 out.append(seen)
                 continue
-            if not cache.predicted:
+            if not cache.predicted and seen.ref.is_container:
+                # Its command, with the model found through its bind mounts, as root reads
+                # it, never through a symlink (foresight/containers.py).
+                cache.prediction = predict_container(
+                    self.predictor,
+                    self._container_of[seen.ref][0],
+                    mem_total,
+                    wait=self.wait_for_models,
+                )
+                cache.predicted = cache.prediction is None or not cache.prediction.pending
+            elif not cache.predicted:
                 details = cache.details
                 env = parse_environment(details.environment)
                 cache.prediction = predict_client(
@@ -482,6 +559,7 @@ class Sensor:
 
     def close(self) -> None:
         self.predictor.close()
+        self.containers.close()
         for key in list(self.managers):
             self.managers.pop(key).close()
         for pending in self._connecting.values():
@@ -498,6 +576,9 @@ def sense_once(config: Config, log: FilteringBoundLogger) -> tuple[Snapshot, Uni
     sensor.gpu.deadline = max(sensor.gpu.deadline, COMMAND_GPU_DEADLINE)
     try:
         sensor.refresh_managers()
+        if sensor.containers.engines and sensor.containers.present():
+            sensor.snapshot()  # asks the engines about the containers it finds
+            sensor.containers.wait(CONNECT_WAIT)
         return sensor.snapshot(), sensor.guard_unit
     finally:
         sensor.close()

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SYSTEM = "system"
+# The manager key of a container (issue 19): not a systemd manager but its engine's
+# restart policy brings it back. A container's UnitRef is ("container", NAME), shown and
+# named by the admin as `container:NAME`.
+CONTAINER = "container"
+CONTAINER_PREFIX = CONTAINER + ":"
 
 # The guard's two phases (policy.phase), and what an Action asks for. A Decision made by
 # `spark-guard rescue` (the same block, by the admin's hand) has the phase "rescue".
@@ -87,9 +92,16 @@ class UnitRef:
     def __str__(self) -> str:
         return self.name if self.manager == SYSTEM else f"{self.manager}:{self.name}"
 
+    @property
+    def is_container(self) -> bool:
+        return self.manager == CONTAINER
+
 
 def parse_ref(text: str, default_manager: str) -> UnitRef:
-    """'llama' or 'llama.service' (on `default_manager`), 'user:1000:llama.service'."""
+    """'llama' or 'llama.service' (on `default_manager`), 'user:1000:llama.service',
+    'container:NAME'."""
+    if text.startswith(CONTAINER_PREFIX):
+        return UnitRef(CONTAINER, text[len(CONTAINER_PREFIX) :])
     name = text if "." in text.rsplit(":", 1)[-1] else f"{text}.service"
     if name.startswith("user:") and name.count(":") >= 2:
         _, uid, unit = name.split(":", 2)
@@ -145,9 +157,32 @@ class SeenUnit:
     # off the loop): whose server a client's load lands in. None: not known.
     runs_as: int | None = None
 
+    # A container (ref.manager == CONTAINER): what its engine said of it.
+    container: ContainerFacts | None = None
+
     @property
     def used(self) -> int:
         return self.rss + self.gpu
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """What the engine said of a container the guard sees run (system/engine.Container,
+    cut down to what deciding and blocking need). Text is printable and capped."""
+
+    id: str
+    image: str
+    engine: str  # the engine's API socket
+    restart: str = ""  # its restart policy: "no" (or ""), always, unless-stopped, on-failure
+    max_retries: int = 0
+    # Why its image makes it a loader (containers.image_evidence), "" if it does not.
+    image_evidence: str = ""
+
+    @property
+    def policy(self) -> str:
+        """As `docker run --restart` spells it."""
+        name = self.restart or "no"
+        return f"{name}:{self.max_retries}" if self.max_retries else name
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ class LoaderEntry(TypedDict):
     evidence: list[str]
     models: list[str]
     cgroup: str
+    restart: str | None  # a container's restart policy; None for a unit
+    image: str | None  # a container's image
 
 
 class ActionEntry(TypedDict):
@@ -62,6 +64,7 @@ class BlockedEntry(TypedDict):
     at: str
     problem: str | None
     history: list[tuple[str, str]]  # the last 5 (UTC time, what happened); lists once read
+    restart_was: str | None  # a container's restart policy before its block
 
 
 class Counts(TypedDict):
@@ -137,6 +140,8 @@ def build(
                 "evidence": list(ld.evidence),
                 "models": list(ld.models),
                 "cgroup": ld.seen.cgroup,
+                "restart": ld.seen.container.policy if ld.seen.container else None,
+                "image": ld.seen.container.image if ld.seen.container else None,
             }
             for ld in decision.loaders
         ],
@@ -154,6 +159,7 @@ def build(
                 "at": r.at,
                 "problem": r.problem or None,
                 "history": r.history[-5:],
+                "restart_was": r.container.policy if r.container else None,
             }
             for r in sorted(records, key=lambda r: str(r.ref))
         ],

@@ -32,8 +32,15 @@ def render(records: Iterable[Record]) -> str:
         lines.append(f"  {ref}  {state} since {at}: {reason}: {detail}")
         if r.problem:
             lines.append(f"      problem: {printable(r.problem, FIELD_LIMIT)}")
+    boxes = sum(r.ref.is_container for r in rows)
+    if boxes == len(rows):
+        lines.append("They are stopped, their restart policy set to no (the old one recorded).")
+    elif boxes:
+        lines.append("Units are stopped, masked until reboot and disabled; containers are")
+        lines.append("stopped, their restart policy set to no (the old one recorded).")
+    else:
+        lines.append("They are stopped, masked until reboot and disabled.")
     lines += [
-        "They are stopped, masked until reboot and disabled.",
         "  details:  spark-guard status; journalctl -t spark-guard",
         "  undo:     spark-guard release UNIT   (or: spark-guard release --all)",
         "",

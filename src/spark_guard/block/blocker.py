@@ -42,6 +42,7 @@ cgroup killed and the block is retried on a later pass.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -52,6 +53,7 @@ from ..config import Config
 from ..quantities import format_size
 from ..snapshot import Action, Decision, UnitRef
 from ..system import cgroupfs
+from ..system.engine import Engine
 from ..system.managers import Manager, ManagerError
 from ..system.procfs import ProcError, ProcFS
 from ..system.unitfiles import (
@@ -65,6 +67,7 @@ from ..system.unitfiles import (
     shadowing_file,
 )
 from . import banner
+from . import containers as container_block
 from .records import (
     LinkRecord,
     Record,
@@ -87,6 +90,9 @@ QUICK_SETTLE = 1.0
 # After SIGKILL, how long a unit may take to go before the cgroup kill, while memory is short.
 KILL_GRACE = 0.5
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+# How often a blocked container's restart policy is read back (an engine call, off the loop):
+# a policy set back to `always` by hand would start it at the next boot.
+CONTAINER_RECHECK = 30.0
 # A freeze that failed this way means the manager is not answering, not that it cannot freeze.
 _NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
 
@@ -142,16 +148,31 @@ class Blocker:
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
         self._on_disk: set[str] = set()  # records this guard has seen on disk
+        # Container blocks in flight (each in its own thread: the engine's stop waits).
+        self.pending = container_block.Pending()
+        self.engine_timeout = config.engine_timeout
+        self._killed: set[str] = set()  # containers whose cgroup this guard killed meanwhile
 
     # --- entry points ---------------------------------------------------------
 
-    def block(self, actions: Sequence[Action], decision: Decision) -> None:
-        """Stop, block and disable the unit of each action."""
+    def block(
+        self,
+        actions: Sequence[Action],
+        decision: Decision,
+        engines: Mapping[UnitRef, str] | None = None,
+    ) -> None:
+        """Stop, block and disable the unit of each action; a container's is stopped and its
+        restart policy set to no through its engine (the decision's loaders say which one,
+        or `engines`, for a command that has no decision of its own)."""
         # The store first: a unit blocked before (by a guard since restarted, or by rescue)
         # keeps its record, the only account of the links its release must put back.
         self._refresh()
         cgroups = {ld.ref: ld.seen.cgroup for ld in decision.loaders}
+        engines = dict(engines or {}) | {
+            ld.ref: ld.seen.container.engine for ld in decision.loaders if ld.seen.container
+        }
         batch = []
+        boxes = []
         for action in actions:
             key = str(action.unit)
             record = self.records.get(key)
@@ -170,6 +191,12 @@ class Blocker:
                     cgroup=cgroups.get(action.unit, ""),
                     clients=[str(c) for c in action.clients],
                 )
+            elif action.unit.is_container:
+                if key in self.pending:
+                    continue  # its block is under way
+                record.note(f"running again: {action.reason}: {action.detail}")
+                if record.step == Step.BLOCKED:
+                    self._move(record, Step.STOP)
             else:
                 # Blocked before, and running again (it started before its mask was back).
                 record.note(f"running again: {action.reason}: {action.detail}")
@@ -181,18 +208,31 @@ class Blocker:
                             record.note("mask gone: laying it again")
                     else:
                         self._move(record, Step.SETTLE)
+            self.records[key] = record
+            if action.unit.is_container:
+                if cgroups.get(action.unit):
+                    record.cgroup = cgroups[action.unit]  # this run's
+                self._start_container_block(record, engines.get(action.unit, ""))
+                boxes.append(record)
+                continue
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
-            self.records[key] = record
             batch.append(record)
-        self._run(batch, wait=QUICK_SETTLE)
+        if batch:
+            self._run(batch, wait=QUICK_SETTLE)
+        if boxes:
+            self._advance_containers(boxes, wait=QUICK_SETTLE)
 
     def advance(self) -> None:
         """Finish blocks left unfinished, and lay again masks a reboot or restart removed."""
         self._refresh()
         now = self.clock()
         due = []
+        boxes = []
         for key, record in self.records.items():
+            if record.ref.is_container:
+                boxes.append(record)
+                continue
             manager = self.managers.get(record.manager)
             if manager is None:
                 continue  # its manager is not running: nothing can start the unit
@@ -206,6 +246,8 @@ class Blocker:
                 due.append(record)
         if due:
             self._run(due)
+        if boxes:
+            self._advance_containers(boxes)
 
     def brake(self, refs: Sequence[UnitRef], why: str, **figures: float) -> list[UnitRef]:
         """Freeze these units now, before the full look that decides on them: a FreezeUnit on
@@ -276,9 +318,12 @@ class Blocker:
         """A stop is in progress: the loop comes back within poll.min to look at it."""
         now = self.clock()
         return any(
-            r.step == Step.SETTLE
-            and str(r.ref) in self._stop_sent
-            and now >= self._hold_until.get(str(r.ref), 0.0)
+            (
+                r.step == Step.SETTLE
+                and str(r.ref) in self._stop_sent
+                and now >= self._hold_until.get(str(r.ref), 0.0)
+            )
+            or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
             for r in self.records.values()
         )
 
@@ -698,6 +743,131 @@ class Blocker:
             f"{record.detail}); undo with: spark-guard release {record.ref}",
         )
 
+    # --- containers (block/containers.py) -----------------------------------------
+
+    def _start_container_block(self, record: Record, engine: str) -> None:
+        """Stop and block the container through its engine, in a thread of its own."""
+        key = str(record.ref)
+        path = record.container.engine if record.container else engine
+        if not path:
+            self._problem(record, "stop: no engine known for it")
+            return
+        self._retry_at[key] = self.clock() + RETRY_AFTER
+        self._killed.discard(key)
+        timeout = max(1, round(self.config.stop_timeout))
+        engine_api = Engine(path, timeout=self.engine_timeout)
+        self.pending.start(
+            key,
+            lambda: container_block.block(engine_api, record, timeout, remember=self._save),
+        )
+        self._stop_sent[key] = self.clock()
+        self.log.warning(
+            "unit-stop-requested",
+            unit=key,
+            manager=record.manager,
+            job=None,
+            how=f"engine {path}",
+            reason=record.reason,
+            frozen=False,
+            msg=f"stopping {key} through {path} ({record.reason})",
+        )
+
+    def _advance_containers(self, boxes: list[Record], wait: float = 0.0) -> None:
+        """Each container block: finished (blocked, or its problem said), still under way
+        (its cgroup killed if memory runs short meanwhile), due again, or checked now and
+        then that its policy still reads `no`."""
+        now = self.clock()
+        changed = False
+        for record in boxes:
+            key = str(record.ref)
+            if key in self.pending:
+                finished, error = self.pending.done(key, wait)
+                if not finished:
+                    self._container_short(record)
+                    continue
+                changed = True
+                if record.step == Step.BLOCKED:  # a recheck's answer
+                    if error:
+                        self._problem(record, error)
+                    continue
+                self._container_done(record, error)
+            elif record.step == Step.STOP and now >= self._retry_at.get(key, 0.0):
+                if self._released_meanwhile(record):
+                    continue
+                self._start_container_block(record, "")  # resumed after a restart, or retried
+            elif (
+                record.step == Step.BLOCKED
+                and record.container is not None
+                and now >= self._retry_at.get(key, 0.0)
+            ):
+                self._retry_at[key] = now + CONTAINER_RECHECK
+                engine_api = Engine(record.container.engine, timeout=self.engine_timeout)
+                self.pending.start(key, functools.partial(self._renew, engine_api, record))
+        if changed:
+            self._publish()
+
+    def _renew(self, engine: Engine, record: Record) -> None:
+        """In the block's thread: its policy set back by hand is set to `no` again (the
+        next boot would start it); one started by hand is the sensor's to judge."""
+        changed = container_block.holds(engine, record)
+        if "restart policy" in changed:
+            engine.update_restart(record.container.id if record.container else "", "no")
+            record.note(f"{changed}: set to no again")
+            self._save(record)
+            self.log.warning(
+                "block-renewed",
+                unit=str(record.ref),
+                manager=record.manager,
+                msg=f"{record.ref}: {changed}; set to no again",
+            )
+
+    def _container_short(self, record: Record) -> None:
+        """A stop under way while MemAvailable is below the reserve: the container's cgroup
+        is killed from here (the engine marked it stopped by hand: no policy restarts it)."""
+        key = str(record.ref)
+        memory = self._available()
+        if key in self._killed or memory is None or memory[0] >= memory[1]:
+            return
+        self._killed.add(key)
+        waited = self.clock() - self._stop_sent.get(key, self.clock())
+        self._kill_cgroup(
+            record,
+            f"MemAvailable {format_size(memory[0])} below the reserve "
+            f"{format_size(memory[1])} {waited:.2f}s after the stop",
+        )
+
+    def _container_done(self, record: Record, error: str) -> None:
+        key = str(record.ref)
+        if error:
+            self._problem(record, f"stop: {error}")
+            self._retry_at[key] = self.clock() + RETRY_AFTER
+            self._save(record)
+            return
+        waited = self.clock() - self._stop_sent.pop(key, self.clock())
+        if not self._move(record, Step.BLOCKED):
+            return
+        record.problem = ""
+        self._reported.pop(key, None)
+        self._retry_at[key] = self.clock() + CONTAINER_RECHECK
+        state = record.container
+        was = state.policy if state else "?"
+        record.note("verified: stopped, restart policy no")
+        self._save(record)
+        self.log.warning(
+            "unit-blocked",
+            unit=key,
+            manager=record.manager,
+            reason=record.reason,
+            engine=state.engine if state else None,
+            restart_was=was,
+            seconds=round(waited, 3),
+            record=self.store.path_of(record.ref),
+            clients=record.clients or None,
+            **record.figures,
+            msg=f"{key} is stopped and its restart policy set to no (was {was}) "
+            f"({record.reason}: {record.detail}); undo with: spark-guard release {key}",
+        )
+
     # --- bookkeeping ----------------------------------------------------------
 
     def _move(self, record: Record, to: Step) -> bool:
@@ -747,7 +917,11 @@ class Blocker:
             if self._reported.get(str(e)) is None:
                 self._reported[str(e)] = str(e)
                 self.log.error("record-unreadable", error=str(e), msg=str(e))
-        self.records = {str(r.ref): r for r in records}
+        fresh = {str(r.ref): r for r in records}
+        for key in fresh:
+            if key in self.pending and key in self.records:
+                fresh[key] = self.records[key]  # its block's thread holds this one
+        self.records = fresh
         self._on_disk = set(self.records)
         self._publish()
 

@@ -9,27 +9,28 @@ engine:
    restarts it while the engine runs);
 2. set its restart policy to `no` (so that neither an engine restart nor a
    reboot starts it: `always` would);
-3. keep its old policy and whether it ran in a ContainerRecord;
+3. its old policy and whether it ran are kept in its Record (records.ContainerState),
+   saved before anything is changed;
 
 each step verified by inspecting it again. `release()` puts back the exact
 policy (MaximumRetryCount too) and starts it if it was running.
 
-First slice: the daemon's Blocker does not call this yet, and the record is not
-stored yet; it is plain JSON, as block.records.Record is, for
-`<state>/blocked/container:NAME.json` beside the units' records.
+The engine's stop waits for the container to go (SIGTERM, SIGKILL after the
+stop timeout), so the Blocker runs block() in a thread of its own (Pending):
+the loop goes on sensing, and kills the container's cgroup itself if memory
+runs short meanwhile. A stop through the engine marks the container stopped by
+hand, so its policy does not restart it when that kill lands.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import threading
+from collections.abc import Callable
 
-from ..system.engine import Container, Engine, EngineError, valid_id, valid_name
+from ..system.engine import Container, Engine, EngineError
 from ..text import printable
-from .records import utc_now
+from .records import ContainerState, Record
 
-FORMAT = 1
 KIND = "container"
 STOP_TIMEOUT = 10  # seconds between the engine's SIGTERM and SIGKILL (docker stop's default)
 BLOCKED_POLICY = "no"
@@ -39,122 +40,136 @@ class ContainerBlockError(RuntimeError):
     """A block or a release that did not hold; str() names the container and the reason."""
 
 
-@dataclass
-class ContainerRecord:
-    """What was changed on one container, to undo it exactly."""
-
-    id: str
-    name: str
-    image: str
-    engine: str  # the engine's socket
-    restart: str  # the policy before the block, as the engine said it ("" is "no")
-    max_retries: int
-    was_running: bool
-    at: str = ""  # UTC time of the block
-    reason: str = ""
-    # (UTC time, what happened), in order, as a unit's Record keeps it.
-    history: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        """Its name among the records: `container:NAME`."""
-        return f"container:{self.name}"
-
-    @property
-    def policy(self) -> str:
-        name = self.restart or "no"
-        return f"{name}:{self.max_retries}" if self.max_retries else name
-
-    def note(self, what: str) -> None:
-        self.history.append((utc_now(), what))
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        data["format"] = FORMAT
-        data["kind"] = KIND
-        return json.dumps(data, indent=1, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str) -> ContainerRecord:
-        try:
-            data: dict[str, Any] = json.loads(text)
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-            if data.pop("format", None) != FORMAT or data.pop("kind", None) != KIND:
-                raise ValueError(f"not a format {FORMAT} container record")
-            data["history"] = [tuple(h) for h in data.get("history", [])]
-            record = cls(**data)
-        except (ValueError, TypeError) as e:
-            raise ContainerBlockError(f"{where}: unreadable record: {e}") from None
-        if not valid_id(record.id) or not valid_name(record.name):
-            raise ContainerBlockError(f"{where}: unreadable record: bad id or name")
-        if not isinstance(record.max_retries, int) or not isinstance(record.restart, str):
-            raise ContainerBlockError(f"{where}: unreadable record: bad restart policy")
-        return record
-
-
-def _fail(container: Container | ContainerRecord, what: str) -> ContainerBlockError:
-    return ContainerBlockError(f"container:{printable(container.name, 128)}: {what}")
+def _fail(name: str, what: str) -> ContainerBlockError:
+    return ContainerBlockError(f"container:{printable(name, 128)}: {what}")
 
 
 def block(
-    engine: Engine, container: Container, reason: str = "", stop_timeout: int = STOP_TIMEOUT
-) -> ContainerRecord:
-    """Stop `container` through `engine` and set its restart policy to `no`; the record of
-    what it was. ContainerBlockError if a step fails or does not hold when inspected
-    again (the container is then left as far as the block got)."""
+    engine: Engine,
+    record: Record,
+    stop_timeout: int = STOP_TIMEOUT,
+    remember: Callable[[Record], None] | None = None,
+) -> Container:
+    """Stop `record`'s container through `engine` and set its restart policy to `no`; the
+    container as it then is. Its policy before, and whether it ran, go into
+    `record.container` and are handed to `remember` (which saves the record) before
+    anything changes; a record that has them already (blocked before, running again)
+    keeps them: they are what release() puts back. ContainerBlockError if a step fails
+    or does not hold when inspected again (the container is left as far as it got)."""
+    name = record.unit
     try:
-        now = engine.inspect(container.id)  # its policy as it is now, not as it was seen
-        record = ContainerRecord(
-            id=now.id,
-            name=now.name,
-            image=now.image,
-            engine=engine.path,
-            restart=now.restart,
-            max_retries=now.max_retries,
-            was_running=now.running,
-            at=utc_now(),
-            reason=printable(reason, 512),
-        )
+        ref = record.container.id if record.container else name
+        now = engine.inspect(ref)  # its policy as it is now, not as it was seen
+        if record.container is None:
+            record.container = ContainerState(
+                id=now.id,
+                image=now.image,
+                engine=engine.path,
+                restart=now.restart,
+                max_retries=now.max_retries,
+                was_running=now.running,
+            )
+            record.note(f"container {now.id[:12]}: restart policy {now.policy}")
+            if remember is not None:
+                remember(record)
+        elif now.id != record.container.id:
+            raise _fail(name, f"is now container {now.id[:12]}, not the one recorded")
         if engine.stop(now.id, stop_timeout):
-            record.note(f"stopped (was {record.policy})")
+            record.note(f"stopped through {engine.path}")
         after = engine.inspect(now.id)
         if after.running:
-            raise _fail(now, f"still running after the stop ({after.status})")
+            raise _fail(name, f"still running after the stop ({after.status})")
         engine.update_restart(now.id, BLOCKED_POLICY)
         after = engine.inspect(now.id)
         if after.restart != BLOCKED_POLICY or after.max_retries:
-            raise _fail(now, f"restart policy is {after.policy} after setting it to no")
+            raise _fail(name, f"restart policy is {after.policy} after setting it to no")
         if after.running:
-            raise _fail(now, f"running again ({after.status}) after its policy was set to no")
+            raise _fail(name, f"running again ({after.status}) after its policy was set to no")
         record.note("restart policy set to no")
     except EngineError as e:
-        raise _fail(container, str(e)) from None
-    return record
+        raise _fail(name, str(e)) from None
+    return after
 
 
-def release(engine: Engine, record: ContainerRecord) -> Container:
+def holds(engine: Engine, record: Record) -> str:
+    """ "" if the block still holds (policy `no`, not running); else what changed."""
+    assert record.container is not None
+    try:
+        now = engine.inspect(record.container.id)
+    except EngineError as e:
+        if e.status == 404:
+            return ""  # removed: nothing can start it
+        raise _fail(record.unit, str(e)) from None
+    if now.running:
+        return f"running again ({now.status})"
+    if (now.restart or BLOCKED_POLICY) != BLOCKED_POLICY:
+        return f"restart policy is {now.policy} again"
+    return ""
+
+
+def release(engine: Engine, record: Record) -> Container:
     """Put back the exact restart policy of `record`'s container and start it if it was
     running before the block; the container as it then is. ContainerBlockError if it is
     gone (a container of the same name made since is not the one blocked) or the policy
     does not hold."""
+    state = record.container
+    if state is None:
+        raise _fail(record.unit, "the record has no account of its policy: nothing to put back")
     try:
-        now = engine.inspect(record.id)
-        if now.name != record.name:
-            raise _fail(record, f"its id now has the name {now.name}: not released")
-        engine.update_restart(record.id, record.restart or BLOCKED_POLICY, record.max_retries)
-        now = engine.inspect(record.id)
-        if (now.restart or "no") != (record.restart or "no") or (
-            now.max_retries != record.max_retries
+        now = engine.inspect(state.id)
+        if now.name != record.unit:
+            raise _fail(record.unit, f"its id now has the name {now.name}: not released")
+        engine.update_restart(state.id, state.restart or BLOCKED_POLICY, state.max_retries)
+        now = engine.inspect(state.id)
+        if (now.restart or "no") != (state.restart or "no") or (
+            now.max_retries != state.max_retries
         ):
-            raise _fail(record, f"restart policy is {now.policy}, not {record.policy}")
-        record.note(f"restart policy {record.policy} put back")
-        if record.was_running and not now.running:
-            engine.start(record.id)
-            now = engine.inspect(record.id)
+            raise _fail(record.unit, f"restart policy is {now.policy}, not {state.policy}")
+        record.note(f"restart policy {state.policy} put back")
+        if state.was_running and not now.running:
+            engine.start(state.id)
+            now = engine.inspect(state.id)
             if not now.running:
-                raise _fail(record, f"did not stay running after the start ({now.status})")
+                raise _fail(record.unit, f"did not stay running after the start ({now.status})")
             record.note("started")
     except EngineError as e:
-        raise _fail(record, str(e)) from None
+        raise _fail(record.unit, str(e)) from None
     return now
+
+
+class Pending:
+    """Container blocks in flight, each in a thread of its own (the engine's stop waits
+    for the container to go). The loop asks done() each pass; the record is the
+    thread's until then."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, threading.Thread] = {}
+        self._errors: dict[str, str] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._running
+
+    def start(self, key: str, work: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                work()
+            except ContainerBlockError as e:
+                self._errors[key] = str(e)
+            except Exception as e:  # said as the block's problem, not lost
+                self._errors[key] = f"{type(e).__name__}: {e}"
+
+        self._errors.pop(key, None)
+        thread = threading.Thread(target=run, name=f"block {key}"[:15], daemon=True)
+        self._running[key] = thread
+        thread.start()
+
+    def done(self, key: str, wait: float = 0.0) -> tuple[bool, str]:
+        """(finished, its error or ""): a finished block is forgotten here."""
+        thread = self._running.get(key)
+        if thread is None:
+            return True, self._errors.pop(key, "")
+        thread.join(wait)
+        if thread.is_alive():
+            return False, ""
+        del self._running[key]
+        return True, self._errors.pop(key, "")

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..snapshot import UnitRef, manager_uid
+from ..snapshot import CONTAINER, UnitRef, manager_uid
+from ..system.engine import valid_id, valid_name
 from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
 
@@ -68,6 +69,13 @@ TRANSITIONS: dict[Step, frozenset[Step]] = {
         }
     ),
 }
+# A container's block (block/containers.py) has two steps: the stop, with its restart
+# policy set to "no", done by the engine in one go off the loop; then blocked.
+CONTAINER_TRANSITIONS: dict[Step, frozenset[Step]] = {
+    Step.STOP: frozenset({Step.BLOCKED}),
+    # Rewind: running again (started by hand, or its policy changed back): stopped again.
+    Step.BLOCKED: frozenset({Step.STOP}),
+}
 FORMAT = 1
 
 
@@ -93,6 +101,23 @@ class LinkRecord:
 
 
 @dataclass
+class ContainerState:
+    """A container as it was before its block: what release() puts back exactly."""
+
+    id: str
+    image: str
+    engine: str  # the engine's API socket
+    restart: str  # the restart policy ("" is "no")
+    max_retries: int
+    was_running: bool
+
+    @property
+    def policy(self) -> str:
+        name = self.restart or "no"
+        return f"{name}:{self.max_retries}" if self.max_retries else name
+
+
+@dataclass
 class Record:
     unit: str
     manager: str
@@ -112,6 +137,9 @@ class Record:
     problem: str = ""
     # A server blocked for loads its clients asked (`lms load`, `ollama run`): those units.
     clients: list[str] = field(default_factory=list)
+    # A container's (manager "container"): the first block's account of it, kept as it was
+    # when it is blocked again.
+    container: ContainerState | None = None
 
     @property
     def ref(self) -> UnitRef:
@@ -127,7 +155,8 @@ class Record:
     def move(self, to: Step) -> None:
         """Go on to step `to`: the one way a block changes step (StepError if TRANSITIONS
         does not allow it; the step is then left as it was)."""
-        if to not in TRANSITIONS[Step(self.step)]:
+        table = CONTAINER_TRANSITIONS if self.manager == CONTAINER else TRANSITIONS
+        if to not in table.get(Step(self.step), frozenset()):
             raise StepError(f"{self.ref}: no step change from {self.step} to {to}")
         self.step = to
 
@@ -141,21 +170,43 @@ class Record:
     def from_json(cls, text: str, where: str) -> Record:
         try:
             data: dict[str, Any] = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
             if data.pop("format", None) != FORMAT:
                 raise ValueError(f"not a format {FORMAT} record")
             data["links"] = [LinkRecord(**link) for link in data.get("links", [])]
             data["history"] = [tuple(h) for h in data.get("history", [])]
+            if data.get("container") is not None:
+                data["container"] = ContainerState(**data["container"])
             record = cls(**data)
         except (ValueError, TypeError) as e:
             raise RecordError(f"{where}: unreadable record: {e}") from None
         if record.step not in STEPS or not record.unit or not record.manager:
             raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
         record.step = Step(record.step)
+        if record.manager == CONTAINER:
+            # Its name and id go into the engine's URLs: checked as the engine checks them.
+            if not _container_ok(record):
+                raise RecordError(f"{where}: unreadable record: bad container name or id")
+            return record
         try:
             manager_uid(record.manager)  # 'system' or 'user:UID': what every reader assumes
         except ValueError:
             raise RecordError(f"{where}: unreadable record: bad manager") from None
         return record
+
+
+def _container_ok(record: Record) -> bool:
+    c = record.container
+    return valid_name(record.unit) and (
+        c is None
+        or (
+            valid_id(c.id)
+            and isinstance(c.max_retries, int)
+            and isinstance(c.restart, str)
+            and isinstance(c.engine, str)
+        )
+    )
 
 
 def utc_now() -> str:
@@ -227,6 +278,12 @@ class RecordStore:
         _write_atomic(dest, record.to_json())
         own_tree().unlink(self.path_of(record.ref))  # fsyncs the directory
         return dest
+
+    def write_released(self, path: str, record: Record) -> None:
+        """Bring a retired record in released/ up to date (what its release did)."""
+        if os.path.dirname(path) != self.released:
+            raise ValueError(f"{path}: not in {self.released}")
+        _write_atomic(path, record.to_json())
 
     @contextlib.contextmanager
     def lock(self, wait: float | None = None) -> Iterator[bool]:

@@ -9,6 +9,12 @@ is made is theirs. If something else now sits where a link was, or the way
 to a link is no longer theirs, nothing is changed for that unit and the
 conflict is named; a mask whose way is no longer theirs is not ours any
 more, and is left alone.
+
+A container (`container:NAME`) gets its exact restart policy back through its
+engine, and is started if it ran when it was blocked (block/containers.py).
+Its record is retired first, under the store's lock: a guard that sees it start
+then judges it afresh instead of taking it for a blocked container running
+again. If the engine refuses, the record is put back.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..snapshot import SYSTEM, parse_ref
+from ..system.engine import TIMEOUT, Engine
 from ..system.managers import ManagerError, ManagerNotRunning, connect_to
 from ..system.unitfiles import (
     UnitFileError,
@@ -26,6 +33,8 @@ from ..system.unitfiles import (
     restore_conflict,
     restore_link,
 )
+from .containers import ContainerBlockError
+from .containers import release as release_container
 from .records import Record, RecordStore
 
 if TYPE_CHECKING:
@@ -43,6 +52,9 @@ class Released:
     mask_removed: bool
     restored: list[str] = field(default_factory=list)
     reload_error: str = ""
+    # A container's: its restart policy put back, and whether it was started.
+    policy: str = ""
+    started: bool = False
 
 
 def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) -> list[Record]:
@@ -65,7 +77,15 @@ def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) 
     return list(chosen.values())
 
 
-def release(record: Record, store: RecordStore, system_socket: str, user_runtime: str) -> Released:
+def release(
+    record: Record,
+    store: RecordStore,
+    system_socket: str,
+    user_runtime: str,
+    engine_timeout: float = TIMEOUT,
+) -> Released:
+    if record.ref.is_container:
+        return _release_container(record, store, engine_timeout)
     with store.lock():
         current = store.load(record.ref)
         if current is None:
@@ -111,8 +131,41 @@ def release(record: Record, store: RecordStore, system_socket: str, user_runtime
     return done
 
 
+def _release_container(record: Record, store: RecordStore, timeout: float) -> Released:
+    with store.lock():
+        current = store.load(record.ref)
+        if current is None:
+            raise ReleaseError(f"{record.ref}: already released")
+        if current.container is None:
+            raise ReleaseError(
+                f"{current.ref}: not released, its block had not begun (no policy recorded)"
+            )
+        archived = store.retire(current)
+    try:
+        now = release_container(Engine(current.container.engine, timeout=timeout), current)
+    except ContainerBlockError as e:
+        current.note(f"release failed: {e}")
+        store.save(current)  # nothing is lost: still blocked, and on record
+        raise ReleaseError(f"{e}; still blocked") from None
+    done = Released(current, archived, False, policy=current.container.policy)
+    done.started = current.container.was_running and now.running
+    store.write_released(archived, current)  # its history: the policy put back, started
+    return done
+
+
 def log_release(log: FilteringBoundLogger, done: Released) -> None:
     r = done.record
+    if r.ref.is_container:
+        log.warning(
+            "unit-released",
+            unit=str(r.ref),
+            manager=r.manager,
+            restart=done.policy,
+            record=done.archived,
+            msg=f"{r.ref} released: restart policy {done.policy} put back"
+            + ("; started" if done.started else ""),
+        )
+        return
     log.warning(
         "unit-released",
         unit=str(r.ref),

@@ -19,7 +19,10 @@ from ..text import printable as p
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "units", nargs="*", metavar="UNIT", help="llama.service, user:UID:x.service"
+        "units",
+        nargs="*",
+        metavar="UNIT",
+        help="llama.service, user:UID:x.service, container:NAME",
     )
     parser.add_argument("--all", action="store_true", help="release every blocked unit")
 
@@ -50,12 +53,20 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for record in chosen:
         try:
-            done = release(record, store, config.system_manager, config.user_runtime)
+            done = release(
+                record, store, config.system_manager, config.user_runtime, config.engine_timeout
+            )
         except ReleaseError as e:
             print(f"spark-guard: {p(e)}", file=sys.stderr)
             status = 1
             continue
         log_release(log, done)
+        if record.ref.is_container:
+            print(
+                f"released {p(record.ref)}: restart policy {p(done.policy)} put back"
+                + ("; started" if done.started else "")
+            )
+            continue
         print(
             f"released {p(record.ref)}: "
             + ("mask removed" if done.mask_removed else "no mask of ours left")

@@ -4,7 +4,9 @@ Every model loader on every running manager is stopped, masked and disabled
 at once, through the same Blocker and records as the daemon's (so
 `spark-guard release` undoes it), all in this one process: no fork per unit.
 Then it prints what holds: each loader's state on its level, MemAvailable,
-the load average and the GPU holders.
+the load average and the GPU holders. Running loader containers of the
+configured engines are stopped and their restart policy set to `no` the same
+way (block/containers.py).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..block.blocker import Blocker
 from ..block.records import Step
+from ..classify import is_protected
 from ..quantities import format_size
-from ..snapshot import Action, Decision
+from ..snapshot import CONTAINER, Action, Decision, UnitRef
+from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.procfs import ProcError, ProcFS
 from ..text import printable as p
-from .inventory import UnitInfo, collect
+from .inventory import UnitInfo, collect, collect_containers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +59,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         memory = proc.memory()
         figures: dict[str, int | float] = {"mem_available": memory.available}
-        actions = tuple(
-            Action("stop", u.ref, "rescue", "stopped by an admin: spark-guard rescue", figures)
-            for u in loaders
+        why = "stopped by an admin: spark-guard rescue"
+        boxes = collect_containers(config)
+        for problem in boxes.errors:
+            print(f"spark-guard: {p(problem.socket)}: {p(problem.reason)}", file=sys.stderr)
+        running = [
+            i.container
+            for i in boxes.loaders
+            if i.container.running
+            and not is_protected(UnitRef(CONTAINER, i.container.name), config)
+        ]
+        engines = {
+            UnitRef(CONTAINER, i.container.name): i.engine
+            for i in boxes.loaders
+            if i.container in running
+        }
+        actions = tuple(Action("stop", u.ref, "rescue", why, figures) for u in loaders) + tuple(
+            Action("stop", ref, "rescue", why, figures) for ref in engines
         )
         blocker = Blocker(managers, config, log)
         blocker.advance()  # load what is already recorded: a unit blocked before stays as it is
@@ -68,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
             or blocker.records[str(a.unit)].step != Step.BLOCKED
         )
         if todo:
-            blocker.block(todo, Decision("rescue", config.reserve_for(memory.total), (), todo))
+            blocker.block(
+                todo, Decision("rescue", config.reserve_for(memory.total), (), todo), engines
+            )
             blocker.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
-        return _report(loaders, managers, proc, blocker)
+        ok = _report(loaders, managers, proc, blocker, running)
+        return 0 if ok and not boxes.errors else 1
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
@@ -80,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(
-    loaders: list[UnitInfo], managers: dict[str, Manager], proc: ProcFS, blocker: Blocker
-) -> int:
+    loaders: list[UnitInfo],
+    managers: dict[str, Manager],
+    proc: ProcFS,
+    blocker: Blocker,
+    boxes: list[Container],
+) -> bool:
     ok = True
     print(f"{'UNIT':40} {'LOAD':10} {'ACTIVE':10} BLOCK")
     for u in loaders:
@@ -97,8 +122,25 @@ def _report(
             f"{p(st.active_state) if st else '?':10} {p(step)}"
             + (f"  ({p(record.problem)})" if record and record.problem else "")
         )
-    if not loaders:
-        print("no model loaders found on any running manager")
+    for c in boxes:
+        ref = UnitRef(CONTAINER, c.name)
+        record = blocker.records.get(str(ref))
+        state = record.container if record else None
+        try:
+            now = Engine(state.engine).inspect(c.id) if state else None
+        except EngineError as e:
+            now = None
+            print(f"spark-guard: {p(e)}", file=sys.stderr)
+        held = bool(now and not now.running and now.restart == "no")
+        ok = ok and held
+        shown = f"restart {now.policy}" if now else "?"
+        print(
+            f"{p(ref):40} {shown:10} {(now.status if now else '?'):10} "
+            f"{p(record.step) if record else 'not recorded'}"
+            + (f"  ({p(record.problem)})" if record and record.problem else "")
+        )
+    if not loaders and not boxes:
+        print("no model loaders found on any running manager or engine")
     memory = proc.memory()
     print(
         f"\nMemAvailable {format_size(memory.available)} of {format_size(memory.total)}; "
@@ -113,9 +155,9 @@ def _report(
             else "none seen (or no NVML)"
         )
     )
-    if loaders:
+    if loaders or boxes:
         print("undo: spark-guard release --all (or one UNIT)")
-    return 0 if ok else 1
+    return ok
 
 
 def _gpu_holders() -> list[tuple[int, int]]:

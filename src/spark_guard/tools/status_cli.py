@@ -85,9 +85,10 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
             else f"unknown ({p(ld.get('prediction') or 'no size')})"
         )
         state = "starting" if ld.get("starting") else p(ld["active_state"])
+        box = f"; image {p(ld['image'])}, restart {p(ld['restart'])}" if ld.get("restart") else ""
         print(
             f"  {p(ld['unit'])}: {state}; expected {expected}; holds "
-            f"{format_size(ld['rss'])} RSS + {format_size(ld['gpu'])} GPU"
+            f"{format_size(ld['rss'])} RSS + {format_size(ld['gpu'])} GPU{box}"
         )
     blocked = s.get("blocked", [])
     print(f"\nblocked ({len(blocked)}):")
@@ -96,6 +97,8 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
             f"  {p(b['unit'])}: {p(b['step'])} since {p(b['at'])}: "
             f"{p(b['reason'])}: {p(b['detail'])}"
         )
+        if b.get("restart_was"):
+            print(f"    restart policy no (was {p(b['restart_was'])})")
         if b.get("problem"):
             print(f"    problem: {p(b['problem'])}")
     if blocked:

@@ -1,0 +1,184 @@
+"""Which container a cgroup is: asked of the engines off the loop, remembered per id.
+
+The sensor finds a container's id in a process's cgroup (engine.container_id);
+who it is (name, image, command, restart policy, mounts) only its engine can
+say. The engines are asked from one thread of this module, never from the loop:
+an engine that is slow or hangs costs the loop nothing (its call still ends at
+the engine's deadline), and the loop never waits for an answer. Until the answer
+comes the id is pending; a command (dump, rescue) waits for it, up to a
+deadline.
+
+An answer is kept while the container is seen, and asked again every REFRESH
+seconds (its restart policy can change under it). The engines are asked in
+their order in the config; one that says 404 does not have it, and the next is
+asked. No engine knows it (a rootless engine's, or no engine running): the id
+is `UNKNOWN`, and the process is seen as what its manager says it is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .engine import Container, Engine, EngineError
+
+REFRESH = 30.0  # seconds before a known container is asked about again
+RETRY = 10.0  # seconds before an id no engine could answer for is asked again
+MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stays bounded
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+UNKNOWN = _Unknown()  # no engine has it (or none answered): not a container the guard can act on
+PENDING = _Pending()  # asked, no answer yet
+Answer = Container | _Unknown | _Pending
+
+
+@dataclass
+class _Entry:
+    answer: Container | _Unknown | None = None  # None: not answered yet
+    engine: str = ""  # the socket that answered
+    at: float = 0.0  # monotonic time of the answer
+    asked: bool = False  # queued or being asked
+
+
+def container_cgroup(cgroup: str, cid: str) -> str:
+    """The container's own cgroup within a process's (`/system.slice/docker-<id>.scope`
+    of `/system.slice/docker-<id>.scope/sub`): what a kill of last resort targets."""
+    parts = cgroup.split("/")
+    for i, part in enumerate(parts):
+        if cid in part:
+            return "/".join(parts[: i + 1]) or "/"
+    return cgroup
+
+
+class ContainerWatch:
+    """Asks the engines about container ids off the loop; lookup() never waits."""
+
+    def __init__(
+        self,
+        engines: Iterable[str],
+        timeout: float,
+        *,
+        on_answer: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engines = tuple(engines)
+        self.timeout = timeout
+        self.on_answer = on_answer
+        self.clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._queue: list[str] = []
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Engine errors other than "no such container", the latest per socket: said once.
+        self.errors: dict[str, str] = {}
+
+    def present(self) -> bool:
+        """Whether any engine socket exists (else nothing is asked: no thread, no cost)."""
+        return any(os.path.exists(p) for p in self.engines)
+
+    def lookup(self, cid: str) -> tuple[Answer, str]:
+        """(what is known of container `cid`, the engine socket that said it). PENDING
+        starts a question if none is out; a known answer older than REFRESH is asked
+        again while the old one stands."""
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(cid)
+            if entry is None:
+                if len(self._entries) >= MAX_IDS:
+                    return UNKNOWN, ""
+                entry = self._entries[cid] = _Entry()
+            stale = entry.answer is not None and now - entry.at >= (
+                REFRESH if isinstance(entry.answer, Container) else RETRY
+            )
+            if (entry.answer is None or stale) and not entry.asked:
+                entry.asked = True
+                self._queue.append(cid)
+                self._lock.notify()
+                self._start()
+            if entry.answer is None:
+                return PENDING, ""
+            return entry.answer, entry.engine
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop what is known of containers no longer seen."""
+        keep = set(keep)
+        with self._lock:
+            for cid in [c for c, e in self._entries.items() if c not in keep and not e.asked]:
+                del self._entries[cid]
+
+    def wait(self, timeout: float) -> None:
+        """Wait until every question out has an answer, or `timeout` seconds (commands)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while any(e.asked for e in self._entries.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._lock.wait(left)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    # --- the thread ---
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                cid = self._queue.pop(0)
+            answer, engine = self._ask(cid)
+            with self._lock:
+                entry = self._entries.get(cid)
+                if entry is not None:
+                    # An engine that failed keeps the old answer: a hiccup does not make a
+                    # known container a plain scope for REFRESH seconds.
+                    if answer is not None or entry.answer is None:
+                        entry.answer = answer if answer is not None else UNKNOWN
+                        entry.engine = engine
+                    entry.at = self.clock()
+                    entry.asked = False
+                self._lock.notify_all()
+            self.on_answer()
+
+    def _ask(self, cid: str) -> tuple[Container | _Unknown | None, str]:
+        """The container, UNKNOWN if every engine there said it has none, None if one that
+        might have it did not answer."""
+        failed = False
+        for path in self.engines:
+            if not os.path.exists(path):
+                continue
+            try:
+                container = Engine(path, timeout=self.timeout).inspect(cid)
+            except EngineError as e:
+                if e.status == 404:
+                    continue
+                failed = True
+                self.errors[path] = str(e)
+                continue
+            self.errors.pop(path, None)
+            return container, path
+        return (None if failed else UNKNOWN), ""

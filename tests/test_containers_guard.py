@@ -1,0 +1,208 @@
+"""The guard, run for real, blocks a loader container through a real dockerd (issue 19).
+
+The guard runs as a unit of a harness user manager (lab/guardunit.py), as in
+test_guard_usermanager; the engine is a private dockerd (lab/engine.py) named in
+the guard's `[containers] engines`. On this host the containers' cgroups are
+dockerd's cgroupfs ones (`/docker/<id>`): the guard finds the id there, asks the
+engine who it is off its loop, and judges `container:NAME` as it judges a unit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lab.engine import DockerD, available
+from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
+from lab.harness import UserManager
+
+pytestmark = [pytest.mark.engine, pytest.mark.root]
+
+# A loader: takes 64 MiB, touched, and holds it. PID 1 of its namespace: without a handler
+# SIGTERM would not end it; IGNORE makes it a loader that fights its stop.
+LOADER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, {handler})\n"
+    "held = b'x' * (64 << 20)\n"
+    "time.sleep(3600)\n"
+)
+LEAVES = LOADER.format(handler="lambda *a: sys.exit(0)")
+FIGHTS = LOADER.format(handler="signal.SIG_IGN")
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[DockerD]:
+    why = available()
+    if why:
+        pytest.fail(why)  # scripts/deps --test installs docker.io
+    with DockerD() as d:
+        yield d
+
+
+def _wait(check: Callable[[], bool], timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _state(d: DockerD, name: str) -> tuple[bool, str]:
+    c = d.engine().inspect(name)
+    return c.running, c.policy
+
+
+def _config(um: UserManager, d: DockerD, extra: str = "") -> None:
+    write_config(
+        um,
+        f"""
+[containers]
+engines = ["{d.socket}"]
+[protected]
+extra = ["container:keep*"]
+{extra}
+""",
+    )
+
+
+def _cli(um: UserManager, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "spark_guard", *args, "--config", str(um.base / "guard.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _run(d: DockerD, name: str, image: str, restart: str, script: str) -> str:
+    return d.docker(
+        "run", "-d", "--name", name, "--network", "none", "--restart", restart,
+        d.tag(image), "python3", "-c", script,
+    )  # fmt: skip
+
+
+def test_a_loader_container_is_blocked_at_boot_stays_down_and_is_released_exactly(
+    dockerd: DockerD,
+) -> None:
+    d = dockerd
+    with guard_manager() as um:
+        # Boot: the rescue unit is not up, so the strict phase judges footprints.
+        _config(um, d, '[loaders.footprint]\n"container:llm" = "100GiB"\n')
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        # keep: a loader image too, protected by config: never touched.
+        _run(d, "keep", "ollama/ollama:test", "always", LEAVES)
+        llm = _run(d, "llm", "vllm/vllm-openai:test", "unless-stopped", LEAVES)
+
+        wait_log(um, r"unit-blocked.*container:llm", timeout=30)
+        assert _state(d, "llm") == (False, "no"), log_text(um)[-3000:]
+        assert _state(d, "keep") == (True, "always")
+        record = json.loads((um.base / "state/blocked/container:llm.json").read_text())
+        assert (record["manager"], record["unit"], record["step"]) == (
+            "container",
+            "llm",
+            "blocked",
+        )
+        assert (record["reason"], record["phase"]) == ("footprint", "strict")
+        assert record["container"] == {
+            "id": llm,
+            "image": "vllm/vllm-openai:test",
+            "engine": d.socket,
+            "restart": "unless-stopped",
+            "max_retries": 0,
+            "was_running": True,
+        }
+        assert "keep" not in log_text(um)
+        # What the admin reads: the login note and status.
+        note = (um.base / "motd.d/spark-guard").read_text()
+        assert "container:llm  blocked since" in note
+        assert "restart policy set to no" in note
+        status = _cli(um, "status")
+        assert "container:llm: blocked" in status.stdout
+        assert "restart policy no (was unless-stopped)" in status.stdout, status.stdout
+
+        # dockerd restarts (as at every boot): llm stays down, the protected one comes back.
+        d.restart()
+        assert _wait(lambda: _state(d, "keep")[0])
+        time.sleep(1)  # dockerd's restart manager has started what it would by now
+        assert _state(d, "llm") == (False, "no")
+
+        # The guard restarts: the record is the first block's, not overwritten.
+        restart_guard(um)
+        time.sleep(1)
+        again = json.loads((um.base / "state/blocked/container:llm.json").read_text())
+        assert again["container"]["restart"] == "unless-stopped"
+
+        # The admin says it fits, then releases it: the exact policy back, running, and
+        # the guard leaves it be.
+        _config(um, d, '[loaders.footprint]\n"container:llm" = "1MiB"\n')
+        um.systemctl("reload", GUARD)
+        wait_log(um, "config-reloaded")
+        out = _cli(um, "release", "container:llm")
+        assert out.returncode == 0, out.stderr
+        assert "released container:llm: restart policy unless-stopped put back; started" in (
+            out.stdout
+        )
+        assert _state(d, "llm") == (True, "unless-stopped")
+        assert not (um.base / "state/blocked/container:llm.json").exists()
+        assert not (um.base / "motd.d/spark-guard").exists()
+        time.sleep(2)  # a few passes of the guard
+        assert _state(d, "llm") == (True, "unless-stopped"), log_text(um)[-2000:]
+        d.docker("rm", "-f", "llm", "keep")
+
+
+def test_a_container_that_ignores_its_stop_is_killed_when_memory_is_short(
+    dockerd: DockerD,
+) -> None:
+    """Below the reserve the guard does not wait out the engine's stop timeout: it kills the
+    container's cgroup itself, and the engine, asked to stop it, does not restart it."""
+    d = dockerd
+    with guard_manager() as um:
+        # A reserve no machine has: MemAvailable is below it, and a loader is freed at once.
+        _config(um, d, '[budget]\nreserve = "100TiB"\n[guard]\nstop_timeout = "60s"\n')
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        _run(d, "fighter", "vllm/vllm-openai:test", "always", FIGHTS)
+
+        wait_log(um, r"unit-blocked.*container:fighter", timeout=40)
+        text = log_text(um)
+        assert "unit-killed" in text and "container:fighter: killed its cgroup" in text, text[
+            -3000:
+        ]
+        assert _state(d, "fighter") == (False, "no")
+        record = json.loads((um.base / "state/blocked/container:fighter.json").read_text())
+        assert record["reason"] == "reserve" and record["container"]["restart"] == "always"
+        assert any("killed" in what for _, what in record["history"])
+        d.docker("rm", "-f", "fighter")
+
+
+def test_rescue_blocks_running_loader_containers_and_release_all_undoes_it(
+    dockerd: DockerD,
+) -> None:
+    d = dockerd
+    with guard_manager() as um:
+        _config(um, d)
+        _run(d, "rescued", "ghcr.io/ggml-org/llama.cpp:server", "on-failure:5", LEAVES)
+        _run(d, "keep-me", "vllm/vllm-openai:test", "always", LEAVES)  # protected
+        _run(d, "web", "nginx:test", "unless-stopped", LEAVES)  # not a loader
+        out = _cli(um, "rescue", "--stop-timeout", "2")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "container:rescued" in out.stdout and "restart no" in out.stdout, out.stdout
+        assert _state(d, "rescued") == (False, "no")
+        assert _state(d, "keep-me") == (True, "always")
+        assert _state(d, "web") == (True, "unless-stopped")
+        record = json.loads((um.base / "state/blocked/container:rescued.json").read_text())
+        assert (record["step"], record["reason"]) == ("blocked", "rescue")
+        assert (record["container"]["restart"], record["container"]["max_retries"]) == (
+            "on-failure",
+            5,
+        )
+        out = _cli(um, "release", "--all")
+        assert out.returncode == 0, out.stderr
+        assert _state(d, "rescued") == (True, "on-failure:5")
+        d.docker("rm", "-f", "rescued", "keep-me", "web")
