@@ -202,7 +202,9 @@ def test_rescue_blocks_running_loader_containers_and_release_all_undoes_it(
             "on-failure",
             5,
         )
-        out = _cli(um, "release", "--all")
+        # As the package's removal releases: the policy back, started at the next boot.
+        out = _cli(um, "release", "--all", "--no-start")
         assert out.returncode == 0, out.stderr
-        assert _state(d, "rescued") == (True, "on-failure:5")
+        assert "released container:rescued: restart policy on-failure:5 put back\n" in out.stdout
+        assert _state(d, "rescued") == (False, "on-failure:5")
         d.docker("rm", "-f", "rescued", "keep-me", "web")

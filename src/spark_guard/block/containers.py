@@ -34,6 +34,13 @@ from .records import ContainerState, Record
 KIND = "container"
 STOP_TIMEOUT = 10  # seconds between the engine's SIGTERM and SIGKILL (docker stop's default)
 BLOCKED_POLICY = "no"
+# Podman's API has had no call to change a restart policy before Podman 5.1 (Debian 12 has
+# 4.3, Ubuntu 24.04 4.9: both answer 404). Its `always` containers come back at boot
+# through podman-restart.service.
+NO_UPDATE = (
+    "cannot change a restart policy (Podman before 5.1): it may start again at the next "
+    "boot; recreate it without --restart, or run it as a Quadlet unit"
+)
 
 
 class ContainerBlockError(RuntimeError):
@@ -79,7 +86,12 @@ def block(
         after = engine.inspect(now.id)
         if after.running:
             raise _fail(name, f"still running after the stop ({after.status})")
-        engine.update_restart(now.id, BLOCKED_POLICY)
+        try:
+            engine.update_restart(now.id, BLOCKED_POLICY)
+        except EngineError as e:
+            if e.status in (404, 405, 501):  # the container is there: the call is not
+                raise _fail(name, f"stopped, but {engine.path} {NO_UPDATE}") from None
+            raise
         after = engine.inspect(now.id)
         if after.restart != BLOCKED_POLICY or after.max_retries:
             raise _fail(name, f"restart policy is {after.policy} after setting it to no")
@@ -107,11 +119,11 @@ def holds(engine: Engine, record: Record) -> str:
     return ""
 
 
-def release(engine: Engine, record: Record) -> Container:
+def release(engine: Engine, record: Record, *, start: bool = True) -> Container:
     """Put back the exact restart policy of `record`'s container and start it if it was
-    running before the block; the container as it then is. ContainerBlockError if it is
-    gone (a container of the same name made since is not the one blocked) or the policy
-    does not hold."""
+    running before the block (and `start`); the container as it then is.
+    ContainerBlockError if it is gone (a container of the same name made since is not
+    the one blocked) or the policy does not hold."""
     state = record.container
     if state is None:
         raise _fail(record.unit, "the record has no account of its policy: nothing to put back")
@@ -126,7 +138,7 @@ def release(engine: Engine, record: Record) -> Container:
         ):
             raise _fail(record.unit, f"restart policy is {now.policy}, not {state.policy}")
         record.note(f"restart policy {state.policy} put back")
-        if state.was_running and not now.running:
+        if start and state.was_running and not now.running:
             engine.start(state.id)
             now = engine.inspect(state.id)
             if not now.running:

@@ -83,9 +83,14 @@ def release(
     system_socket: str,
     user_runtime: str,
     engine_timeout: float = TIMEOUT,
+    *,
+    start: bool = True,
 ) -> Released:
+    """Undo the block of `record`; a container is started again if it ran when blocked,
+    unless `start` is False (the package's removal: like a unit re-enabled, it starts at
+    the next boot, not now)."""
     if record.ref.is_container:
-        return _release_container(record, store, engine_timeout)
+        return _release_container(record, store, engine_timeout, start)
     with store.lock():
         current = store.load(record.ref)
         if current is None:
@@ -131,7 +136,7 @@ def release(
     return done
 
 
-def _release_container(record: Record, store: RecordStore, timeout: float) -> Released:
+def _release_container(record: Record, store: RecordStore, timeout: float, start: bool) -> Released:
     with store.lock():
         current = store.load(record.ref)
         if current is None:
@@ -142,7 +147,9 @@ def _release_container(record: Record, store: RecordStore, timeout: float) -> Re
             )
         archived = store.retire(current)
     try:
-        now = release_container(Engine(current.container.engine, timeout=timeout), current)
+        now = release_container(
+            Engine(current.container.engine, timeout=timeout), current, start=start
+        )
     except ContainerBlockError as e:
         current.note(f"release failed: {e}")
         store.save(current)  # nothing is lost: still blocked, and on record

@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="llama.service, user:UID:x.service, container:NAME",
     )
     parser.add_argument("--all", action="store_true", help="release every blocked unit")
+    parser.add_argument(
+        "--no-start",
+        action="store_true",
+        help="a container gets its restart policy back but is not started now",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     for record in chosen:
         try:
             done = release(
-                record, store, config.system_manager, config.user_runtime, config.engine_timeout
+                record,
+                store,
+                config.system_manager,
+                config.user_runtime,
+                config.engine_timeout,
+                start=not args.no_start,
             )
         except ReleaseError as e:
             print(f"spark-guard: {p(e)}", file=sys.stderr)
