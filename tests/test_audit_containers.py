@@ -331,3 +331,18 @@ def test_what_each_policy_and_state_is_said_to_do_at_boot() -> None:
     }
     assert said["/run/x.sock"].severity == "info"
     assert said["/run/x.sock"].code == "engine-unreachable"
+
+
+@pytest.mark.engine
+@pytest.mark.root
+def test_audit_of_one_container_by_name_and_of_one_that_is_not_there(
+    dockerd: DockerD, tmp_path: Path
+) -> None:
+    text = audit(tmp_path, [dockerd.socket], "container:llm").stdout
+    rows = _rows(text, f"loader containers (docker at {dockerd.socket}):")
+    assert list(rows) == ["container:llm"]
+    assert "no-such-unit" not in text
+    out = audit(tmp_path, [dockerd.socket], "container:nosuch")
+    found = _findings(out.stdout)["container:nosuch"]
+    assert found[:2] == ("CRITICAL", "no-such-container"), out.stdout
+    assert out.returncode == 2

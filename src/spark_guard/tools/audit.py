@@ -131,6 +131,18 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
             fix="systemctl list-unit-files '*llama*'   # find its real name",
         )
         for name in inv.missing
+        if not name.startswith("container:")
+    )
+    out.extend(
+        Finding(
+            Severity.CRITICAL,
+            "no-such-container",
+            f"{name}: no loader container of that name on any engine in [containers] engines",
+            unit=name,
+            fix="docker ps -a --format '{{.Names}} {{.Image}}'   # find its real name",
+        )
+        for name in inv.missing
+        if name.startswith("container:")
     )
     out.extend(
         Finding(Severity.WARNING, "unreadable", error, fix="run the audit as root")

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import log as log_mod
+from ..containers import is_ref
 from ..quantities import format_size
 from ..text import printable as p
 from .audit import (
@@ -61,8 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     log_mod.configure("console", level="error")
-    inv = collect(config, args.units)
+    # container:NAME picks loader containers; the other names are units.
+    boxes = [n for n in args.units if is_ref(n)]
+    inv = collect(config, [n for n in args.units if not is_ref(n)])
     found = collect_containers(config)
+    if boxes:
+        listed = {str(i.container.ref) for i in found.loaders}
+        found.loaders = [i for i in found.loaders if str(i.container.ref) in boxes]
+        inv.missing += [n for n in boxes if n not in listed]
     try:
         snapshot, _ = sense_once(config, log_mod.get_logger())
         proc = ProcFS(config.proc)
