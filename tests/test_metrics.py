@@ -135,6 +135,7 @@ def test_textfile_must_be_a_prom_file():
 def test_unit_labels():
     assert unit_labels("llama.service") == ("llama.service", "system", "")
     assert unit_labels("user:1000:ollama.service") == ("ollama.service", "user", "1000")
+    assert unit_labels("container:vllm") == ("vllm", "container", "")
 
 
 def test_alert_rules_are_valid_and_each_fires_and_resolves():
