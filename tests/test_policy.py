@@ -3,8 +3,17 @@
 from dataclasses import replace
 
 from spark_guard.config import Config, parse
+from spark_guard.containers import image_evidence
 from spark_guard.policy import STEADY, STRICT, brake, decide, phase, slope
-from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
+from spark_guard.snapshot import (
+    CONTAINER,
+    ContainerFacts,
+    Memory,
+    RescueGroup,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+)
 
 GiB = 1024**3
 SPARK = 121 * GiB
@@ -530,3 +539,37 @@ def test_a_root_client_is_charged_to_roots_server_and_an_ambiguous_one_to_none()
     other = process_unit("system", "ollama-b.service", ("ollama", "serve"))
     d = decide(snap(60 * GiB, server, other, client), Config())
     assert [(str(a.unit), a.clients) for a in d.actions] == [("ollama-preload.service", ())]
+
+
+# --- containers (issue 19) -------------------------------------------------------
+
+
+def box(name, image, command=("python3", "serve.py"), **kw):
+    facts = ContainerFacts("a" * 64, image, "/run/docker.sock", "unless-stopped", 0,
+                           image_evidence(image) or "")  # fmt: skip
+    return replace(
+        SeenUnit(UnitRef(CONTAINER, name), pids=(200,), exec_start=(command,), **kw),
+        container=facts,
+    )
+
+
+def test_a_loader_container_is_judged_as_a_unit_and_named_container_name():
+    config = parse(
+        '[loaders.footprint]\n"container:vllm*" = "100GiB"\n'
+        '[protected]\nextra = ["container:keep"]\n'
+    )
+    units = (
+        box("vllm-1", "vllm/vllm-openai:v0.11"),
+        box("keep", "ollama/ollama"),  # a loader image, protected
+        box("web", "nginx"),  # not a loader
+        box("srv", "debian", ("llama-server", "-m", "/models/x.gguf")),  # by its command
+    )
+    d = decide(snap(100 * GiB, *units), config)
+    assert {str(ld.ref): ld.evidence for ld in d.loaders} == {
+        "container:vllm-1": ("image:vllm/vllm-openai", "name:vllm"),
+        "container:srv": ("exec:llama-server", "model-arg:/models/x.gguf", "loads:/models/x.gguf"),
+    }
+    assert [(str(a.unit), a.reason) for a in d.actions] == [("container:vllm-1", "footprint")]
+    # A unit named like the glob is not a container: the glob says container:.
+    assert "footprint" not in {a.reason for a in decide(
+        snap(100 * GiB, loader("vllm-1.service")), config).actions}  # fmt: skip
