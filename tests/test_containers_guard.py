@@ -13,9 +13,13 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from lab import LAB
+from lab.accounts import User
 from lab.engine import DockerD, available
 from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
 from lab.harness import UserManager
@@ -208,3 +212,57 @@ def test_rescue_blocks_running_loader_containers_and_release_all_undoes_it(
         assert "released container:rescued: restart policy on-failure:5 put back\n" in out.stdout
         assert _state(d, "rescued") == (False, "on-failure:5")
         d.docker("rm", "-f", "rescued", "keep-me", "web")
+
+
+def test_a_users_scope_named_after_a_container_is_hers_not_the_containers(
+    dockerd: DockerD, mallory: User
+) -> None:
+    """Any user names the cgroups of her own manager: mallory puts a process that takes
+    200 MiB into `docker-<id>.scope` under her user@UID.service, naming root's container.
+    The guard counts it as her scope, never as the container: her memory cannot make
+    root's container the one judged, blocked or charged."""
+    d = dockerd
+    with (
+        guard_manager() as um,
+        UserManager(user=mallory, user_runtime=um.user_runtime) as hers,
+    ):
+        _config(um, d)
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        wait_log(um, rf"watching user:{mallory.uid} manager")
+        cid = _run(d, "llm", "vllm/vllm-openai:test", "unless-stopped", LEAVES)
+        script = hers.home / "decoy.sh"
+        script.write_text(
+            'cg=$(sed -n "s/^0:://p" /proc/self/cgroup); root=/sys/fs/cgroup/unified\n'
+            '[ -d "$root$cg" ] || root=/sys/fs/cgroup\n'
+            f'dir="$root$(dirname "$cg")/docker-{cid}.scope"\n'
+            'mkdir "$dir" && echo $$ > "$dir/cgroup.procs" || exit 1\n'
+            f"exec {PY} {LAB}/fake_loader.py --alloc 200 --rate 0\n"
+        )
+        hers.write_unit("decoy.service", f"[Service]\nExecStart=/bin/sh {script}\n")
+        hers.systemctl("start", "decoy.service")
+        status = hers.systemctl("status", "decoy.service", check=False).stdout
+        assert hers.show("decoy.service", "ActiveState")["ActiveState"] == "active", status
+
+        def seen() -> dict[str, Any]:
+            state = json.loads((um.base / "run/state.json").read_text())
+            return {ld["unit"]: ld for ld in state["loaders"]}
+
+        # Her process is in a cgroup of that name, and holds its 200 MiB.
+        pid = int(hers.show("decoy.service", "MainPID")["MainPID"])
+        assert _wait(lambda: f"docker-{cid}.scope" in Path(f"/proc/{pid}/cgroup").read_text())
+        assert _wait(lambda: _rss(pid) >= 200 << 20)
+        assert _wait(lambda: "container:llm" in seen())
+        time.sleep(2)  # passes of the guard, each of which sees her process
+        llm = seen()["container:llm"]
+        assert llm["rss"] < 150 << 20, (llm, log_text(um)[-2000:])
+        assert not any(u.endswith(f"docker-{cid}.scope") for u in seen())
+        d.docker("rm", "-f", "llm")
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
