@@ -214,3 +214,91 @@ class DockerD:
         for point in reversed(self._mounts()):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+PODMAN = shutil.which("podman") or "/usr/bin/podman"
+
+
+class PodmanService:
+    """A private Podman API service (`podman system service`) on its own socket, with its
+    own storage and the same imported image, for what Podman's compat API does (Debian's
+    podman 4.3). `podman` here is the CLI, in the lab only."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="sg-pm.", dir="/var/tmp"))
+        self.socket = str(self.base / "podman.sock")
+        self.conf = self.base / "containers.conf"
+        # The sandbox's hard rlimits are under Podman's defaults, which runc then fails to set.
+        self.conf.write_text("[containers]\ndefault_ulimits = []\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def engine(self, timeout: float = 5.0) -> Engine:
+        return Engine(self.socket, timeout=timeout)
+
+    def podman(self, *args: str, stdin: bytes | None = None, timeout: float = 60) -> str:
+        argv = [PODMAN, *self._globals(), *args]
+        env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+        done = subprocess.run(
+            argv, input=stdin, capture_output=True, check=True, timeout=timeout, env=env
+        )
+        return done.stdout.decode().strip()
+
+    def __enter__(self) -> PodmanService:
+        try:
+            root = nspawn.rootfs("bookworm")
+            excludes = [f"--exclude={p}" for p in _EXCLUDE]
+            tar = subprocess.run(
+                ["tar", "-C", str(root), *excludes, "-c", "."], capture_output=True, check=True
+            )
+            self.podman("import", "-", IMAGE, stdin=tar.stdout, timeout=120)
+            env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+            argv = [PODMAN, *self._globals(), "system", "service", "--time=0"]
+            self.proc = subprocess.Popen(
+                [*argv, f"unix://{self.socket}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    self.engine(1.0).version()
+                    break
+                except EngineError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("podman system service did not start") from None
+                    time.sleep(0.1)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _globals(self) -> list[str]:
+        return [
+            f"--root={self.base}/root",
+            f"--runroot={self.base}/run",
+            f"--tmpdir={self.base}/tmp",
+            "--storage-driver=vfs",
+            "--cgroup-manager=cgroupfs",
+            "--events-backend=file",
+        ]
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.podman("rm", "-af", "-t", "0", timeout=60)
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.podman("system", "reset", "-f", timeout=60)
+        prefix = str(self.base)
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        for point in reversed([p for p in points if p.startswith(prefix)]):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)

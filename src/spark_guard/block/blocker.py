@@ -839,9 +839,11 @@ class Blocker:
     def _container_done(self, record: Record, error: str) -> None:
         key = str(record.ref)
         if error:
+            said = record.problem
             self._problem(record, f"stop: {error}")
             self._retry_at[key] = self.clock() + RETRY_AFTER
-            self._save(record)
+            if record.problem != said:
+                self._save(record)  # a retry that fails the same way writes nothing
             return
         waited = self.clock() - self._stop_sent.pop(key, self.clock())
         if not self._move(record, Step.BLOCKED):

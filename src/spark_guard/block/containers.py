@@ -131,8 +131,10 @@ def release(engine: Engine, record: Record, *, start: bool = True) -> Container:
         now = engine.inspect(state.id)
         if now.name != record.unit:
             raise _fail(record.unit, f"its id now has the name {now.name}: not released")
-        engine.update_restart(state.id, state.restart or BLOCKED_POLICY, state.max_retries)
-        now = engine.inspect(state.id)
+        if (now.restart or "no", now.max_retries) != (state.restart or "no", state.max_retries):
+            # (Unchanged where the block could not set it: Podman before 5.1.)
+            engine.update_restart(state.id, state.restart or BLOCKED_POLICY, state.max_retries)
+            now = engine.inspect(state.id)
         if (now.restart or "no") != (state.restart or "no") or (
             now.max_retries != state.max_retries
         ):
