@@ -10,6 +10,7 @@ engine who it is off its loop, and judges `container:NAME` as it judges a unit.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -61,12 +62,13 @@ def _state(d: DockerD, name: str) -> tuple[bool, str]:
     return c.running, c.policy
 
 
-def _config(um: UserManager, d: DockerD, extra: str = "") -> None:
+def _config(um: UserManager, d: DockerD, extra: str = "", containers: str = "") -> None:
     write_config(
         um,
         f"""
 [containers]
 engines = ["{d.socket}"]
+{containers}
 [protected]
 extra = ["container:keep*"]
 {extra}
@@ -266,3 +268,37 @@ def _rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def test_while_dockerd_does_not_answer_its_files_say_who_and_the_kernel_stops_it(
+    dockerd: DockerD,
+) -> None:
+    """At boot dockerd restarts containers before its API answers. Here its API is silent
+    (dockerd stopped with SIGSTOP, its container running on): the guard reads who the
+    container is from dockerd's files, refuses it on its footprint, and kills its cgroup
+    when the engine does not answer the stop; once dockerd answers again, the run its
+    policy started is stopped and blocked through it."""
+    d = dockerd
+    with guard_manager() as um:
+        _config(
+            um,
+            d,
+            '[loaders.footprint]\n"container:llm" = "100GiB"\n',
+            containers=f'docker_root = "{d.base}/data"',
+        )
+        llm = _run(d, "llm", "vllm/vllm-openai:test", "unless-stopped", LEAVES)
+        pid = d.engine().inspect(llm).pid
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            um.systemctl("start", GUARD)
+            wait_log(um, r"container:llm: killed its cgroup \(its engine did not answer", 60)
+            assert _wait(lambda: not Path(f"/proc/{pid}").exists(), 10)
+            assert "engine-unanswered" in log_text(um)
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        wait_log(um, r"unit-blocked.*container:llm", timeout=60)
+        assert _state(d, "llm") == (False, "no"), log_text(um)[-3000:]
+        record = json.loads((um.base / "state/blocked/container:llm.json").read_text())
+        assert record["container"]["restart"] == "unless-stopped"
+        d.docker("rm", "-f", "llm")

@@ -122,6 +122,7 @@ class Config:
     containers: bool = True
     engines: tuple[str, ...] = ("/run/docker.sock", "/run/podman/podman.sock")
     engine_timeout: float = 2.0  # seconds for one call to an engine
+    docker_root: str = "/var/lib/docker"  # dockerd's data-root: read while its API is silent
     # [guard]
     dry_run: bool = False
     repeat_after: float = 30.0
@@ -239,6 +240,7 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("containers", "enabled"): ("containers", _bool),
     ("containers", "engines"): ("engines", _str_list),
     ("containers", "timeout"): ("engine_timeout", _positive_duration),
+    ("containers", "docker_root"): ("docker_root", _path),
     ("guard", "dry_run"): ("dry_run", _bool),
     ("guard", "repeat_after"): ("repeat_after", parse_duration),
     ("guard", "stop_timeout"): ("stop_timeout", _positive_duration),

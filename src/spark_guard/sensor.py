@@ -115,6 +115,7 @@ class Sensor:
             config.engines if config.containers else (),
             config.engine_timeout,
             on_answer=lambda: self.on_manager_ready(),
+            docker_root=config.docker_root,
         )
         self._container_of: dict[UnitRef, tuple[Container, str]] = {}
         # The loop never waits on a model read; a command (sense_once) does, up to its deadline.

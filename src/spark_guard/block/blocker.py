@@ -152,6 +152,8 @@ class Blocker:
         self.pending = container_block.Pending()
         self.engine_timeout = config.engine_timeout
         self._killed: set[str] = set()  # containers whose cgroup this guard killed meanwhile
+        self._silent_engines: dict[str, float] = {}  # engine socket -> silent until
+        self._engine_of: dict[str, str] = {}  # container -> the socket its block asks
 
     # --- entry points ---------------------------------------------------------
 
@@ -193,7 +195,14 @@ class Blocker:
                 )
             elif action.unit.is_container:
                 if key in self.pending:
-                    continue  # its block is under way
+                    # Its block is under way and it runs again (restarted by its engine's
+                    # policy while the engine cannot be asked to stop it): this run is
+                    # killed too if its engine still does not answer.
+                    self._killed.discard(key)
+                    if cgroups.get(action.unit):
+                        record.cgroup = cgroups[action.unit]
+                    self._container_stuck(record)
+                    continue
                 record.note(f"running again: {action.reason}: {action.detail}")
                 if record.step == Step.BLOCKED:
                     self._move(record, Step.STOP)
@@ -749,18 +758,30 @@ class Blocker:
         """Stop and block the container through its engine, in a thread of its own."""
         key = str(record.ref)
         path = record.container.engine if record.container else engine
+        path = path or self._engine_of.get(key, "")
         if not path:
             self._problem(record, "stop: no engine known for it")
             return
         self._retry_at[key] = self.clock() + RETRY_AFTER
         self._killed.discard(key)
+        self._engine_of[key] = path
         timeout = max(1, round(self.config.stop_timeout))
         engine_api = Engine(path, timeout=self.engine_timeout)
         self.pending.start(
             key,
-            lambda: container_block.block(engine_api, record, timeout, remember=self._save),
+            lambda: container_block.block(
+                engine_api,
+                record,
+                timeout,
+                remember=self._save,
+                answered=lambda: self.pending.mark_answered(key),
+            ),
         )
         self._stop_sent[key] = self.clock()
+        if self.clock() < self._silent_engines.get(path, 0.0):
+            # Its engine did not answer a moment ago (dockerd at boot restarts containers
+            # before its API serves): stopped from the kernel's side now, not in seconds.
+            self._kill_container(record, f"{path} did not answer a moment ago")
         self.log.warning(
             "unit-stop-requested",
             unit=key,
@@ -783,7 +804,7 @@ class Blocker:
             if key in self.pending:
                 finished, error = self.pending.done(key, wait)
                 if not finished:
-                    self._container_short(record)
+                    self._container_stuck(record)
                     continue
                 changed = True
                 if record.step == Step.BLOCKED:  # a recheck's answer
@@ -821,24 +842,41 @@ class Blocker:
                 msg=f"{record.ref}: {changed}; set to no again",
             )
 
-    def _container_short(self, record: Record) -> None:
-        """A stop under way while MemAvailable is below the reserve: the container's cgroup
-        is killed from here (the engine marked it stopped by hand: no policy restarts it)."""
+    def _container_stuck(self, record: Record) -> None:
+        """A container block under way that cannot wait: its engine has not answered within
+        its timeout, or MemAvailable is below the reserve. The container's cgroup is killed
+        from here, once per run, as a unit's is when its manager does not answer. (A stop
+        the engine took marks the container stopped by hand: its policy does not restart
+        it; one the engine never saw may be restarted, and is killed again.)"""
         key = str(record.ref)
-        memory = self._available()
-        if key in self._killed or memory is None or memory[0] >= memory[1]:
+        if key in self._killed:
             return
-        self._killed.add(key)
         waited = self.clock() - self._stop_sent.get(key, self.clock())
-        self._kill_cgroup(
-            record,
-            f"MemAvailable {format_size(memory[0])} below the reserve "
-            f"{format_size(memory[1])} {waited:.2f}s after the stop",
-        )
+        if not self.pending.answered(key) and waited >= self.engine_timeout:
+            self._kill_container(record, f"its engine did not answer within {waited:.1f}s")
+            return
+        memory = self._available()
+        if memory is not None and memory[0] < memory[1]:
+            self._kill_container(
+                record,
+                f"MemAvailable {format_size(memory[0])} below the reserve "
+                f"{format_size(memory[1])} {waited:.2f}s after the stop",
+            )
+
+    def _kill_container(self, record: Record, why: str) -> None:
+        self._killed.add(str(record.ref))
+        if record.cgroup and cgroupfs.pids(self.cgroup_root, record.cgroup):
+            self._kill_cgroup(record, why)  # (a container not running has nothing to kill)
 
     def _container_done(self, record: Record, error: str) -> None:
         key = str(record.ref)
         if error:
+            if "no answer within" in error and key in self._engine_of:
+                # Not stopped, and nothing will stop it while its engine is silent: killed
+                # from the kernel's side now (and each run its policy starts meanwhile).
+                self._silent_engines[self._engine_of[key]] = self.clock() + RETRY_AFTER
+                if key not in self._killed:
+                    self._kill_container(record, "its engine did not answer")
             said = record.problem
             self._problem(record, f"stop: {error}")
             self._retry_at[key] = self.clock() + RETRY_AFTER

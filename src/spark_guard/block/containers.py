@@ -56,6 +56,7 @@ def block(
     record: Record,
     stop_timeout: int = STOP_TIMEOUT,
     remember: Callable[[Record], None] | None = None,
+    answered: Callable[[], None] | None = None,
 ) -> Container:
     """Stop `record`'s container through `engine` and set its restart policy to `no`; the
     container as it then is. Its policy before, and whether it ran, go into
@@ -67,6 +68,8 @@ def block(
     try:
         ref = record.container.id if record.container else name
         now = engine.inspect(ref)  # its policy as it is now, not as it was seen
+        if answered is not None:
+            answered()  # the engine answers: the stop is its to do
         if record.container is None:
             record.container = ContainerState(
                 id=now.id,
@@ -159,6 +162,14 @@ class Pending:
     def __init__(self) -> None:
         self._running: dict[str, threading.Thread] = {}
         self._errors: dict[str, str] = {}
+        self._answered: set[str] = set()
+
+    def mark_answered(self, key: str) -> None:
+        self._answered.add(key)
+
+    def answered(self, key: str) -> bool:
+        """Whether the engine has answered the block of `key` under way."""
+        return key in self._answered
 
     def __contains__(self, key: str) -> bool:
         return key in self._running
@@ -173,6 +184,7 @@ class Pending:
                 self._errors[key] = f"{type(e).__name__}: {e}"
 
         self._errors.pop(key, None)
+        self._answered.discard(key)
         thread = threading.Thread(target=run, name=f"block {key}"[:15], daemon=True)
         self._running[key] = thread
         thread.start()

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 
+# An admin's command, not the guard's loop: a container's start answers once it has started,
+# which on a busy machine takes seconds (3-12 s measured under emulation in the VM test).
+RELEASE_TIMEOUT = 60.0
+
+
 class ReleaseError(RuntimeError):
     """A unit cannot be released; str() says which and why."""
 
@@ -148,7 +153,9 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
         archived = store.retire(current)
     try:
         now = release_container(
-            Engine(current.container.engine, timeout=timeout), current, start=start
+            Engine(current.container.engine, timeout=max(timeout, RELEASE_TIMEOUT)),
+            current,
+            start=start,
         )
     except ContainerBlockError as e:
         current.note(f"release failed: {e}")

@@ -13,20 +13,32 @@ seconds (its restart policy can change under it). The engines are asked in
 their order in the config; one that says 404 does not have it, and the next is
 asked. No engine knows it (a rootless engine's, or no engine running): the id
 is `UNKNOWN`, and the process is seen as what its manager says it is.
+
+At boot dockerd starts the containers whose policy says so before its API
+answers (tens of seconds on a busy boot): the loader runs, and nobody can ask
+who it is. So when a Docker engine does not answer, dockerd's own files of
+that container are read (`docker_root`/containers/<id>/, root's, bounded,
+never through a symlink) and stand until the API answers (asked again every
+DISK_REFRESH seconds).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .engine import Container, Engine, EngineError
+from .engine import Container, Engine, EngineError, inspect_from_disk, valid_id
+from .safefs import Tree, UnsafePath
 
 REFRESH = 30.0  # seconds before a known container is asked about again
 RETRY = 10.0  # seconds before an id no engine could answer for is asked again
+DISK_REFRESH = 2.0  # seconds before an answer read from dockerd's files is asked of its API
+DOCKER_ROOT = "/var/lib/docker"
+DISK_MAX = 4 << 20  # bytes of one of dockerd's container files (the API's body cap)
 MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stays bounded
 
 
@@ -51,6 +63,7 @@ class _Entry:
     engine: str = ""  # the socket that answered
     at: float = 0.0  # monotonic time of the answer
     asked: bool = False  # queued or being asked
+    from_disk: bool = False  # read from dockerd's files: its API did not answer
 
 
 def container_cgroup(cgroup: str, cid: str) -> str:
@@ -73,8 +86,10 @@ class ContainerWatch:
         *,
         on_answer: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        docker_root: str = DOCKER_ROOT,
     ) -> None:
         self.engines = tuple(engines)
+        self.docker_root = docker_root
         self.timeout = timeout
         self.on_answer = on_answer
         self.clock = clock
@@ -101,9 +116,11 @@ class ContainerWatch:
                 if len(self._entries) >= MAX_IDS:
                     return UNKNOWN, ""
                 entry = self._entries[cid] = _Entry()
-            stale = entry.answer is not None and now - entry.at >= (
-                REFRESH if isinstance(entry.answer, Container) else RETRY
-            )
+            if entry.from_disk:
+                after = DISK_REFRESH
+            else:
+                after = REFRESH if isinstance(entry.answer, Container) else RETRY
+            stale = entry.answer is not None and now - entry.at >= after
             if (entry.answer is None or stale) and not entry.asked:
                 entry.asked = True
                 self._queue.append(cid)
@@ -150,7 +167,7 @@ class ContainerWatch:
                 if self._closed:
                     return
                 cid = self._queue.pop(0)
-            answer, engine = self._ask(cid)
+            answer, engine, disk = self._ask(cid)
             with self._lock:
                 entry = self._entries.get(cid)
                 if entry is not None:
@@ -159,15 +176,16 @@ class ContainerWatch:
                     if answer is not None or entry.answer is None:
                         entry.answer = answer if answer is not None else UNKNOWN
                         entry.engine = engine
+                        entry.from_disk = disk
                     entry.at = self.clock()
                     entry.asked = False
                 self._lock.notify_all()
             self.on_answer()
 
-    def _ask(self, cid: str) -> tuple[Container | _Unknown | None, str]:
-        """The container, UNKNOWN if every engine there said it has none, None if one that
-        might have it did not answer."""
-        failed = False
+    def _ask(self, cid: str) -> tuple[Container | _Unknown | None, str, bool]:
+        """(the container, UNKNOWN if every engine there said it has none, None if one that
+        might have it did not answer; the socket; whether dockerd's files said it)."""
+        silent: list[str] = []
         for path in self.engines:
             if not os.path.exists(path):
                 continue
@@ -176,9 +194,33 @@ class ContainerWatch:
             except EngineError as e:
                 if e.status == 404:
                     continue
-                failed = True
+                silent.append(path)
                 self.errors[path] = str(e)
                 continue
             self.errors.pop(path, None)
-            return container, path
-        return (None if failed else UNKNOWN), ""
+            return container, path, False
+        docker = [p for p in silent if "podman" not in os.path.basename(p)]
+        if docker:
+            found = read_docker_disk(self.docker_root, cid)
+            if found is not None:
+                return found, docker[0], True
+        return (None if silent else UNKNOWN), "", False
+
+
+def read_docker_disk(root: str, cid: str) -> Container | None:
+    """Container `cid` as dockerd's files under `root` describe it; None if they are not
+    there or not what dockerd writes. Read as root from root's directories only (safefs:
+    no symlink followed), each file at most DISK_MAX bytes."""
+    if not valid_id(cid):
+        return None
+    where = os.path.join(root, "containers", cid)
+    try:
+        tree = Tree(root, 0, 0)
+        config = tree.read(os.path.join(where, "config.v2.json"), DISK_MAX)
+        host = tree.read(os.path.join(where, "hostconfig.json"), DISK_MAX)
+        if config is None or host is None:
+            return None
+        container = Container.from_inspect(inspect_from_disk(json.loads(config), json.loads(host)))
+    except (UnsafePath, OSError, ValueError, RecursionError):
+        return None
+    return container if container.id == cid else None

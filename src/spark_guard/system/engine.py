@@ -241,6 +241,28 @@ class Container:
         )
 
 
+def inspect_from_disk(config: object, hostconfig: object) -> dict[str, Any]:
+    """dockerd's own files of a container (`<data-root>/containers/<id>/config.v2.json`
+    and `hostconfig.json`) in the shape of its inspect answer, for Container.from_inspect:
+    what the guard reads while dockerd does not answer (at boot it restarts containers
+    before its API serves)."""
+    top = _dict(config)
+    points = _dict(top.get("MountPoints"))
+    return {
+        "Id": top.get("ID"),
+        "Name": top.get("Name"),
+        "Config": top.get("Config"),
+        "State": top.get("State"),
+        "Path": top.get("Path"),
+        "Args": top.get("Args"),
+        "HostConfig": hostconfig,
+        "Mounts": [
+            {"Source": _dict(m).get("Source"), "Destination": _dict(m).get("Destination")}
+            for m in list(points.values())[:MOUNTS_MAX]
+        ],
+    }
+
+
 @dataclass(frozen=True)
 class Listed:
     """One line of the engine's container list: enough to pick one and inspect it."""
