@@ -775,6 +775,7 @@ class Blocker:
                 timeout,
                 remember=self._save,
                 answered=lambda: self.pending.mark_answered(key),
+                seen_running=True,  # every block is of a container seen running
             ),
         )
         self._stop_sent[key] = self.clock()

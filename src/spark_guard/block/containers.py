@@ -57,6 +57,7 @@ def block(
     stop_timeout: int = STOP_TIMEOUT,
     remember: Callable[[Record], None] | None = None,
     answered: Callable[[], None] | None = None,
+    seen_running: bool = False,
 ) -> Container:
     """Stop `record`'s container through `engine` and set its restart policy to `no`; the
     container as it then is. Its policy before, and whether it ran, go into
@@ -77,7 +78,9 @@ def block(
                 engine=engine.path,
                 restart=now.restart,
                 max_retries=now.max_retries,
-                was_running=now.running,
+                # Ran when the guard decided (`seen_running`), though its engine may say
+                # otherwise by now: the guard killed it while the engine was silent.
+                was_running=now.running or seen_running,
             )
             record.note(f"container {now.id[:12]}: restart policy {now.policy}")
             if remember is not None:
