@@ -40,13 +40,19 @@ PACKAGES = (
     # the comparison runs (benchmarks/boot_wedge.py): installed, enabled per run
     "earlyoom",
     "systemd-oomd",
+    # loader containers at boot (lab/containers_vm.py): installed, disabled (CUSTOMIZE)
+    "docker.io",
 )
+# Run in the finished tree by mmdebstrap ("$1" is its root). docker.io's maintainer scripts
+# enable dockerd: no VM gets one at boot unless it asks (VM.enable_docker).
+DOCKER_UNITS = ("docker.service", "docker.socket", "containerd.service")
+CUSTOMIZE = (f'chroot "$1" systemctl disable --quiet {" ".join(DOCKER_UNITS)}',)
 INTERFACES = "auto lo\niface lo inet loopback\nauto eth0\niface eth0 inet dhcp\n"
 
 
 def base_rootfs() -> Path:
     """The cached base tree (about 100 s to build, 780 MB)."""
-    key = hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join((" ".join(PACKAGES), *CUSTOMIZE)).encode()).hexdigest()[:12]
     image = CACHE / f"vm-bookworm-{key}"
     if (image / "etc" / "os-release").exists():
         return image
@@ -59,6 +65,7 @@ def base_rootfs() -> Path:
                 "--quiet",
                 "--variant=minbase",
                 f"--include={','.join(PACKAGES)}",
+                *(f"--customize-hook={hook}" for hook in CUSTOMIZE),
                 "bookworm",
                 str(partial),
             ],
@@ -115,6 +122,10 @@ class VM:
     def chroot(self, *argv: str) -> None:
         """Run a command of the guest's tree on it (useradd and the like), before boot."""
         subprocess.run(["chroot", str(self.root), *argv], check=True, capture_output=True)
+
+    def enable_docker(self) -> None:
+        """dockerd (and its containerd) at boot, as docker.io's install would have it."""
+        self.chroot("systemctl", "enable", "--quiet", *DOCKER_UNITS)
 
     def install(self, deb: Path) -> None:
         """dpkg into the tree: its maintainer scripts run chrooted, systemd is not running."""
