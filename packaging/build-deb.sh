@@ -31,5 +31,8 @@ cp packaging/spark-guard.bash-completion "$src/debian/spark-guard.bash-completio
    >"$work/build.log" 2>&1) \
   || { tail -40 "$work/build.log" >&2; exit 1; }
 mkdir -p dist
-cp "$work"/spark-guard_*_all.deb dist/
+# Renamed into place: a test run building beside another never reads half a file.
+for f in "$work"/spark-guard_*_all.deb; do
+  cp "$f" "dist/.$(basename "$f").$$" && mv -f "dist/.$(basename "$f").$$" "dist/$(basename "$f")"
+done
 ls dist/spark-guard_*_all.deb
