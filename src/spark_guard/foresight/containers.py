@@ -41,23 +41,17 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 from ..system.engine import Container
 from .gguf import (
-    MAX_SHARDS,
-    MAX_TENSORS,
     GgufError,
     GgufOpenError,
-    GgufTimeout,
     GgufUnreadable,
     HeaderCache,
     Model,
-    identity,
-    read_header,
-    shard_paths,
+    read_model,
 )
 from .predict import Held, Prediction, Predictor
 from .safetensors import Model as SafetensorsModel
@@ -180,52 +174,14 @@ def read_mounted(host: str, *, deadline: float, cache: HeaderCache | None = None
     naming its file. With the caller's rights: the Predictor's worker, the guard's (root)."""
     dir_fd = _open_parent(host)
     try:
-        paths = shard_paths(host)
-        if len(paths) > MAX_SHARDS:
-            raise GgufError(f"{host}: split into {len(paths)} files (at most {MAX_SHARDS})")
-        headers = []
-        n_tensors = 0
-        for p in paths:
-            if time.monotonic() > deadline:
-                raise GgufTimeout(f"{p}: header read past its deadline")
-            fd, st = _open_file(os.path.basename(p), dir_fd, p)
-            try:
-                ident = identity(st)
-                h = cache.get(p, ident) if cache is not None else None
-                if isinstance(h, GgufError):
-                    raise GgufError(str(h)) from None
-                if h is None:
-                    try:
-                        h = read_header(p, deadline=deadline, opened=(fd, st))
-                    except (GgufUnreadable, GgufTimeout):
-                        raise
-                    except GgufError as e:
-                        if cache is not None:
-                            cache.put(p, ident, GgufError(str(e)))
-                        raise
-                    if cache is not None:
-                        cache.put(p, ident, h)
-            finally:
-                os.close(fd)
-            n_tensors += len(h.tensors)
-            if n_tensors > MAX_TENSORS:
-                raise GgufError(f"{p}: the model's shards hold over {MAX_TENSORS} tensors")
-            headers.append(h)
+        return read_model(
+            host,
+            deadline=deadline,
+            cache=cache,
+            opener=lambda p: _open_file(os.path.basename(p), dir_fd, p),
+        )
     finally:
         os.close(dir_fd)
-    first = headers[0]
-    declared = first.get("split.count")
-    if declared is not None and declared != len(paths):
-        raise GgufError(f"{paths[0]}: split.count says {declared} shards, the name {len(paths)}")
-    tensors = tuple(t for h in headers for t in h.tensors)
-    return Model(
-        path=paths[0],
-        metadata=first.metadata,
-        tensors=tensors,
-        tensor_bytes=sum(h.tensor_bytes for h in headers),
-        shards=len(paths),
-        cost=sum(h.cost for h in headers) + 8 * len(tensors),
-    )
 
 
 def predict_container(

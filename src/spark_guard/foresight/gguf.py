@@ -32,6 +32,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -532,13 +533,19 @@ class HeaderCache:
 
 
 def read_model(
-    path: str, *, deadline: float | None = None, cache: HeaderCache | None = None
+    path: str,
+    *,
+    deadline: float | None = None,
+    cache: HeaderCache | None = None,
+    opener: Callable[[str], tuple[int, os.stat_result]] | None = None,
 ) -> Model:
     """A model, all its shards; GgufError for the first problem, naming its file.
 
     `deadline` (time.monotonic()) is for all shards together, READ_SECONDS from now
     by default. With `cache`, a shard whose identity (device, inode, size, mtime) is
     unchanged is not parsed again; it is still opened, with the caller's rights.
+    `opener` opens each shard (an fd and its stat) instead of open_regular: a
+    container's model is reached without following any symlink (foresight/containers.py).
     """
     if deadline is None:
         deadline = time.monotonic() + READ_SECONDS
@@ -550,7 +557,7 @@ def read_model(
     for p in paths:
         if time.monotonic() > deadline:
             raise GgufTimeout(f"{p}: header read past its deadline")
-        fd, st = open_regular(p)
+        fd, st = (opener or open_regular)(p)
         try:
             ident = identity(st)
             h = cache.get(p, ident) if cache is not None else None
