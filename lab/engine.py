@@ -35,6 +35,17 @@ from pathlib import Path
 from lab import nspawn
 from spark_guard.system.engine import Engine, EngineError
 
+# A loader as the test loaders are: it takes its memory (64 MiB, touched) and holds it. PID 1
+# in its namespace: SIGTERM ends it only with a handler (LOADER); FIGHTS ignores it.
+_LOADER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, {handler})\n"
+    "held = b'x' * (64 << 20)\n"
+    "time.sleep(3600)\n"
+)
+LOADER = _LOADER.format(handler="lambda *a: sys.exit(0)")
+FIGHTS = _LOADER.format(handler="signal.SIG_IGN")
+
 DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
 # Debian's docker.io CLI, not whatever else is first on PATH.
 DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else shutil.which("docker") or ""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab.accounts import User, unprivileged_user
+from lab.engine import DockerD, available
 
 REPO = Path(__file__).parent.parent
 
@@ -52,6 +53,23 @@ def deb() -> Path:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return REPO / out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[DockerD]:
+    """A private dockerd per test module (lab/engine.py), and nothing of it left after."""
+    # scripts/deps --test installs docker.io: as root (the skips above), a missing engine
+    # is a broken test machine, not a reason to leave containers untested.
+    why = available()
+    if why:
+        pytest.fail(why)
+    with DockerD() as d:
+        yield d
+    # Nothing of it is left: no dockerd, containerd or shim, no mount.
+    assert d.proc is None and not d._ours()
+    with open("/proc/self/mountinfo") as f:
+        assert str(d.base) not in f.read()
+    assert not d.base.exists()
 
 
 @pytest.fixture(scope="module")

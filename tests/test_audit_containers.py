@@ -17,13 +17,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab.engine import DOCKER, DockerD, available
+from lab.engine import DOCKER, DockerD
 
 SLEEP = ("sleep", "infinity")
 # A loader by its command only (the word llama-server), as in test_engine.
@@ -36,32 +35,30 @@ ON_BOOT = (
 
 
 @pytest.fixture(scope="module")
-def dockerd() -> Iterator[DockerD]:
-    why = available()
-    if why:
-        pytest.fail(why)  # as in test_engine: as root, a missing engine is a broken machine
-    with DockerD() as d:
-        made = [
-            ("llm", d.tag("vllm/vllm-openai:test"), "unless-stopped", SLEEP, True),
-            ("srv", d.tag("sg-plain:test"), "on-failure:3", BY_COMMAND, True),
-            ("quiet", d.tag("lmsysorg/sglang:test"), "no", SLEEP, False),
-            ("web", d.tag("nginx:test"), "unless-stopped", SLEEP, True),
-            ("kept", "vllm/vllm-openai:test", "always", SLEEP, True),
-        ]
-        for name, image, restart, command, run in made:
-            d.docker(
-                "run" if run else "create",
-                *(["-d"] if run else []),
-                "--name",
-                name,
-                "--network",
-                "none",
-                "--restart",
-                restart,
-                image,
-                *command,
-            )
-        yield d
+def dockerd(dockerd: DockerD) -> DockerD:
+    """conftest's private dockerd, with this module's containers."""
+    d = dockerd
+    made = [
+        ("llm", d.tag("vllm/vllm-openai:test"), "unless-stopped", SLEEP, True),
+        ("srv", d.tag("sg-plain:test"), "on-failure:3", BY_COMMAND, True),
+        ("quiet", d.tag("lmsysorg/sglang:test"), "no", SLEEP, False),
+        ("web", d.tag("nginx:test"), "unless-stopped", SLEEP, True),
+        ("kept", "vllm/vllm-openai:test", "always", SLEEP, True),
+    ]
+    for name, image, restart, command, run in made:
+        d.docker(
+            "run" if run else "create",
+            *(["-d"] if run else []),
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--restart",
+            restart,
+            image,
+            *command,
+        )
+    return d
 
 
 def audit(tmp_path: Path, engines: list[str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +21,13 @@ import pytest
 
 from lab import LAB
 from lab.accounts import User
-from lab.engine import DockerD, available
+from lab.engine import FIGHTS, LOADER, DockerD
 from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
 from lab.harness import UserManager
 
 pytestmark = [pytest.mark.engine, pytest.mark.root]
 
-# A loader: takes 64 MiB, touched, and holds it. PID 1 of its namespace: without a handler
-# SIGTERM would not end it; IGNORE makes it a loader that fights its stop.
-LOADER = (
-    "import signal, sys, time\n"
-    "signal.signal(signal.SIGTERM, {handler})\n"
-    "held = b'x' * (64 << 20)\n"
-    "time.sleep(3600)\n"
-)
-LEAVES = LOADER.format(handler="lambda *a: sys.exit(0)")
-FIGHTS = LOADER.format(handler="signal.SIG_IGN")
-
-
-@pytest.fixture(scope="module")
-def dockerd() -> Iterator[DockerD]:
-    why = available()
-    if why:
-        pytest.fail(why)  # scripts/deps --test installs docker.io
-    with DockerD() as d:
-        yield d
+LEAVES = LOADER
 
 
 def _wait(check: Callable[[], bool], timeout: float = 20) -> bool:

@@ -20,40 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.engine import DockerD, available
+from lab.engine import LOADER, DockerD
 from spark_guard.block.containers import ContainerBlockError, block, release
 from spark_guard.block.records import ContainerState, Record
 from spark_guard.containers import loader_evidence
 from spark_guard.system.engine import Engine, EngineError, container_id
 
 ENGINE = [pytest.mark.engine, pytest.mark.root]
-
-# A loader as the test loaders are: it takes its memory (64 MiB, touched) and holds it.
-# PID 1 in its namespace: SIGTERM ends it only with a handler.
-LOADER = (
-    "import signal, sys, time\n"
-    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
-    "held = b'x' * (64 << 20)\n"
-    "time.sleep(3600)\n"
-)
-
-
-@pytest.fixture(scope="module")
-def dockerd() -> Iterator[DockerD]:
-    # scripts/deps --test installs docker.io: as root (conftest skips the rest), a missing
-    # engine is a broken test machine, not a reason to leave containers untested.
-    why = available()
-    if why:
-        pytest.fail(why)
-    began = time.monotonic()
-    with DockerD() as d:
-        yield d
-    print(f"dockerd module: {time.monotonic() - began:.1f} s")
-    # Nothing of it is left: no dockerd, containerd or shim, no mount.
-    assert d.proc is None and not d._ours()
-    with open("/proc/self/mountinfo") as f:
-        assert str(d.base) not in f.read()
-    assert not d.base.exists()
 
 
 def _run(d: DockerD, name: str, image: str, restart: str, *command: str, extra=()) -> str:

@@ -18,18 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.engine import IMAGE, PODMAN, PodmanService
+from lab.engine import IMAGE, LOADER, PODMAN, PodmanService
 from lab.guardunit import GUARD, PY, guard_manager, log_text, wait_log, write_config
 from lab.harness import UserManager
 
 pytestmark = [pytest.mark.engine, pytest.mark.root]
-
-LOADER = (
-    "import signal, sys, time\n"
-    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
-    "held = b'x' * (64 << 20)\n"
-    "time.sleep(3600)\n"
-)
 
 
 @pytest.fixture(scope="module")
