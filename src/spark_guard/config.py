@@ -93,6 +93,14 @@ class Config:
     reserve: int = 8 * GiB
     reserve_percent: float = 7.0
     steady: str = "guard"
+    # [memory]: unified memory (docs/unified-memory.md)
+    unified: str = "auto"  # auto (NVML says), yes, no
+    # MemFree kept above this on unified memory by making room: the field's 8 GiB on a
+    # 121.7 GiB DGX Spark, scaled by MemTotal; `floor` (bytes) instead when not 0.
+    floor: int = 0
+    floor_percent: float = 6.6
+    make_room: bool = True
+    make_room_every: float = 1.0  # seconds: the least time between two reclaims
     # [boot]
     rescue_units: tuple[str, ...] = DEFAULT_RESCUE
     rescue_graphical: str = "auto"
@@ -147,6 +155,10 @@ class Config:
     def reserve_for(self, mem_total: int) -> int:
         """The reserve is the larger of a fixed floor and a share of MemTotal."""
         return max(self.reserve, int(mem_total * self.reserve_percent / 100))
+
+    def floor_for(self, mem_total: int) -> int:
+        """The device floor: MemFree the guard keeps free for GPU allocations, by making room."""
+        return self.floor or int(mem_total * self.floor_percent / 100)
 
     @property
     def loader_patterns(self) -> tuple[str, ...]:
@@ -219,6 +231,11 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("budget", "reserve"): ("reserve", parse_size),
     ("budget", "reserve_percent"): ("reserve_percent", _percent),
     ("budget", "steady"): ("steady", _enum("guard", "warn", "off")),
+    ("memory", "unified"): ("unified", _enum("auto", "yes", "no")),
+    ("memory", "floor"): ("floor", parse_size),
+    ("memory", "floor_percent"): ("floor_percent", _percent),
+    ("memory", "make_room"): ("make_room", _bool),
+    ("memory", "make_room_every"): ("make_room_every", _positive_duration),
     ("boot", "rescue_units"): ("rescue_units", _str_list),
     ("boot", "rescue_graphical"): ("rescue_graphical", _enum("auto", "yes", "no")),
     ("boot", "grace"): ("grace", parse_duration),

@@ -24,8 +24,9 @@ from .act import act
 from .block.blocker import Blocker
 from .config import Config, ConfigError
 from .metrics import TextfileWriter
-from .policy import brake, full_look_due, poll_interval
+from .policy import brake, full_look_due, judged, poll_interval
 from .quantities import format_size
+from .room import plan_room
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot
 from .statefile import PublishedState, Publisher
@@ -35,6 +36,7 @@ from .system.cgroupfs import cpu_seconds, v2_root
 from .system.memlock import mlockall
 from .system.procfs import ProcError
 from .system.psi import PsiTrigger
+from .system.reclaim import RoomMade, RoomMaker
 from .text import printable
 
 if TYPE_CHECKING:
@@ -100,6 +102,17 @@ class Guard:
         # Models are read off the loop (foresight.py); an answer wakes it for a full look.
         self.sensor.predictor.on_ready = self._look_now
         self.sensor.on_manager_ready = self._look_now
+        # Room for the GPU is made off the loop (system/reclaim.py); its answer wakes it.
+        self.room = RoomMaker(
+            self.sensor.proc,
+            v2_root(config.cgroup),
+            os.path.join(config.proc, "sys", "vm"),
+            on_done=self._wake_up,
+        )
+        self._reclaimed_at: float | None = None
+        self._compacted_at: float | None = None
+        self._room_said: set[str] = set()
+        self.room_counts: dict[str, int] = {}
 
     # --- signals --------------------------------------------------------------
 
@@ -113,6 +126,9 @@ class Guard:
         """From a worker thread (a model read, a manager connected): an answer is in, the
         next pass takes it now."""
         self._force_full = True
+        self._wake_up()
+
+    def _wake_up(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"m")
 
@@ -149,8 +165,10 @@ class Guard:
                 self.reload()
             now = time.monotonic()
             memory = self._memory()
-            # The brake first: a loader about to take MemAvailable below the reserve is frozen
-            # now, not after the full look (0.1-0.5 s) that decides on it.
+            # Room for the GPU first (unified memory): a write handed to a thread, never a
+            # wait; then the brake: a loader about to take the headroom below the reserve
+            # is frozen now, not after the full look (0.1-0.5 s) that decides on it.
+            self._make_room(memory, snapshot, decision, now)
             braked = self._brake(memory, snapshot, decision, now)
             if (
                 pressure
@@ -178,7 +196,10 @@ class Guard:
                 self.notifier.notify("READY=1")
             self._watchdog(now)
             interval = poll_interval(
-                decision, snapshot, self.config, memory.available if memory else None
+                decision,
+                snapshot,
+                self.config,
+                judged(memory, snapshot.rule) if memory and snapshot else None,
             )
             if self.blocker.settling:
                 # A stop in progress is a state the loop looks at (advance(), in look()),
@@ -223,6 +244,7 @@ class Guard:
             decided_at=self._decided_at,
             decision_seconds=self._decision_seconds,
             watchdog_at=self._pinged_at,
+            room_made=self.room_counts,
         )
         try:
             written = self.publisher.publish(state)
@@ -282,15 +304,109 @@ class Guard:
         if not refs:
             return False
         reserve = self.config.reserve_for(memory.total)
+        headroom = judged(memory, decision.rule)
         why = (
-            f"MemAvailable {format_size(memory.available)} "
-            + ("below" if memory.available < reserve else "falling toward")
+            f"{'device headroom' if decision.rule.unified else 'MemAvailable'} "
+            f"{format_size(headroom)} "
+            + ("below" if headroom < reserve else "falling toward")
             + f" the reserve {format_size(reserve)}"
         )
         frozen = self.blocker.brake(
             refs, why, mem_available=memory.available, reserve=reserve, lookahead=lookahead
         )
         return bool(frozen)
+
+    def _make_room(
+        self,
+        memory: Memory | None,
+        snapshot: Snapshot | None,
+        decision: Decision | None,
+        now: float,
+    ) -> None:
+        """On unified memory, keep MemFree above the device floor by dropping clean page
+        cache and compacting (room.plan_room), before any rule has to stop a loader. The
+        write is the RoomMaker thread's; this only hands it over and tells what it did."""
+        for made in self.room.take():
+            self._tell_room(made)
+        if self.dry_run or memory is None or snapshot is None or self.room.busy:
+            return
+        rule = snapshot.rule
+        if not rule.make_room:
+            return
+        loading = decision is not None and any(
+            ld.seen.growth > 0 or ld.ref in self.state.new_loaders for ld in decision.loaders
+        )
+        plan = plan_room(
+            memory,
+            self.config,
+            rule,
+            loading=loading,
+            now=now,
+            last_reclaim=self._reclaimed_at,
+            last_compact=self._compacted_at,
+        )
+        if plan is None or not self.room.submit(plan, memory):
+            return
+        if plan.reclaim:
+            self._reclaimed_at = now
+        if plan.compact:
+            self._compacted_at = now
+
+    def _tell_room(self, made: RoomMade) -> None:
+        before, after = made.before, made.after
+        for error in made.errors:
+            if error not in self._room_said:  # each cause once: a read-only file stays so
+                self._room_said.add(error)
+                self.log.warning("room-failed", error=error, msg=f"cannot make room: {error}")
+        if self.sensor.room_possible and not self.room.reclaim_possible(made.before.swap_total):
+            # No reclaim works here: the page cache is no room for the GPU, MemFree is judged.
+            self.sensor.room_possible = False
+            self.log.warning(
+                "room-failed",
+                error="; ".join(self.room.broken.values()),
+                msg="no way to drop page cache works here: on unified memory the guard now "
+                "judges MemFree alone",
+            )
+        if not made.method and not made.compacted:
+            return
+        for kind in ([made.method] if made.method else []) + (
+            ["compact"] if made.compacted else []
+        ):
+            self.room_counts[kind] = self.room_counts.get(kind, 0) + 1
+        self.room_counts["freed_bytes"] = self.room_counts.get("freed_bytes", 0) + max(
+            made.freed, 0
+        )
+        what = " and ".join(
+            ([f"reclaimed page cache ({made.method})"] if made.method else [])
+            + (["compacted"] if made.compacted else [])
+        )
+        fields: dict[str, object] = {
+            "method": made.method or None,
+            "compacted": made.compacted,
+            "asked": made.plan.reclaim,
+            "seconds": round(made.seconds, 3),
+            "mem_free_before": before.free,
+            "file_clean_before": before.file_clean,
+            "huge_free_before": before.huge_free,
+        }
+        msg = f"made room for the GPU: {what} in {made.seconds:.2f}s; {made.plan.why}"
+        if after is not None:
+            fields |= {
+                "mem_free_after": after.free,
+                "file_clean_after": after.file_clean,
+                "huge_free_after": after.huge_free,
+            }
+            msg += (
+                f"; MemFree {format_size(before.free or 0)} -> {format_size(after.free or 0)}"
+                f", clean cache {format_size(before.file_clean)} -> "
+                f"{format_size(after.file_clean)}"
+            )
+            if before.huge_free is not None and after.huge_free is not None:
+                msg += (
+                    f", free in 2 MiB blocks {format_size(before.huge_free)} -> "
+                    f"{format_size(after.huge_free)}"
+                )
+        self.log.info("room-made", msg=msg, **fields)
 
     def _full_look_due(
         self,
@@ -304,7 +420,7 @@ class Guard:
             return True
         if full_look_due(memory, snapshot, decision.reserve, now, busy=self.blocker.busy):
             return True
-        self.state = remember(self.state, now, memory.available, self.config)
+        self.state = remember(self.state, now, judged(memory, snapshot.rule), self.config)
         return False
 
     def _watchdog(self, now: float) -> None:
@@ -361,9 +477,16 @@ class Guard:
         if decision is None or snapshot is None:
             parts.append("cannot read memory state")
         else:
+            memory = snapshot.memory
+            device = ""
+            if decision.rule.unified and memory.free is not None:
+                device = (
+                    f"MemFree {format_size(memory.free)} (floor {format_size(decision.floor)}), "
+                    f"headroom {format_size(decision.headroom)}, "
+                )
             parts.append(
                 f"{decision.phase}{' dry-run' if self.dry_run else ''}; "
-                f"available {format_size(snapshot.memory.available)}, "
+                f"available {format_size(memory.available)}, {device}"
                 f"reserve {format_size(decision.reserve)}; "
                 f"loaders {len(decision.loaders)}; blocked {len(self.blocker.records)}; "
                 f"last action: {self.state.last_action}"
@@ -398,6 +521,7 @@ class Guard:
         self.notifier.notify("READY=1")
 
     def close(self) -> None:
+        self.room.close()
         if self.psi is not None:
             self.psi.close()
         self.sensor.close()

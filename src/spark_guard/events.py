@@ -63,4 +63,6 @@ MESSAGE_IDS: dict[str, str] = {
     "pressure-wake": "2197032827e94d129a83292ae1436385",
     "memlock": "1eb07c395299433ca89f86cd6e77583b",
     "state-unwritten": "4bdea0cfb6d6492e82c9984b50394eed",
+    "room-made": "687c3cf5d15744ea932bb082c17fed2a",
+    "room-failed": "41e7b70ba971400ca7fa5fe322aaeea5",
 }

@@ -67,6 +67,52 @@ def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     gauge("mem_total_bytes", "MemTotal", state["mem_total"])
     gauge("mem_available_bytes", "MemAvailable when the guard last looked", state["mem_available"])
     gauge("reserve_bytes", "MemAvailable the guard keeps free for a rescue login", state["reserve"])
+    gauge(
+        "unified_memory", "1 where CPU and GPU share one memory pool (GB10)", int(state["unified"])
+    )
+    if state["mem_free"] is not None:
+        gauge(
+            "mem_free_bytes",
+            "MemFree: what a GPU allocation gets on unified memory",
+            state["mem_free"],
+        )
+    gauge(
+        "page_cache_clean_bytes",
+        "Clean page cache the guard can drop to make room",
+        state["file_clean"],
+    )
+    if state["huge_free"] is not None:
+        gauge(
+            "huge_free_bytes",
+            "Free in blocks of 2 MiB and larger (/proc/buddyinfo)",
+            state["huge_free"],
+        )
+    if state["pinned"] is not None:
+        gauge("pinned_bytes", "Pinned long-term (FOLL_PIN): no reclaim moves it", state["pinned"])
+    gauge(
+        "headroom_bytes",
+        "The figure the guard judges: MemAvailable, or the device headroom",
+        state["headroom"],
+    )
+    gauge(
+        "device_floor_bytes",
+        "MemFree the guard keeps free by making room (0: not unified)",
+        state["floor"],
+    )
+    room = Gauge(
+        f"{PREFIX}_room_made",
+        "Times the guard made room for the GPU since it started, by how",
+        ("how",),
+        registry=reg,
+    )
+    for how, times in sorted(state["room_made"].items()):
+        if how != "freed_bytes":
+            room.labels(how).set(times)
+    gauge(
+        "room_freed_bytes",
+        "MemFree gained by making room since the guard started",
+        state["room_made"].get("freed_bytes", 0),
+    )
     gauge("dry_run", "1 when the guard only decides and logs", int(state["dry_run"]))
     gauge("config_error", "1 when the config file was refused", int(bool(state["config_error"])))
     gauge("last_decision_timestamp_seconds", "When the guard last decided", state["decided_at"])

@@ -1,5 +1,10 @@
 """decide(snapshot, config) -> Decision: the guard's whole judgement, with no I/O.
 
+Every rule judges one figure, judged(): MemAvailable, or on unified memory the
+room a GPU allocation can be given (MemFree, plus the clean page cache the guard
+drops for it when it makes room), whichever is lower. "MemAvailable" below means
+that figure.
+
 Strict phase (boot, until the rescue units are up plus a grace period): a loader is
 stopped before it can take MemAvailable below the reserve, by its expected
 footprint or by the trend. Steady phase: act only once MemAvailable is below
@@ -17,7 +22,18 @@ from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config
 from .foresight.servers import server_managers
 from .quantities import format_size
-from .snapshot import SYSTEM, Action, ActionKind, Decision, Loader, Memory, Phase, Snapshot, UnitRef
+from .snapshot import (
+    SYSTEM,
+    Action,
+    ActionKind,
+    Decision,
+    Loader,
+    Memory,
+    MemoryRule,
+    Phase,
+    Snapshot,
+    UnitRef,
+)
 from .text import printable
 
 STRICT: Phase = "strict"
@@ -25,6 +41,21 @@ STEADY: Phase = "steady"
 
 # Below this fall rate (bytes/s) a slope is noise, not a loader at work.
 _SLOPE_NOISE = 16 * 1024**2
+
+
+def judged(memory: Memory, rule: MemoryRule) -> int:
+    """The figure every rule judges: MemAvailable, except on unified memory.
+
+    There a GPU allocation gets MemFree, not MemAvailable: the page cache MemAvailable
+    counts is no room for it until it is dropped (docs/unified-memory.md). The room a
+    device allocation can be given is MemFree plus, where the guard makes room, the clean
+    page cache it can drop; the lower of that and MemAvailable is judged. Low MemFree
+    with clean cache to spare is then no reason to stop anything: room is made first.
+    """
+    if not rule.unified or memory.free is None:
+        return memory.available
+    room = memory.free + (memory.file_clean if rule.make_room else 0)
+    return min(memory.available, room)
 
 
 def phase(snapshot: Snapshot, config: Config) -> Phase:
@@ -73,15 +104,20 @@ def _keep_order(loader: Loader) -> tuple[bool, float, str]:
 def _figures(
     snapshot: Snapshot, reserve: int, loader: Loader, **extra: float
 ) -> dict[str, int | float]:
+    memory = snapshot.memory
     figures: dict[str, int | float] = {
-        "mem_available": snapshot.memory.available,
-        "mem_total": snapshot.memory.total,
+        "mem_available": memory.available,
+        "mem_total": memory.total,
         "reserve": reserve,
         "unit_rss": loader.seen.rss,
         "unit_gpu": loader.seen.gpu,
     }
     if loader.expected is not None:
         figures["expected"] = loader.expected
+    if snapshot.rule.unified and memory.free is not None:
+        figures["mem_free"] = memory.free
+        figures["file_clean"] = memory.file_clean
+        figures["headroom"] = judged(memory, snapshot.rule)
     figures.update(extra)
     return figures
 
@@ -198,7 +234,11 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         snapshot.charge_bases,
     )
     rate = slope(snapshot.history, config.trend_window, snapshot.now)
-    available = snapshot.memory.available
+    rule = snapshot.rule
+    available = judged(snapshot.memory, rule)
+    floor = config.floor_for(snapshot.memory.total) if rule.unified else 0
+    # The figure's name in what the admin reads: on unified memory it is not MemAvailable.
+    figure = "device headroom" if rule.unified else "MemAvailable"
     actions: dict[str, Action] = {}
 
     def act(loader: Loader, reason: str, detail: str, **extra: float) -> None:
@@ -219,8 +259,11 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 clients=loader.clients,
             )
 
+    def decision(acts: tuple[Action, ...]) -> Decision:
+        return Decision(current_phase, reserve, loaders, acts, rate, rule, available, floor)
+
     if current_phase == STEADY and config.steady == "off":
-        return Decision(current_phase, reserve, loaders, (), rate)
+        return decision(())
 
     # The same model loaded twice: root's unit (system, or root's user manager) keeps it
     # over another user's, else the first started does. Loaded means mapped, or given to a
@@ -247,7 +290,8 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 loader,
                 "footprint",
                 f"expects {format_size(loader.expected)}, would leave "
-                f"{format_size(left)} available (reserve {format_size(reserve)})",
+                f"{format_size(left)} {'of device headroom' if rule.unified else 'available'}"
+                f" (reserve {format_size(reserve)})",
                 remaining=remaining(loader),
             )
         # The trend: at this fall rate the reserve is crossed within the horizon. A loader
@@ -261,7 +305,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                     act(
                         loader,
                         "trend",
-                        f"MemAvailable falling {format_size(-rate)}/s, "
+                        f"{figure} falling {format_size(-rate)}/s, "
                         f"{format_size(projected)} in {config.trend_horizon:g}s "
                         f"(reserve {format_size(reserve)}); unit growing "
                         f"{format_size(loader.seen.growth)}/s",
@@ -296,12 +340,12 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             act(
                 loader,
                 "reserve",
-                f"MemAvailable {format_size(available)} is below the reserve "
+                f"{figure} {format_size(available)} is below the reserve "
                 f"{format_size(reserve)}; unit holds {format_size(loader.seen.used)}",
             )
             deficit -= loader.seen.used
 
-    return Decision(current_phase, reserve, loaders, tuple(actions.values()), rate)
+    return decision(tuple(actions.values()))
 
 
 # How fast memory can be filled, as earlyoom assumes it for RAM (6000 MiB/s): a quiet guard
@@ -318,16 +362,15 @@ def poll_interval(
 ) -> float:
     """Seconds to the next look: a quarter of the time MemAvailable needs to reach
     the reserve at its current fall rate, and no longer than FILL_RATE would need,
-    within [poll.min, poll.strict or poll.max]. `available`: the latest read, when newer
-    than the snapshot's."""
+    within [poll.min, poll.strict or poll.max]. `available`: the latest read of the judged
+    figure, when newer than the snapshot's."""
     if decision is None or snapshot is None:
         return config.poll_max
     longest = (
         config.poll_max if decision.phase == STEADY else min(config.poll_strict, config.poll_max)
     )
-    headroom = max(
-        (snapshot.memory.available if available is None else available) - decision.reserve, 0
-    )
+    current = judged(snapshot.memory, decision.rule) if available is None else available
+    headroom = max(current - decision.reserve, 0)
     longest = min(longest, max(headroom / FILL_RATE, config.poll_min))
     if decision.slope >= 0:
         return longest
@@ -342,6 +385,7 @@ _FULL_LOOK_DROP = 256 * 1024**2
 def full_look_due(
     memory: Memory, last: Snapshot | None, reserve: int, now: float, *, busy: bool
 ) -> bool:
+    # (MemAvailable below: the judged figure, with the rule of the last look.)
     """Whether this pass must read every process, unit and GPU, or MemAvailable is enough.
 
     At boot every pass is a full one. After boot a quiet machine costs one read of
@@ -357,12 +401,13 @@ def full_look_due(
         return True
     if now - last.now >= FULL_LOOK_EVERY:
         return True
-    fell = last.memory.available - memory.available
+    before, current = judged(last.memory, last.rule), judged(memory, last.rule)
+    fell = before - current
     if fell >= max(_FULL_LOOK_DROP, memory.total // 100):
         return True
-    if memory.available >= 2 * reserve:
+    if current >= 2 * reserve:
         return False
-    headroom = max(last.memory.available - reserve, 0)
+    headroom = max(before - reserve, 0)
     return fell >= headroom // 4 or now - last.now >= NEAR_LOOK_EVERY
 
 
@@ -380,9 +425,10 @@ def brake(
     lookahead: float,
     new: frozenset[UnitRef] = frozenset(),
 ) -> tuple[UnitRef, ...]:
-    """Loaders to freeze at once, on the pass that only read MemAvailable, before the full
-    look decides: MemAvailable is below the reserve, or at its fall rate of the last
-    BRAKE_WINDOW it will be within `lookahead` seconds (until the guard next reads it).
+    """Loaders to freeze at once, on the pass that only read memory, before the full
+    look decides: the judged figure (MemAvailable, or the device headroom) is below the
+    reserve, or at its fall rate of the last BRAKE_WINDOW it will be within `lookahead`
+    seconds (until the guard next reads it).
 
     The loaders of the last decision that were growing, or that were new in it (no growth
     measured yet). A freeze is no judgement: the full look that follows decides, and what
@@ -392,7 +438,7 @@ def brake(
     if last.phase == STEADY and config.steady != "guard":
         return ()
     reserve = config.reserve_for(memory.total)
-    available = memory.available
+    available = judged(memory, last.rule)
     if available >= reserve:
         rate = slope([*history, (now, available)], BRAKE_WINDOW, now)
         if rate >= -_SLOPE_NOISE or available + rate * lookahead >= reserve:

@@ -18,10 +18,12 @@ from .foresight.clients import ServerUnit, predict_client
 from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .foresight.servers import OLLAMA
+from .policy import judged
 from .snapshot import (
     CONTAINER,
     SYSTEM,
     ContainerFacts,
+    MemoryRule,
     RescueGroup,
     SeenUnit,
     Snapshot,
@@ -128,6 +130,9 @@ class Sensor:
         self.rescue_groups: list[tuple[str, ...]] = []
         self._graphical_checked = False
         self._engine_said: dict[str, str] = {}
+        # False once every way of making room failed for good (system/reclaim.py): then
+        # the page cache is no room for the GPU, and the rules judge MemFree alone.
+        self.room_possible = True
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -334,17 +339,27 @@ class Sensor:
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
 
+        rule = self.memory_rule()
         return Snapshot(
             now=now,
             memory=memory,
-            history=((now, memory.available),),
+            history=((now, judged(memory, rule)),),
             units=tuple(units),
             rescue=self._rescue() if rescue else (),
             guard_started=self.started,
             guard_unit=self.guard_unit,
             gpu_accounting=self.gpu.on,
             gpu_stale=self.gpu.stale,
+            rule=rule,
+            pinned=self.proc.pinned(),
         )
+
+    def memory_rule(self) -> MemoryRule:
+        """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
+        found it (no device memory figure: GB10); room counts where the guard can make it."""
+        wanted = self.config.unified
+        unified = wanted == "yes" or (wanted == "auto" and self.gpu.unified is True)
+        return MemoryRule(unified, self.config.make_room and self.room_possible)
 
     def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
         """Services with a start job and no process yet: loaders caught before they allocate."""
@@ -559,6 +574,7 @@ class Sensor:
         return tuple(out)
 
     def close(self) -> None:
+        self.proc.close()
         self.predictor.close()
         self.containers.close()
         for key in list(self.managers):

@@ -111,8 +111,35 @@ def parse_ref(text: str, default_manager: str) -> UnitRef:
 
 @dataclass(frozen=True)
 class Memory:
+    """/proc/meminfo and /proc/buddyinfo, in bytes, as the quiet pass reads them.
+
+    On unified memory (a DGX Spark) a GPU allocation gets MemFree, not MemAvailable:
+    the page cache counts in MemAvailable but the driver cannot take it until it is
+    dropped (docs/unified-memory.md). `free` is None where it was not read."""
+
     total: int
     available: int
+    free: int | None = None  # MemFree
+    # Page cache the kernel can drop at once: Active(file) + Inactive(file), less what is
+    # dirty or under writeback.
+    file_clean: int = 0
+    dirty: int = 0  # Dirty + Writeback: cache that must be written before it is dropped
+    shmem: int = 0  # tmpfs and shared memory: counted in the cache, never dropped
+    swap_total: int = 0
+    # Free in blocks of 2 MiB and larger (what a driver allocating 2 MiB pages can take
+    # without a compaction); None where there is no /proc/buddyinfo.
+    huge_free: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """Which figure the guard's rules judge on this machine (policy.judged).
+
+    `unified`: CPU and GPU share one pool, so a device allocation gets MemFree.
+    `make_room`: the guard drops clean page cache for it, so that cache counts as room."""
+
+    unified: bool = False
+    make_room: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,6 +236,9 @@ class Snapshot:
     guard_unit: UnitRef | None = None
     gpu_accounting: bool = False
     gpu_stale: bool = False  # NVML hangs: the GPU figures are the last known ones
+    rule: MemoryRule = MemoryRule()
+    # Bytes pinned long-term (/proc/vmstat FOLL_PIN): no reclaim or compaction moves them.
+    pinned: int | None = None
     # Remembered (step.GuardState): what each charged client's server held when the
     # client was first seen asking it (policy.charge_clients); the load comes on top.
     charge_bases: Mapping[UnitRef, int] = field(default_factory=dict)
@@ -260,5 +290,10 @@ class Decision:
     reserve: int
     loaders: tuple[Loader, ...]
     actions: tuple[Action, ...]
-    # MemAvailable slope over the trend window, bytes/s (negative: falling).
+    # Slope of the judged figure over the trend window, bytes/s (negative: falling).
     slope: float = 0.0
+    rule: MemoryRule = MemoryRule()
+    # The judged figure (policy.judged: MemAvailable, or on unified memory the room a
+    # device allocation can be given), and the device floor make-room keeps MemFree above.
+    headroom: int = 0
+    floor: int = 0

@@ -82,6 +82,15 @@ class PassState(TypedDict):
     config_error: str | None
     mem_total: int
     mem_available: int
+    # Unified memory (docs/unified-memory.md): what a GPU allocation can get.
+    unified: bool
+    mem_free: int | None
+    file_clean: int
+    huge_free: int | None  # bytes free in blocks of 2 MiB and larger
+    pinned: int | None
+    headroom: int  # the figure the rules judge (policy.judged)
+    floor: int  # the device floor make-room keeps MemFree above (0: not unified)
+    room_made: dict[str, int]  # reclaims and compactions by kind, and freed_bytes
     reserve: int
     slope: int
     gpu_accounting: bool
@@ -114,15 +123,25 @@ def build(
     decided_at: float = 0.0,
     decision_seconds: float = 0.0,
     watchdog_at: float = 0.0,
+    room_made: dict[str, int] | None = None,
 ) -> PassState:
+    memory = snapshot.memory
     return {
         "format": FORMAT,
         "pid": os.getpid(),
         "phase": decision.phase,
         "dry_run": dry_run,
         "config_error": config_error,
-        "mem_total": snapshot.memory.total,
-        "mem_available": snapshot.memory.available,
+        "mem_total": memory.total,
+        "mem_available": memory.available,
+        "unified": decision.rule.unified,
+        "mem_free": memory.free,
+        "file_clean": memory.file_clean,
+        "huge_free": memory.huge_free,
+        "pinned": snapshot.pinned,
+        "headroom": decision.headroom,
+        "floor": decision.floor,
+        "room_made": dict(room_made or {}),
         "reserve": decision.reserve,
         "slope": round(decision.slope),
         "gpu_accounting": snapshot.gpu_accounting,

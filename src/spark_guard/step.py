@@ -24,7 +24,7 @@ from typing import Any
 from .config import Config
 from .events import Event
 from .foresight.predict import PENDING
-from .policy import STEADY, decide
+from .policy import STEADY, decide, judged
 from .quantities import format_size
 from .snapshot import Action, Decision, Loader, Snapshot, UnitRef
 
@@ -82,7 +82,8 @@ class Outcome:
 
 
 def remember(state: GuardState, now: float, available: int, config: Config) -> GuardState:
-    """A read of MemAvailable kept for the trend: twice the trend window, at most."""
+    """A read of the judged figure (policy.judged) kept for the trend: twice the trend
+    window, at most."""
     keep = max(config.trend_window, 1.0) * 2
     history = [(t, v) for t, v in state.history[-(HISTORY_MAX - 1) :] if now - t <= keep]
     history.append((now, available))
@@ -91,7 +92,7 @@ def remember(state: GuardState, now: float, available: int, config: Config) -> G
 
 def step(state: GuardState, snapshot: Snapshot, config: Config, *, dry_run: bool) -> Outcome:
     """One pass: remember the reading, decide, say what is new, take what is new."""
-    state = remember(state, snapshot.now, snapshot.memory.available, config)
+    state = remember(state, snapshot.now, judged(snapshot.memory, snapshot.rule), config)
     # What the guard remembers is part of what it judges: the trend and the boot latch.
     seen = replace(
         snapshot,

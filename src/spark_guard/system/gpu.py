@@ -47,6 +47,9 @@ class Nvml:
     def __init__(self) -> None:
         self._handles: list[Any] | None = None
         self._v3 = True
+        # CPU and GPU share one memory pool: every device has no memory figure of its own
+        # (GB10 answers NOT_SUPPORTED; a discrete card gives its framebuffer). None: unknown.
+        self.unified: bool | None = None
 
     @property
     def ready(self) -> bool:
@@ -59,6 +62,9 @@ class Nvml:
             nv.nvmlInit()
             count = nv.nvmlDeviceGetCount()
             self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self.unified = bool(self._handles) and all(
+                _no_memory_figure(nv, h) for h in self._handles
+            )
         except nv.NVMLError as e:
             self._handles = None
             raise GpuUnavailable(f"NVML: {_describe(nv, e)}") from None
@@ -202,6 +208,11 @@ class GpuWatch:
     def stale(self) -> bool:
         return self.stale_since is not None
 
+    @property
+    def unified(self) -> bool | None:
+        """Whether NVML found one memory pool shared with the CPU; None until it answered."""
+        return self.nvml.unified
+
     def read(self, now: float) -> tuple[dict[int, int | None], list[Event]]:
         """(pid -> GPU bytes, what to tell the journal). Waits at most `deadline`."""
         news: list[Event] = []
@@ -293,6 +304,18 @@ class GpuWatch:
         if self._call is None and self.nvml.ready:
             self._worker.submit(self.nvml.stop).done.wait(self.deadline)
         self._worker.close()
+
+
+def _no_memory_figure(nv: Any, handle: Any) -> bool:
+    """The device reports no memory of its own (NOT_SUPPORTED): an integrated GPU, one
+    memory pool with the CPU (GB10). Any other error says nothing either way: raised."""
+    try:
+        nv.nvmlDeviceGetMemoryInfo(handle)
+    except nv.NVMLError as e:
+        if getattr(e, "value", None) == nv.NVML_ERROR_NOT_SUPPORTED:
+            return True
+        raise
+    return False
 
 
 def _describe(nv: Any, e: Exception) -> str:

@@ -1,0 +1,88 @@
+"""plan_room(memory, ...) -> RoomPlan | None: when to make room for the GPU, with no I/O.
+
+On unified memory (a DGX Spark) a GPU allocation gets MemFree. A page-cache flood
+(a model streamed from disk, a checkpoint copied) leaves MemFree low while
+MemAvailable looks healthy, and the driver then fails (NV_ERR_NO_MEMORY) or wedges
+the host; it also leaves no free 2 MiB blocks. What worked in the field is to drop
+clean page cache and compact whenever MemFree falls under a floor, above all
+while a server loads (docs/unified-memory.md). That is what this plans, before any
+rule stops anything: policy.judged counts the cache as room because of it.
+
+system/reclaim.py carries a plan out, off the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Config
+from .quantities import format_size
+from .snapshot import Memory, MemoryRule
+
+MiB = 1024**2
+# Less clean cache than this is not worth a reclaim: it would not lift MemFree by much.
+RECLAIM_MIN = 64 * MiB
+# While a loader loads, room is made once MemFree is under this many floors: the field's
+# watcher acted from a server's launch on, and a loader at GB/s crosses one floor fast.
+LOADING_MARGIN = 1.5
+# Compaction walks every zone (seconds on 121 GiB): at most once this many reclaim periods.
+COMPACT_EVERY = 5
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    """What to do: reclaim `reclaim` bytes of clean page cache (0: none), compact or not."""
+
+    reclaim: int
+    compact: bool
+    why: str
+
+
+def plan_room(
+    memory: Memory,
+    config: Config,
+    rule: MemoryRule,
+    *,
+    loading: bool,
+    now: float,
+    last_reclaim: float | None,
+    last_compact: float | None,
+) -> RoomPlan | None:
+    """Room to make now, or None.
+
+    Under the floor (or under LOADING_MARGIN floors while a loader loads), with clean
+    page cache to drop: reclaim up to two floors' worth above MemFree, and compact after
+    it (dropped pages are scattered). With MemFree above the floor but fewer free 2 MiB
+    blocks than a floor: compact only. At most one reclaim per `make_room_every`, one
+    compaction per COMPACT_EVERY of those. Never on a discrete-GPU machine, nor where the
+    config says no.
+    """
+    if not (rule.unified and rule.make_room) or memory.free is None:
+        return None
+    floor = config.floor_for(memory.total)
+    free = memory.free
+    every = config.make_room_every
+    may_reclaim = last_reclaim is None or now - last_reclaim >= every
+    may_compact = last_compact is None or now - last_compact >= every * COMPACT_EVERY
+    trigger = floor * (LOADING_MARGIN if loading else 1.0)
+    if free < trigger and memory.file_clean >= RECLAIM_MIN and may_reclaim:
+        want = min(2 * floor - free, memory.file_clean)
+        if want >= RECLAIM_MIN:
+            return RoomPlan(
+                want,
+                may_compact,
+                f"MemFree {format_size(free)} under "
+                + (f"{LOADING_MARGIN:g}x " if loading else "")
+                + f"the device floor {format_size(floor)}"
+                + (" while a loader loads" if loading else "")
+                + f", {format_size(memory.file_clean)} of clean page cache",
+            )
+    huge = memory.huge_free
+    if huge is not None and huge < floor <= free and may_compact:
+        return RoomPlan(
+            0,
+            True,
+            f"{format_size(huge)} free in 2 MiB blocks of {format_size(free)} free "
+            f"(device floor {format_size(floor)}): fragmented",
+        )
+    return None
