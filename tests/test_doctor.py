@@ -10,6 +10,7 @@ under Restart=always makes the restart storm.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -18,9 +19,13 @@ import pynvml
 import pytest
 
 from lab.harness import UserManager
+from spark_guard import config as config_mod
 from spark_guard.cli import main
+from spark_guard.quantities import format_size
 from spark_guard.system.gpu import inspect
-from spark_guard.tools.doctor.judge import Evidence, judge
+from spark_guard.system.procfs import PAGE_SIZE
+from spark_guard.tools.doctor.cli import gather
+from spark_guard.tools.doctor.judge import Evidence, Report, judge
 from spark_guard.tools.doctor.logscan import parse_kmsg
 from spark_guard.tools.doctor.xid import CATALOGUE, describe, parse_line
 from tests import fake_nvml
@@ -29,8 +34,11 @@ from tests.fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
 REQUIRED_XIDS = (13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
 
-def machine(tmp_path: Path, *, nvidiactl: bool = True, pci: bool = True) -> Path:
-    """A config whose /dev and /sys are directories laid out here; no journal, no managers."""
+def machine(
+    tmp_path: Path, *, nvidiactl: bool = True, pci: bool = True, proc: Path | None = None
+) -> Path:
+    """A config whose /dev and /sys (and /proc, if given) are directories laid out here;
+    no journal, no managers."""
     dev, sysfs = tmp_path / "dev", tmp_path / "sys"
     dev.mkdir()
     if nvidiactl:
@@ -43,7 +51,7 @@ def machine(tmp_path: Path, *, nvidiactl: bool = True, pci: bool = True) -> Path
     config.write_text(
         f'[paths]\ndev = "{dev}"\nsysfs = "{sysfs}"\nkmsg = "{tmp_path}/no-kmsg"\n'
         f'system_manager = "{tmp_path}/none"\nuser_runtime = "{tmp_path}/none"\n'
-        f'linger = "{tmp_path}/none"\n'
+        f'linger = "{tmp_path}/none"\n' + (f'proc = "{proc}"\n' if proc else "")
     )
     return config
 
@@ -211,6 +219,169 @@ def test_only_application_xids_make_it_app_level():
     assert kind() == "healthy"
 
 
+# --- NV_ERR_NO_MEMORY, judged against the memory state now ---
+
+GiB = 2**30
+# As the open driver writes them (vllm issues 54200, 56824), and one NVRM line that is not.
+NV_NO_MEMORY = (
+    "NVRM: nvAssertOkFailedNoLog: Assertion failed: Out of memory [NV_ERR_NO_MEMORY] "
+    "(0x00000051) returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359",
+    "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] "
+    "(0x00000051) returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359",
+)
+NVRM_LOADED = "NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  580.95.05"
+DMA_ZONE = {8: 1, 9: 1, 10: 3}  # free blocks by order, as in a real buddyinfo's first line
+
+
+def huge_bytes(*zones: dict[int, int]) -> int:
+    """What buddyinfo's zones hold free in blocks of 2 MiB and larger."""
+    return sum(
+        n * (PAGE_SIZE << o) for z in zones for o, n in z.items() if PAGE_SIZE << o >= 2 * 2**20
+    )
+
+
+def spark_proc(
+    tmp_path: Path, *, free: int, available: int, cache: int, buddy: dict[int, int] | None
+) -> Path:
+    """A /proc with a 121 GiB Spark's meminfo and a buddyinfo of `buddy` (order -> free
+    blocks in zone Normal; None: no buddyinfo)."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    kb = {
+        "MemTotal": 121 * GiB,
+        "MemFree": free,
+        "MemAvailable": available,
+        "Buffers": 64 * 2**20,
+        "Cached": cache + 2 * GiB,
+        "Active(file)": cache // 4,
+        "Inactive(file)": cache - cache // 4,
+        "Shmem": 2 * GiB,
+        "SwapTotal": 0,
+    }
+    meminfo = "".join(f"{k}:{v // 1024:>16} kB\n" for k, v in kb.items())
+    (proc / "meminfo").write_text(meminfo + "HugePages_Total:       0\n")
+    if buddy is not None:
+        dma, normal = (" ".join(f"{z.get(o, 0):6d}" for o in range(11)) for z in (DMA_ZONE, buddy))
+        (proc / "buddyinfo").write_text(
+            f"Node 0, zone      DMA {dma} \nNode 0, zone   Normal {normal} \n"
+        )
+    return proc
+
+
+def nv_records(count: int, every: float) -> list[str]:
+    """/dev/kmsg records: `count` NV_ERR_NO_MEMORY lines `every` seconds apart."""
+    lines = [NVRM_LOADED] + [NV_NO_MEMORY[i % 2] for i in range(count)]
+    return [f"3,{i},{int(i * every * 1e6)},-;{line}" for i, line in enumerate(lines)]
+
+
+def doctor_now(
+    tmp_path: Path, monkeypatch, records: list[str], **memory
+) -> tuple[Evidence, Report]:
+    """doctor's gather() on a laid-out /proc, the kernel lines given as /dev/kmsg records."""
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[GB10_CARD]))
+    tmp_path.mkdir(exist_ok=True)
+    config = config_mod.load(machine(tmp_path, proc=spark_proc(tmp_path, **memory)))
+    ev = gather(config, "24h ago", str(tmp_path / "journal"), config.kmsg)
+    ev = dataclasses.replace(ev, logs=tuple(parse_kmsg(records, time.time() - 3600)))
+    return ev, judge(ev)
+
+
+def nv_finding(report: Report) -> dict:
+    found = {f.code: f for f in report.findings}
+    assert "wedge-signature" in found, report
+    wedge = found["wedge-signature"]
+    assert wedge.severity == "info" and "ping answers, ssh times out" in wedge.message
+    assert "open-gpu-kernel-modules issue 1358" in wedge.message
+    f = found["nv-no-memory"]
+    assert f.step == "kernel" and f.evidence[0] in NV_NO_MEMORY
+    return dataclasses.asdict(f)
+
+
+def test_nv_no_memory_alone_with_healthy_memory_is_only_info_with_the_caveat(tmp_path, monkeypatch):
+    buddy = {9: 3000, 10: 12000}
+    ev, report = doctor_now(
+        tmp_path,
+        monkeypatch,
+        nv_records(3, 1.0),
+        free=60 * GiB,
+        available=100 * GiB,
+        cache=40 * GiB,
+        buddy=buddy,
+    )
+    # gather() read the figures from the laid-out /proc
+    assert (ev.mem_free, ev.mem_available, ev.file_cache) == (60 * GiB, 100 * GiB, 40 * GiB)
+    assert ev.huge_free == huge_bytes(DMA_ZONE, buddy)
+    f = nv_finding(report)
+    assert f["severity"] == "info" and report.exit_code == 0
+    assert "3 NVRM NV_ERR_NO_MEMORY line(s)" in f["message"]
+    assert "not a sign" in f["message"] and "vllm issue 56824" in f["message"]
+    assert "memory now, not at the time of the line" in f["message"]
+    assert "MemFree 60.0GiB" in f["evidence"][1]
+    # Healthy memory and no such line: nothing said at all.
+    assert "nv-no-memory" not in {x.code for x in judge(dataclasses.replace(ev, logs=())).findings}
+
+
+def test_nv_no_memory_with_memfree_collapsed_under_cache_is_a_warning_naming_memfree(
+    tmp_path, monkeypatch
+):
+    ev, report = doctor_now(
+        tmp_path,
+        monkeypatch,
+        nv_records(3, 600.0),
+        free=2 * GiB,
+        available=90 * GiB,
+        cache=85 * GiB,
+        buddy={10: 256},
+    )
+    f = nv_finding(report)
+    assert f["severity"] == "warning" and report.exit_code == 1
+    assert "MemFree has collapsed to 2.0GiB, under the device floor 8.0GiB" in f["message"]
+    assert "a GPU allocation gets MemFree, not MemAvailable" in f["message"]
+    assert "MemAvailable 90.0GiB counts the page cache (85.0GiB)" in f["message"]
+    assert "echo 1 > /proc/sys/vm/drop_caches" in f["fix"]
+    assert "spark-guard preflight --make-room UNIT as ExecStartPre=" in f["fix"]
+    # MemAvailable as low as MemFree: memory is used, not cached; dropping caches won't help.
+    used = judge(dataclasses.replace(ev, mem_available=ev.mem_free))
+    assert "is low too: memory is used, not cached" in nv_finding(used)["message"]
+    assert "drop_caches" not in nv_finding(used)["fix"]
+    # The same collapse without the line: not this finding, which is about the line.
+    assert "nv-no-memory" not in {x.code for x in judge(dataclasses.replace(ev, logs=())).findings}
+
+
+def test_nv_no_memory_with_no_free_2mib_blocks_is_a_warning_naming_fragmentation(
+    tmp_path, monkeypatch
+):
+    # 30 GiB free, nearly all of it in blocks of 4..32 KiB (4 KiB pages).
+    ev, report = doctor_now(
+        tmp_path,
+        monkeypatch,
+        nv_records(2, 30.0),
+        free=30 * GiB,
+        available=60 * GiB,
+        cache=30 * GiB,
+        buddy={0: 1_000_000, 1: 500_000, 2: 500_000, 3: 350_000},
+    )
+    f = nv_finding(report)
+    assert f["severity"] == "warning"
+    only = format_size(huge_bytes(DMA_ZONE))
+    assert ev.huge_free == huge_bytes(DMA_ZONE)
+    assert f"free memory is fragmented: MemFree 30.0GiB, but only {only}" in f["message"]
+    assert "blocks of 2 MiB or larger" in f["message"]
+    assert "echo 1 > /proc/sys/vm/compact_memory" in f["fix"]
+
+
+def test_many_nv_no_memory_lines_in_a_minute_with_a_collapse_are_critical(tmp_path, monkeypatch):
+    memory = dict(free=GiB, available=80 * GiB, cache=75 * GiB, buddy={10: 100})
+    _, report = doctor_now(tmp_path / "a", monkeypatch, nv_records(12, 2.0), **memory)
+    f = nv_finding(report)
+    assert f["severity"] == "critical" and report.exit_code == 2
+    assert "12 NVRM NV_ERR_NO_MEMORY line(s)" in f["message"]
+    assert "at most 12 within a minute" in f["message"]
+    # As many lines, spread over 22 minutes: a warning.
+    _, spread = doctor_now(tmp_path / "b", monkeypatch, nv_records(12, 120.0), **memory)
+    assert nv_finding(spread)["severity"] == "warning"
+
+
 # --- a real journald and a real crashing unit ---
 
 CRASHER = (
@@ -273,6 +444,27 @@ def test_real_journal_xid_lines_and_a_restart_storm(tmp_path, monkeypatch, capsy
     # --since: nothing after that moment
     assert quiet["classification"] == "healthy", quiet
     assert not [f for f in quiet["findings"] if f["code"].startswith(("xid-", "restart"))]
+
+
+@pytest.mark.journald
+@pytest.mark.systemd
+def test_real_journal_nv_no_memory_burst_with_memfree_collapsed(tmp_path, monkeypatch, capsys):
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[GB10_CARD]))
+    proc = spark_proc(tmp_path, free=GiB, available=80 * GiB, cache=75 * GiB, buddy={10: 100})
+    config = machine(tmp_path, proc=proc)
+    with UserManager(journald=True) as um:
+        with open(um.kmsg, "w") as kmsg:  # journald holds it open: this does not block
+            for record in nv_records(12, 0.05):
+                kmsg.write(record + "\n")
+                kmsg.flush()
+                time.sleep(0.05)  # one record per read(), as /dev/kmsg gives them
+        time.sleep(0.5)  # journald writes what it got
+        code, report = doctor(config, capsys, "--since", "10min ago", journal=um.journal_dir)
+    f = codes(report)["nv-no-memory"]
+    assert f["severity"] == "critical" and code == 2, report
+    assert "12 NVRM NV_ERR_NO_MEMORY line(s)" in f["message"]
+    assert "MemFree has collapsed to 1.0GiB" in f["message"]
+    assert codes(report)["wedge-signature"]["severity"] == "info"
 
 
 def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys):

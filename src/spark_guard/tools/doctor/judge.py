@@ -1,7 +1,8 @@
 """Doctor's judgement: the order admins follow when a model server dies or the GPU "falls off".
 
 1. classify the failure (app, driver, hardware/firmware);
-2. the kernel's NVIDIA messages (Xid, explained from NVIDIA's catalogue);
+2. the kernel's NVIDIA messages (Xid, explained from NVIDIA's catalogue;
+   NV_ERR_NO_MEMORY, judged against the memory state now);
 3. the driver's state (versions, persistence mode);
 4. the card (PCIe link, temperature, power, memory);
 5. the application's side: restart storms, OOM kills, CUDA errors, memory budgets.
@@ -35,6 +36,12 @@ CUDA_INIT = re.compile(
     re.I,
 )
 CUDA_ERROR = re.compile(r"CUDA error|cuda.*(error|fail)", re.I)
+NV_NO_MEMORY = re.compile(r"NVRM:.*NV_ERR_NO_MEMORY")
+# Many a minute is a failing start: vllm issue 54200 logged 75 in one engine start.
+NV_NO_MEMORY_BURST = 10
+NV_NO_MEMORY_WINDOW = 60.0
+# The MemFree a unified-memory GPU allocation needs: the field's 8 GiB on a 121 GiB Spark.
+DEVICE_FLOOR_SHARE = 0.066
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,11 @@ class Evidence:
     mem_total: int = 0
     reserve: int = 0
     unit_of_pid: dict[int, str] = field(default_factory=dict)
+    # Memory now (/proc/meminfo, bytes): on unified memory the GPU allocates from MemFree.
+    mem_free: int = 0
+    mem_available: int = 0
+    file_cache: int = 0  # Active(file) + Inactive(file)
+    huge_free: int | None = None  # free in blocks of 2 MiB and larger; None: no buddyinfo
 
 
 @dataclass(frozen=True)
@@ -205,6 +217,107 @@ def xid_findings(xids: list[XidEvent], ev: Evidence) -> list[Finding]:
     return out
 
 
+def _densest(times: list[float], window: float) -> int:
+    times = sorted(times)
+    return max(
+        (sum(1 for t in times[i:] if t - start <= window) for i, start in enumerate(times)),
+        default=0,
+    )
+
+
+WEDGE = Finding(
+    Severity.INFO,
+    "wedge-signature",
+    "the unified-memory wedge, should this machine have hung before: ping answers, ssh "
+    "times out, no OOM kill, no panic; only a power cycle helps (NVIDIA/open-gpu-kernel-"
+    "modules issue 1358). doctor cannot see a past wedge, only these lines; spark-guard's "
+    "device floor and make-room are what prevent it",
+    step="kernel",
+    fix="spark-guard preflight --make-room UNIT as the loader's ExecStartPre=",
+)
+
+
+def nv_no_memory_findings(ev: Evidence) -> list[Finding]:
+    lines = [ln for ln in ev.logs if ln.kernel and NV_NO_MEMORY.search(ln.message)]
+    if not lines:
+        return []
+    burst = _densest([ln.at for ln in lines], NV_NO_MEMORY_WINDOW)
+    seen = (
+        f"{len(lines)} NVRM NV_ERR_NO_MEMORY line(s), {_when(lines[0].at)} .. "
+        f"{_when(lines[-1].at)}, at most {burst} within a minute"
+    )
+    evidence = (lines[-1].message,)
+    if not ev.mem_total:
+        return [
+            Finding(
+                Severity.INFO,
+                "nv-no-memory",
+                f"{seen}; memory not read, so not judged: the line alone is not a sign "
+                "(the driver logs it at rest and on healthy starts too, vllm issue 56824)",
+                step="kernel",
+                evidence=evidence,
+            ),
+            WEDGE,
+        ]
+    floor = int(ev.mem_total * DEVICE_FLOOR_SHARE)
+    figures = (
+        f"MemFree {format_size(ev.mem_free)}, MemAvailable {format_size(ev.mem_available)}, "
+        f"page cache {format_size(ev.file_cache)}, free in 2 MiB blocks "
+        + (format_size(ev.huge_free) if ev.huge_free is not None else "unknown")
+        + f"; the device floor {format_size(floor)}"
+    )
+    severity = Severity.CRITICAL if burst >= NV_NO_MEMORY_BURST else Severity.WARNING
+    if ev.mem_free < floor:
+        # MemAvailable counts the page cache; a GPU allocation on unified memory cannot
+        # take it until it is dropped.
+        cache = ev.mem_available >= 2 * ev.mem_free
+        finding = Finding(
+            severity,
+            "nv-no-memory",
+            f"{seen}, and MemFree has collapsed to {format_size(ev.mem_free)}, under the "
+            f"device floor {format_size(floor)}: on unified memory a GPU allocation gets "
+            "MemFree, not MemAvailable"
+            + (
+                f"; MemAvailable {format_size(ev.mem_available)} counts the page cache "
+                f"({format_size(ev.file_cache)}), which the GPU cannot use until it is dropped"
+                if cache
+                else f"; MemAvailable {format_size(ev.mem_available)} is low too: "
+                "memory is used, not cached"
+            ),
+            step="kernel",
+            evidence=(*evidence, figures),
+            fix="sync; echo 1 > /proc/sys/vm/drop_caches, or let spark-guard make room: "
+            "spark-guard preflight --make-room UNIT as ExecStartPre="
+            if cache
+            else "spark-guard status: stop what holds the memory before the next start",
+        )
+    elif ev.huge_free is not None and ev.huge_free < floor:
+        finding = Finding(
+            severity,
+            "nv-no-memory",
+            f"{seen}, and free memory is fragmented: MemFree {format_size(ev.mem_free)}, "
+            f"but only {format_size(ev.huge_free)} of it in blocks of 2 MiB or larger, "
+            f"under the device floor {format_size(floor)}; large allocations can fail "
+            "although MemFree looks fine",
+            step="kernel",
+            evidence=(*evidence, figures),
+            fix="echo 1 > /proc/sys/vm/compact_memory, or let spark-guard make room: "
+            "spark-guard preflight --make-room UNIT as ExecStartPre=",
+        )
+    else:
+        finding = Finding(
+            Severity.INFO,
+            "nv-no-memory",
+            f"{seen}; alone the line is not a sign: the driver logs it at rest and on "
+            "healthy starts too (vllm issue 56824). Memory now is above the device floor, "
+            "neither collapsed nor fragmented; this judges memory now, not at the time "
+            "of the line",
+            step="kernel",
+            evidence=(*evidence, figures),
+        )
+    return [finding, WEDGE]
+
+
 def driver_findings(ev: Evidence, storms: set[str]) -> list[Finding]:
     gpu = ev.gpu
     if gpu.state != "ok":
@@ -348,11 +461,7 @@ def _storms(ev: Evidence) -> dict[str, list[LogLine]]:
             by_unit[line.unit].append(line)
     storms = {}
     for unit, lines in by_unit.items():
-        times = sorted(line.at for line in lines)
-        densest = max(
-            sum(1 for t in times[i:] if t - start <= STORM_WINDOW) for i, start in enumerate(times)
-        )
-        if densest >= STORM_COUNT:
+        if _densest([line.at for line in lines], STORM_WINDOW) >= STORM_COUNT:
             storms[unit] = sorted(lines, key=lambda line: line.at)
     return storms
 
@@ -485,6 +594,7 @@ def judge(ev: Evidence) -> Report:
         Finding(Severity.INFO, "log-limit", limit, step="kernel") for limit in ev.log_limits
     ]
     findings += xid_findings(xids, ev)
+    findings += nv_no_memory_findings(ev)
     findings += driver_findings(ev, set(storms))
     findings += card_findings(ev)
     findings += application_findings(ev, storms, cuda)
