@@ -20,7 +20,7 @@ from ...config import Config
 from ...foresight.predict import Predictor, parse_environment
 from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
-from ...system.procfs import PAGE_SIZE, ProcError, ProcFS
+from ...system.procfs import ProcError, ProcFS
 from ...text import printable
 from ..findings import Finding, Severity
 from ..inventory import Inventory, collect
@@ -96,30 +96,6 @@ def _budgets(inv: Inventory, config: Config, mem_total: int) -> list[LoaderBudge
     return out
 
 
-# A line per zone and node: a few hundred bytes where NUMA nodes are many.
-BUDDYINFO_LIMIT = 64 * 1024
-
-
-def _huge_free(proc_root: str, page_size: int = PAGE_SIZE) -> int | None:
-    """Bytes free in blocks of 2 MiB and larger over every zone of /proc/buddyinfo (a line
-    `Node 0, zone   Normal  c0 c1 ... c10`: free blocks of 2^order pages); None unreadable."""
-    order_min = max(2 * 1024**2 // page_size, 1).bit_length() - 1
-    try:
-        with open(os.path.join(proc_root, "buddyinfo"), "rb") as f:
-            raw = f.read(BUDDYINFO_LIMIT)
-    except OSError:
-        return None
-    total, zones = 0, 0
-    for line in raw.splitlines():
-        _, zone, rest = line.partition(b"zone")
-        counts = rest.split()[1:]  # the zone's name first
-        if not zone or not all(c.isdigit() for c in counts):
-            continue
-        zones += 1
-        total += sum(int(c) * (page_size << o) for o, c in enumerate(counts) if o >= order_min)
-    return total if zones else None
-
-
 def _unit_of_pids(proc: ProcFS, pids: set[int]) -> dict[int, str]:
     out = {}
     for pid in pids:
@@ -160,7 +136,8 @@ def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evid
         mem_free=meminfo.get("MemFree", 0),
         mem_available=meminfo.get("MemAvailable", 0),
         file_cache=meminfo.get("Active(file)", 0) + meminfo.get("Inactive(file)", 0),
-        huge_free=_huge_free(config.proc),
+        huge_free=proc.huge_free(),
+        floor=config.floor_for(mem_total),
     )
 
 

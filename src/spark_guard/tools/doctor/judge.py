@@ -40,8 +40,6 @@ NV_NO_MEMORY = re.compile(r"NVRM:.*NV_ERR_NO_MEMORY")
 # Many a minute is a failing start: vllm issue 54200 logged 75 in one engine start.
 NV_NO_MEMORY_BURST = 10
 NV_NO_MEMORY_WINDOW = 60.0
-# The MemFree a unified-memory GPU allocation needs: the field's 8 GiB on a 121 GiB Spark.
-DEVICE_FLOOR_SHARE = 0.066
 
 
 @dataclass(frozen=True)
@@ -71,6 +69,9 @@ class Evidence:
     mem_available: int = 0
     file_cache: int = 0  # Active(file) + Inactive(file)
     huge_free: int | None = None  # free in blocks of 2 MiB and larger; None: no buddyinfo
+    # The MemFree a unified-memory GPU allocation needs (config.floor_for: the field's 8 GiB
+    # on a 121 GiB Spark).
+    floor: int = 0
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def nv_no_memory_findings(ev: Evidence) -> list[Finding]:
             ),
             WEDGE,
         ]
-    floor = int(ev.mem_total * DEVICE_FLOOR_SHARE)
+    floor = ev.floor
     figures = (
         f"MemFree {format_size(ev.mem_free)}, MemAvailable {format_size(ev.mem_available)}, "
         f"page cache {format_size(ev.file_cache)}, free in 2 MiB blocks "
