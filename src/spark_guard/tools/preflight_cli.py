@@ -8,6 +8,12 @@ server unit it is charged to (policy.charge_clients) is named. The rule each
 figure comes from (Prediction.source, the spec's rule and notes) is shown. For a model file,
 llama-server's defaults apply unless flags say otherwise. Exit status: 0 it
 fits, 1 it does not, 2 it cannot be told (the message says why).
+
+`--make-room` (unified memory, root only): first drop clean page cache and compact,
+enough for the load and the device floor, then judge. As a loader's
+`ExecStartPre=-+/usr/bin/spark-guard preflight --make-room UNIT` (`harden` writes it)
+it replaces the field's `echo 1 > /proc/sys/vm/drop_caches`. Run by a user it makes
+no room (never on behalf of an unprivileged request) and says so.
 """
 
 from __future__ import annotations
@@ -31,8 +37,12 @@ from ..foresight.predict import Prediction, Predictor, parse_environment
 from ..foresight.servers import OLLAMA
 from ..policy import charge_clients
 from ..quantities import format_size
-from ..snapshot import Decision, SeenUnit, UnitRef, parse_ref
+from ..room import RECLAIM_MIN, RoomPlan
+from ..snapshot import Decision, SeenUnit, Snapshot, UnitRef, parse_ref
+from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
+from ..system.procfs import ProcFS
+from ..system.reclaim import RoomMade, RoomMaker
 from ..text import printable as p
 from .preflight import Verdict, verdict
 
@@ -202,6 +212,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--swa-full", action="store_true", default=None)
     parser.add_argument("--mmproj", help="the multimodal projector file loaded with the model")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--make-room",
+        action="store_true",
+        help="unified memory, as root: drop clean page cache and compact first, then judge",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,17 +239,96 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-guard: {p(e)}", file=sys.stderr)
         return 2
     if prediction.bytes is None:
+        if args.make_room:
+            # No footprint to make room for: the device floor still is (an ExecStartPre=).
+            room = make_room(config, snapshot, 0)
+            if room is not None:
+                print(_room_line(room))
         print(f"spark-guard: {p(what)}: footprint unknown: {p(prediction.source)}", file=sys.stderr)
         if charge is not None:
             print(f"spark-guard: {p(what)}: {_charged(charge)}", file=sys.stderr)
         return 2
-    result = verdict(prediction.bytes, snapshot, decision, itself)
+    model_bytes = _model_bytes(prediction)
+    room = None
+    if args.make_room:
+        room = make_room(config, snapshot, prediction.bytes + model_bytes)
+        if room is not None and room.after is not None:
+            snapshot = replace(snapshot, memory=room.after)
+            decision = decide(snapshot, config)
+    result = verdict(prediction.bytes, snapshot, decision, itself, model_bytes=model_bytes)
     if args.json:
-        json.dump(_as_json(what, prediction, result, charge), sys.stdout, indent=1)
+        out = _as_json(what, prediction, result, charge)
+        out["room_made"] = _room_json(room)
+        json.dump(out, sys.stdout, indent=1)
         print()
     else:
+        if room is not None:
+            print(_room_line(room))
         _print(what, prediction, result, charge)
     return 0 if result.fits else 1
+
+
+def _model_bytes(prediction: Prediction) -> int:
+    """The weights the load reads from its file: what its page cache holds during the load."""
+    est = prediction.estimate
+    if est is None:
+        return 0
+    return sum(t.bytes for t in est.terms if t.name == "weights")
+
+
+def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
+    """Drop clean page cache and compact, for a load of `need` bytes on unified memory:
+    MemFree to the load plus the device floor. None (and why, on stderr) where no room is
+    made: not unified memory, or not root."""
+    rule, memory = snapshot.rule, snapshot.memory
+    if not rule.unified or memory.free is None:
+        print("spark-guard: --make-room: not unified memory here: no room made", file=sys.stderr)
+        return None
+    if os.geteuid() != 0:
+        print(
+            "spark-guard: --make-room: only root makes room (it drops the whole machine's "
+            "page cache); judged without it",
+            file=sys.stderr,
+        )
+        return None
+    floor = config.floor_for(memory.total)
+    want = min(memory.file_clean, max(need + floor - memory.free, 0))
+    plan = RoomPlan(want if want >= RECLAIM_MIN else 0, True, f"preflight for {need} bytes")
+    maker = RoomMaker(
+        ProcFS(config.proc), v2_root(config.cgroup), os.path.join(config.proc, "sys", "vm")
+    )
+    return maker.carry_out(plan, memory)
+
+
+def _room_line(made: RoomMade) -> str:
+    before, after = made.before, made.after
+    how = " and ".join(
+        ([f"reclaimed page cache ({made.method})"] if made.method else [])
+        + (["compacted"] if made.compacted else [])
+    )
+    line = f"made room: {how or 'nothing could be done'}"
+    if after is not None and after.free is not None and before.free is not None:
+        line += f"; MemFree {format_size(before.free)} -> {format_size(after.free)}"
+    for error in made.errors:
+        line += f"; {p(error)}"
+    return line
+
+
+def _room_json(made: RoomMade | None) -> dict[str, Any] | None:
+    if made is None:
+        return None
+    after = made.after
+    return {
+        "method": made.method or None,
+        "compacted": made.compacted,
+        "asked": made.plan.reclaim,
+        "seconds": round(made.seconds, 3),
+        "mem_free_before": made.before.free,
+        "mem_free_after": after.free if after else None,
+        "file_clean_before": made.before.file_clean,
+        "file_clean_after": after.file_clean if after else None,
+        "errors": list(made.errors),
+    }
 
 
 def _charged(c: Charge) -> str:
@@ -276,7 +370,12 @@ def _as_json(what: str, pred: Prediction, v: Verdict, charge: Charge | None) -> 
         "terms": _terms(pred.estimate),
         "total": pred.bytes,
         "n_ctx": pred.estimate.n_ctx if pred.estimate else None,
-        "mem_available": v.available,
+        "mem_available": v.mem_available or v.available,
+        "unified": v.unified,
+        "mem_free": v.mem_free,
+        "file_clean": v.file_clean,
+        "headroom": v.available,
+        "page_cache": v.page_cache,
         "reserve": v.reserve,
         "pending": v.pending,
         "room": v.room,
@@ -298,10 +397,22 @@ def _print(what: str, pred: Prediction, v: Verdict, charge: Charge | None = None
         kind = "" if t["name"] == "margin" else ("exact" if t["exact"] else "approx")
         print(f"  {t['name']:<8} {format_size(t['bytes']):>9}  {kind:<6} {p(t['detail'])}")
     print(f"  {'total':<8} {format_size(pred.bytes or 0):>9}")
+    if v.unified and v.mem_free is not None:
+        print(
+            f"unified memory: a GPU allocation gets MemFree {format_size(v.mem_free)}, "
+            f"clean page cache {format_size(v.file_clean)}, "
+            f"MemAvailable {format_size(v.mem_available)}"
+        )
+    figure = "device headroom" if v.unified else "MemAvailable"
     print(
-        f"MemAvailable {format_size(v.available)} - reserve {format_size(v.reserve)}"
+        f"{figure} {format_size(v.available)} - reserve {format_size(v.reserve)}"
         f" - other loaders still loading {format_size(v.pending)} = room {format_size(v.room)}"
     )
+    if v.page_cache:
+        print(
+            f"  the model file's page cache counts too ({format_size(v.page_cache)}): no room "
+            "is made for it ([memory] make_room = false)"
+        )
     if v.gpu_holders:
         held = ", ".join(f"{p(u)} {format_size(b)}" for u, b in v.gpu_holders)
         print(f"GPU memory held by: {held}")
