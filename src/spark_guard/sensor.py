@@ -31,7 +31,7 @@ from .snapshot import (
 )
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id, valid_name
-from .system.gpu import GpuWatch
+from .system.gpu import GpuWatch, unified_memory
 from .system.managers import (
     Connecting,
     Manager,
@@ -357,8 +357,7 @@ class Sensor:
     def memory_rule(self) -> MemoryRule:
         """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
         found it (no device memory figure: GB10); room counts where the guard can make it."""
-        wanted = self.config.unified
-        unified = wanted == "yes" or (wanted == "auto" and self.gpu.unified is True)
+        unified = unified_memory(self.config.unified, self.gpu.unified)
         return MemoryRule(unified, self.config.make_room and self.room_possible)
 
     def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:

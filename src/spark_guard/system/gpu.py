@@ -328,6 +328,27 @@ def _describe(nv: Any, e: Exception) -> str:
     return hints.get(code, f"{e} (code {code})")
 
 
+def probe_unified() -> bool | None:
+    """For a command: NVML asked once whether the GPUs share the CPU's memory (GB10).
+    None where NVML cannot say (no driver, no device)."""
+    nvml = Nvml()
+    try:
+        nvml.start()
+    except GpuUnavailable:
+        return None
+    except Exception:  # a binding's surprise: no answer, not a crash of the command
+        return None
+    try:
+        return nvml.unified
+    finally:
+        nvml.stop()
+
+
+def unified_memory(wanted: str, nvml_says: bool | None) -> bool:
+    """The config's `[memory] unified` ("yes", "no", "auto") against what NVML found."""
+    return wanted == "yes" or (wanted == "auto" and nvml_says is True)
+
+
 # --- `spark-guard doctor`: the card's own state, read once ---
 
 

@@ -31,8 +31,24 @@ def rescue_units(config: Config) -> list[str]:
     return [n for group in config.rescue_units for n in group.split("|") if "*" not in n]
 
 
-def drop_in(unit: str, config: Config, max_bytes: int, why: str, when: str) -> str:
+# On unified memory a system loader makes room before it loads, in place of the field's
+# `ExecStartPre=... echo 1 > /proc/sys/vm/drop_caches`: '+' runs it as root whatever the
+# unit's User= ('--make-room' refuses anyone else), '-' lets the load start whatever the
+# verdict (the guard itself judges the load as it runs).
+MAKE_ROOM = "ExecStartPre=-+/usr/bin/spark-guard preflight --make-room %n"
+
+
+def drop_in(
+    unit: str, config: Config, max_bytes: int, why: str, when: str, *, make_room: bool = False
+) -> str:
     after = " ".join(rescue_units(config))
+    room = (
+        "# Unified memory: drop clean page cache and compact for the load first; a GPU\n"
+        "# allocation gets MemFree, which the page cache takes (docs/unified-memory.md).\n"
+        f"{MAKE_ROOM}\n"
+        if make_room
+        else ""
+    )
     return f"""{MARKER} on {when} for {unit}.
 # Undo: spark-guard harden --undo {unit}
 # {NOTE}
@@ -53,4 +69,4 @@ RestartSec=30s
 Nice=10
 IOSchedulingClass=best-effort
 IOSchedulingPriority=7
-"""
+{room}"""

@@ -28,6 +28,7 @@ from ..config import Config, ConfigError
 from ..foresight.predict import Predictor, owner_of, parse_environment
 from ..quantities import format_size
 from ..snapshot import SYSTEM, UnitRef, parse_ref
+from ..system.gpu import probe_unified, unified_memory
 from ..system.managers import Manager, ManagerError, command_manager, connect_to
 from ..system.procfs import ProcError, ProcFS
 from ..system.safefs import MAKEDIRS, Tree, UnsafePath, own_tree
@@ -94,7 +95,13 @@ def _harden(args: argparse.Namespace, ref: UnitRef, manager: Manager, config: Co
     expected, why = _expected(ref, manager, config, memory.total)
     limit = memory_max(memory.total, config.reserve_for(memory.total), expected)
     why = f"MemoryMax: {why}"
-    new = drop_in(str(ref), config, limit, why, time.strftime("%Y-%m-%d", time.gmtime()))
+    # Room is made as root only: a user's unit gets no such line (the guard makes room).
+    room = ref.manager == SYSTEM and unified_memory(
+        config.unified, probe_unified() if config.unified == "auto" and config.gpu else None
+    )
+    new = drop_in(
+        str(ref), config, limit, why, time.strftime("%Y-%m-%d", time.gmtime()), make_room=room
+    )
     if _body(old) == _body(new):
         print(f"{path}: already in place")
         return 0
