@@ -16,7 +16,7 @@ from ..config import Config
 from ..foresight.predict import Prediction
 from ..policy import charge_clients
 from ..quantities import format_size
-from ..snapshot import STORM_WINDOW, SYSTEM, SeenUnit, UnitRef
+from ..snapshot import STORM_WINDOW, SYSTEM, Memory, MemoryRule, SeenUnit, UnitRef
 from ..system.engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .findings import Finding, Severity
 from .harden import rescue_units
@@ -290,6 +290,53 @@ def memory_findings(r: Reconciliation, holders: Sequence[tuple[str, int]]) -> li
                 f"holds {format_size(held)} of GPU memory",
                 unit=unit,
                 fix=f"spark-guard preflight {unit}",
+            )
+        )
+    return out
+
+
+def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[Finding]:
+    """Unified memory (GB10): what a GPU allocation can get now, and why it may not.
+
+    A load gets MemFree; page cache counts in MemAvailable but the driver cannot take it
+    (docs/unified-memory.md). Nothing here on a discrete card."""
+    if not rule.unified or memory.free is None:
+        return []
+    out = []
+    floor = config.floor_for(memory.total)
+    free, cache = memory.free, memory.file_clean
+    if free < floor:
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "memfree-low",
+                f"MemFree {format_size(free)} is under the device floor {format_size(floor)} "
+                f"with {format_size(cache)} of clean page cache and MemAvailable "
+                f"{format_size(memory.available)}: a GPU allocation gets MemFree, and a load "
+                "now may fail (NV_ERR_NO_MEMORY) or wedge the host",
+                fix="spark-guard preflight --make-room UNIT   # as root: drops clean cache, "
+                "compacts, then judges",
+            )
+        )
+    huge = memory.huge_free
+    if huge is not None and huge < floor <= free:
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "fragmented",
+                f"only {format_size(huge)} of MemFree {format_size(free)} is in free blocks of "
+                "2 MiB or larger: the driver's large allocations fail on a fragmented pool",
+                fix="echo 1 > /proc/sys/vm/compact_memory   # the guard does it when it makes room",
+            )
+        )
+    if not rule.make_room:
+        out.append(
+            Finding(
+                Severity.INFO,
+                "no-make-room",
+                "the guard makes no room on this unified-memory machine ([memory] make_room "
+                "is false, or no way of dropping page cache works): it judges MemFree alone",
+                fix="[memory] make_room = true in /etc/spark-guard.toml",
             )
         )
     return out

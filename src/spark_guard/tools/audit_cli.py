@@ -26,6 +26,7 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..containers import is_ref
 from ..quantities import format_size
+from ..snapshot import Snapshot
 from ..text import printable as p
 from .audit import (
     Footprint,
@@ -36,6 +37,7 @@ from .audit import (
     loader_findings,
     memory_findings,
     reconcile,
+    unified_findings,
 )
 from .findings import Finding, Severity, worst, worst_first
 from .inventory import (
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         loader_findings(inv, config)
         + container_findings(found, config)
         + memory_findings(memory, holders)
+        + unified_findings(snapshot.memory, snapshot.rule, config)
     )
     if not inv.managers:
         # No unit was read: "no findings" would be a clean bill for a machine never examined.
@@ -103,13 +106,27 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         report = _json(inv, findings, memory, holders, feet, found, config)
+        report["unified"] = _unified_json(snapshot, config)
         json.dump(report, sys.stdout, indent=1)
         print()
     else:
-        _print(inv, findings, memory, holders, feet, found, config)
+        _print(inv, findings, memory, holders, feet, found, config, snapshot)
     if not inv.managers:
         return 2
     return 1 if worst(findings).at_least(Severity.WARNING) else 0
+
+
+def _unified_json(snapshot: Snapshot, config: config_mod.Config) -> dict[str, Any]:
+    m = snapshot.memory
+    return {
+        "unified": snapshot.rule.unified,
+        "make_room": snapshot.rule.make_room,
+        "mem_free": m.free,
+        "file_clean": m.file_clean,
+        "huge_free": m.huge_free,
+        "pinned": snapshot.pinned,
+        "floor": config.floor_for(m.total) if snapshot.rule.unified else 0,
+    }
 
 
 def _footprint(f: Footprint | None) -> dict[str, Any] | None:
@@ -201,6 +218,7 @@ def _print(
     feet: dict[Any, Footprint] | None = None,
     found: ContainerInventory | None = None,
     config: config_mod.Config | None = None,
+    snapshot: Snapshot | None = None,
 ) -> None:
     # Unit names, states, model paths and the findings built from them can hold a user's
     # text: everything shown goes through p(), so nothing of theirs acts on the terminal.
@@ -239,6 +257,14 @@ def _print(
         f" + GPU (NVML) {format_size(memory.gpu)} + kernel {format_size(memory.kernel)}"
         f" + unaccounted {format_size(memory.gap)} ({memory.probably})"
     )
+    if snapshot is not None and snapshot.rule.unified and snapshot.memory.free is not None:
+        m = snapshot.memory
+        print(
+            f"unified memory: a GPU allocation gets MemFree {format_size(m.free or 0)}; "
+            f"clean page cache {format_size(m.file_clean)}; free in 2 MiB blocks "
+            + (format_size(m.huge_free) if m.huge_free is not None else "unknown")
+            + f"; device floor {format_size((config or config_mod.Config()).floor_for(m.total))}"
+        )
     if holders:
         print("GPU holders: " + ", ".join(f"{p(u)} {format_size(b)}" for u, b in holders))
     if not findings:

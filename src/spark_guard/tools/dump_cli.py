@@ -89,6 +89,18 @@ def _print(snapshot: Snapshot, decision: Decision) -> None:
         f"{format_size(m.total)}; reserve {format_size(decision.reserve)}; "
         f"GPU accounting {'on' if snapshot.gpu_accounting else 'off'}"
     )
+    print(
+        f"MemFree {format_size(m.free or 0)}, clean page cache {format_size(m.file_clean)}, "
+        f"dirty {format_size(m.dirty)}, shmem {format_size(m.shmem)}, free in 2 MiB blocks "
+        + (format_size(m.huge_free) if m.huge_free is not None else "unknown")
+        + (f", pinned {format_size(snapshot.pinned)}" if snapshot.pinned is not None else "")
+    )
+    if decision.rule.unified:
+        print(
+            f"unified memory: device headroom {format_size(decision.headroom)} is judged "
+            f"(floor {format_size(decision.floor)}, room "
+            + ("made from clean page cache)" if decision.rule.make_room else "not made)")
+        )
     # Unit names, evidence and details can hold a user's text: printed inert.
     for loader in decision.loaders:
         u = loader.seen

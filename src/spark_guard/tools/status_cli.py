@@ -59,6 +59,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _print_unified(s: PublishedState) -> None:
+    """Unified memory: what a GPU allocation can get, beside MemAvailable. A state written
+    by a guard older than issue 25 has none of these keys: nothing is shown."""
+    free = s.get("mem_free")
+    if not s.get("unified") or free is None:
+        return
+    huge = s.get("huge_free")
+    print(
+        f"unified memory: MemFree {format_size(free)} (device floor "
+        f"{format_size(s.get('floor', 0))}), clean page cache "
+        f"{format_size(s.get('file_clean', 0))}, free in 2 MiB blocks "
+        + (format_size(huge) if huge is not None else "unknown")
+        + f"; device headroom {format_size(s.get('headroom', 0))}"
+    )
+    if s.get("pinned"):
+        print(f"  pinned long-term: {format_size(s['pinned'] or 0)}")
+    room = dict(s.get("room_made") or {})
+    freed = room.pop("freed_bytes", 0)
+    made = ", ".join(f"{p(how)} {n}" for how, n in sorted(room.items())) or "none"
+    print(f"  room made since start: {made}; MemFree gained {format_size(freed)}")
+
+
 def _print(s: PublishedState, age: float, alive: bool) -> None:
     # Units, reasons, details, predictions and problems can hold a user's text: each is
     # printed through p() so no escape sequence or line break of theirs reaches the terminal.
@@ -75,6 +97,7 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
         f"GPU accounting {'on' if s.get('gpu_accounting') else 'off'}"
         + (" (stale: NVML does not answer)" if s.get("gpu_stale") else "")
     )
+    _print_unified(s)
     loaders = s.get("loaders", [])
     print(f"\nloaders ({len(loaders)}):")
     for ld in loaders:
