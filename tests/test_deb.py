@@ -98,7 +98,7 @@ def test_the_unit_keeps_few_rights():
     exposure = re.search(r"Overall exposure level for \S+: ([\d.]+)", out.stdout)
     assert exposure, out.stdout
     score = float(exposure.group(1))
-    assert score <= 2.0, out.stdout
+    assert score <= 1.9, out.stdout  # issue 25 added three writable kernel files
     text = UNIT.read_text()
     bounding = re.search(r"^CapabilityBoundingSet=(.*)$", text, re.MULTILINE)
     assert bounding, text

@@ -373,7 +373,7 @@ def test_after_boot_a_quiet_pass_reads_memavailable_only():
     assert full_look_due(quiet, None, reserve, 1001.0, busy=False)
 
 
-def test_near_the_reserve_a_full_look_comes_on_a_fall_or_each_second_not_each_read():
+def test_near_the_reserve_a_full_look_comes_on_a_fall_or_now_and_then_not_each_read():
     """A Spark holding its model 8 GiB above a 9 GiB reserve is read every poll.min; a full
     look on each read was 4 % of a core (benchmarks/daemon_cost.py)."""
     from dataclasses import replace

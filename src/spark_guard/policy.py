@@ -378,7 +378,10 @@ def poll_interval(
 
 
 FULL_LOOK_EVERY = 60.0  # seconds: the longest a steady guard goes without a full look
-NEAR_LOOK_EVERY = 1.0  # ...and below twice the reserve
+# ...and below twice the reserve, where nothing moved: a Spark holding its model near the
+# reserve sits there all day, and a look each second was most of its 0.7-1.0 % of a core
+# (benchmarks/daemon_cost.py); a fall of a quarter of the headroom still brings one at once.
+NEAR_LOOK_EVERY = 5.0
 _FULL_LOOK_DROP = 256 * 1024**2
 
 
@@ -395,7 +398,8 @@ def full_look_due(
     the step is a quarter of the headroom the last look saw, and a look is at most
     NEAR_LOOK_EVERY old: a machine that holds its model near the reserve is read every
     poll.min (FILL_RATE), and a full look on each read cost 4 % of a core here (the
-    brake watches each read between looks).
+    brake watches each read between looks, and a loader that starts must allocate to
+    matter, which moves the figure).
     """
     if last is None or not last.boot_over or busy:
         return True
