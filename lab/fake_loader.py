@@ -1,7 +1,10 @@
 """A model loader stand-in: maps a .gguf file, then allocates anonymous memory for real.
 
 Anonymous, touched memory (not page cache) is what a GPU load on unified
-memory costs. Usage: fake_loader.py [-m FILE.gguf] --alloc MiB [--rate MiB/s] [--ignore-term]
+memory costs. Usage:
+    fake_loader.py [-m FILE.gguf] [--read] --alloc MiB [--rate MiB/s] [--ignore-term]
+--read reads the whole model file first, as a load streams its weights from disk: the
+file's pages land in the page cache, which on unified memory the GPU cannot have.
 """
 
 import argparse
@@ -14,11 +17,16 @@ ap.add_argument("-m", "--model")
 ap.add_argument("--alloc", type=int, default=100)
 ap.add_argument("--rate", type=int, default=0, help="MiB/s; 0 = all at once")
 ap.add_argument("--ignore-term", action="store_true", help="a loader that will not stop")
+ap.add_argument("--read", action="store_true", help="read the model file through first")
 args, _ = ap.parse_known_args()  # stands in for llama-server: its other flags are ignored
 if args.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 keep = []
+if args.model and args.read:
+    with open(args.model, "rb") as f:
+        while f.read(4 * 1024 * 1024):
+            pass
 if args.model:
     try:
         with open(args.model, "rb") as f:
