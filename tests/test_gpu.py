@@ -157,3 +157,37 @@ def test_close_does_not_wait_on_a_hung_call(hanging):
     t = time.monotonic()
     watch.close()
     assert time.monotonic() - t < 0.05
+
+
+# --- unified memory: which machine this is (issue 25) ---
+
+
+def test_gb10_is_unified_a_discrete_card_is_not(monkeypatch):
+    from spark_guard.system.gpu import probe_unified, unified_memory
+    from tests.fake_nvml import GB10_CARD, HEALTHY_CARD
+
+    install(monkeypatch, FakeNvmlLib([[(5, GiB)]], cards=[dict(GB10_CARD)]))
+    nv = Nvml()
+    nv.start()
+    assert nv.unified is True
+    assert probe_unified() is True
+    assert unified_memory("auto", True) and not unified_memory("no", True)
+    install(monkeypatch, FakeNvmlLib([[(5, GiB)]], cards=[dict(HEALTHY_CARD)]))
+    assert probe_unified() is False
+    assert not unified_memory("auto", False) and unified_memory("yes", False)
+    # A discrete card beside an integrated one: not one pool for every GPU.
+    two = FakeNvmlLib([[], []], cards=[dict(GB10_CARD), dict(HEALTHY_CARD)])
+    install(monkeypatch, two)
+    assert probe_unified() is False
+
+
+def test_no_driver_says_nothing_about_unified_memory(monkeypatch):
+    from spark_guard.system.gpu import probe_unified, unified_memory
+
+    install(monkeypatch, None)
+    assert probe_unified() is None
+    assert not unified_memory("auto", None)
+    watch = GpuWatch(deadline=2.0)
+    watch.read(time.monotonic())
+    assert watch.unified is None
+    watch.close()
