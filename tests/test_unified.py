@@ -244,3 +244,16 @@ def test_buddyinfo_counts_blocks_of_2_mib_and_larger_in_every_zone():
     line = b"Node 0, zone   Normal   0 0 0 0 0 7 1\n"
     assert parse_buddyinfo(line, 65536) == 7 * 2 * MiB + 1 * 4 * MiB
     assert parse_buddyinfo(b"", 4096) == 0
+
+
+def test_without_make_room_the_models_page_cache_counts_in_the_strict_fit():
+    # A 30 GiB GGUF (estimate 34 GiB) at boot with 60 GiB of headroom: it fits when the guard
+    # drops the cache its read fills; without make-room that cache takes MemFree too.
+    memory = Memory(SPARK, 60 * GiB, free=60 * GiB, file_clean=0)
+    unit = replace(vllm(used=0, growth=0), predicted=34 * GiB, page_cache=30 * GiB)
+    boot = (RescueGroup(("ssh.service",), present=True, active_since=None),)
+    snap = replace(steady(memory, GB10, unit), boot_over=False, rescue=boot)
+    assert decide(snap, Config()).actions == ()
+    (action,) = decide(replace(snap, rule=GB10_NO_ROOM), Config()).actions
+    assert action.reason == "footprint" and action.figures["expected"] == 64 * GiB
+    assert decide(replace(snap, rule=DISCRETE), Config()).actions == ()

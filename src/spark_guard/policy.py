@@ -235,6 +235,14 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     )
     rate = slope(snapshot.history, config.trend_window, snapshot.now)
     rule = snapshot.rule
+    if rule.unified and not rule.make_room:
+        # No room is made for it: the model's page cache takes MemFree beside its GPU copy.
+        loaders = tuple(
+            replace(ld, expected=ld.expected + ld.seen.page_cache)
+            if ld.expected is not None and ld.expected_from == "estimate" and ld.seen.page_cache
+            else ld
+            for ld in loaders
+        )
     available = judged(snapshot.memory, rule)
     floor = config.floor_for(snapshot.memory.total) if rule.unified else 0
     # The figure's name in what the admin reads: on unified memory it is not MemAvailable.

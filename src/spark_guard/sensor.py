@@ -538,7 +538,13 @@ class Sensor:
                 cache.predicted = cache.prediction is None or not cache.prediction.pending
             p = cache.prediction
             if p is not None:
-                seen = replace(seen, predicted=p.bytes, prediction=p.source, runs_as=p.runs_as)
+                seen = replace(
+                    seen,
+                    predicted=p.bytes,
+                    prediction=p.source,
+                    runs_as=p.runs_as,
+                    page_cache=p.page_cache,
+                )
             out.append(seen)
         return out
 

@@ -178,6 +178,9 @@ class SeenUnit:
     # `prediction` says how it was found, or why it could not be.
     predicted: int | None = None
     prediction: str = ""
+    # Model bytes the load reads through the page cache (foresight's Prediction.page_cache):
+    # on unified memory without make-room, counted on top of `predicted` while it loads.
+    page_cache: int = 0
     # A start job is queued: no process yet, nothing allocated, the best time to stop it.
     starting: bool = False
     # The uid its processes run as, where foresight looked it up (a system unit's User=,

@@ -130,6 +130,9 @@ class Prediction:
     pending: bool = False  # the model is being read: ask again (the next pass)
     # A client's (clients.py): the uid it runs as, whose server its load lands in.
     runs_as: int | None = None
+    # Bytes of model files the load reads through the page cache as it loads: on unified
+    # memory that cache sits in MemFree's way beside the GPU copy, unless room is made.
+    page_cache: int = 0
 
 
 # How for_spec gets a model a command line names: (the path as named, "gguf" or
@@ -476,6 +479,9 @@ class Predictor:
         if read is None:
             read = self._reader(owner)
         if spec.kind == "vllm" and spec.gpu_fraction is not None:
+            # Its share of the whole pool, which it fills with KV cache. Its safetensors pass
+            # the page cache as it loads too; not read for that (the share needs no files and
+            # is known at once): make-room drops that cache (docs/unified-memory.md).
             need = int(mem_total * spec.gpu_fraction)
             return Prediction(need, f"vLLM --gpu-memory-utilization {spec.gpu_fraction:g}", spec)
         if spec.kind == "sglang":
@@ -509,7 +515,8 @@ class Predictor:
         source = f"{os.path.basename(spec.model)}, ctx {est.n_ctx}: {format_size(est.total)}"
         if spec.rule:  # koboldcpp's and llama-box's: their defaults, said
             source = f"{spec.binary} {source} ({spec.rule})"
-        return Prediction(est.total, source, spec, est)
+        # llama.cpp maps the file (or reads it, --no-mmap): its weights pass the page cache.
+        return Prediction(est.total, source, spec, est, page_cache=model.tensor_bytes)
 
     def _reader(self, owner: int | None) -> ModelRead:
         """The paths as they are, read with `owner`'s rights (the default ModelRead)."""
@@ -543,8 +550,13 @@ class Predictor:
         )
         if least.total > share:
             source = f"tgi: {needs} = {format_size(least.total)}, above its {spec.rule} share"
-            return Prediction(least.total, source, spec, least)
-        return Prediction(share, f"{said} (it fills it with KV cache); {needs} fit in it", spec)
+            return Prediction(least.total, source, spec, least, page_cache=weights)
+        return Prediction(
+            share,
+            f"{said} (it fills it with KV cache); {needs} fit in it",
+            spec,
+            page_cache=weights,
+        )
 
 
 def sglang_prediction(spec: LoadSpec, mem_total: int) -> Prediction:

@@ -269,11 +269,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _model_bytes(prediction: Prediction) -> int:
-    """The weights the load reads from its file: what its page cache holds during the load."""
-    est = prediction.estimate
-    if est is None:
-        return 0
-    return sum(t.bytes for t in est.terms if t.name == "weights")
+    """The model bytes the load reads through the page cache (Prediction.page_cache)."""
+    return prediction.page_cache
 
 
 def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
