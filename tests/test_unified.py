@@ -9,9 +9,17 @@ from dataclasses import replace
 import pytest
 
 from spark_guard.config import Config, parse
-from spark_guard.policy import brake, decide, judged
+from spark_guard.policy import brake, decide
 from spark_guard.room import RECLAIM_MIN, plan_room
-from spark_guard.snapshot import Memory, MemoryRule, RescueGroup, SeenUnit, Snapshot, UnitRef
+from spark_guard.snapshot import (
+    Memory,
+    MemoryRule,
+    RescueGroup,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+    judged,
+)
 from spark_guard.system.procfs import parse_buddyinfo
 
 GiB = 1024**3

@@ -24,11 +24,11 @@ from .act import act
 from .block.blocker import Blocker
 from .config import Config, ConfigError
 from .metrics import TextfileWriter
-from .policy import brake, full_look_due, judged, poll_interval
+from .policy import brake, full_look_due, poll_interval
 from .quantities import format_size
 from .room import plan_room
 from .sensor import Sensor
-from .snapshot import Decision, Memory, Snapshot
+from .snapshot import Decision, Memory, Snapshot, judged
 from .statefile import PublishedState, Publisher
 from .statefile import build as build_state
 from .step import GuardState, remember, step
@@ -225,6 +225,7 @@ class Guard:
         self._decision_seconds = time.monotonic() - began
         self._decided_at = time.time()
         self.state = outcome.state
+        self.blocker.rule = snapshot.rule
         act(outcome, self.blocker, self.log)
         if not self.dry_run:
             self.blocker.advance()

@@ -18,7 +18,6 @@ from .foresight.clients import ServerUnit, predict_client
 from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .foresight.servers import OLLAMA
-from .policy import judged
 from .snapshot import (
     CONTAINER,
     SYSTEM,
@@ -28,6 +27,7 @@ from .snapshot import (
     SeenUnit,
     Snapshot,
     UnitRef,
+    judged,
 )
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id, valid_name

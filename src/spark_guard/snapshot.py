@@ -142,6 +142,21 @@ class MemoryRule:
     make_room: bool = False
 
 
+def judged(memory: Memory, rule: MemoryRule) -> int:
+    """The figure every rule judges: MemAvailable, except on unified memory.
+
+    There a GPU allocation gets MemFree, not MemAvailable: the page cache MemAvailable
+    counts is no room for it until it is dropped (docs/unified-memory.md). The room a
+    device allocation can be given is MemFree plus, where the guard makes room, the clean
+    page cache it can drop; the lower of that and MemAvailable is judged. Low MemFree
+    with clean cache to spare is then no reason to stop anything: room is made first.
+    """
+    if not rule.unified or memory.free is None:
+        return memory.available
+    room = memory.free + (memory.file_clean if rule.make_room else 0)
+    return min(memory.available, room)
+
+
 @dataclass(frozen=True)
 class Pressure:
     """PSI for memory: share of time (percent) stalled over the last 10 s.

@@ -24,9 +24,9 @@ from typing import Any
 from .config import Config
 from .events import Event
 from .foresight.predict import PENDING
-from .policy import STEADY, decide, judged
+from .policy import STEADY, decide
 from .quantities import format_size
-from .snapshot import Action, Decision, Loader, Snapshot, UnitRef
+from .snapshot import Action, Decision, Loader, Snapshot, UnitRef, judged
 
 # Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
 HISTORY_MAX = 600

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..quantities import format_size
-from ..snapshot import Action, Decision, UnitRef
+from ..snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..system import cgroupfs
 from ..system.engine import Engine
 from ..system.managers import Manager, ManagerError
@@ -144,6 +144,8 @@ class Blocker:
         self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
         self._braked: dict[str, UnitRef] = {}  # frozen by brake(), not (yet) to be blocked
         self.proc = ProcFS(config.proc)
+        # Which figure the escalation on memory judges: the last look's (daemon.look).
+        self.rule = MemoryRule()
         self._retry_at: dict[str, float] = {}
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
@@ -543,12 +545,13 @@ class Blocker:
                 self._request_stop(record)
 
     def _available(self) -> tuple[int, int] | None:
-        """(MemAvailable, reserve) now; None when /proc cannot say."""
+        """(the judged figure: MemAvailable, or the device headroom on unified memory;
+        reserve) now; None when /proc cannot say."""
         try:
             memory = self.proc.memory()
         except ProcError:
             return None
-        return memory.available, self.config.reserve_for(memory.total)
+        return judged(memory, self.rule), self.config.reserve_for(memory.total)
 
     def _settle(self, batch: list[Record]) -> list[Record]:
         """One look at units being stopped: the settled go on to 'verify', the others are

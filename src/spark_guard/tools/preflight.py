@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..policy import admit, judged
-from ..snapshot import Decision, Snapshot, UnitRef
+from ..policy import admit
+from ..snapshot import Decision, Snapshot, UnitRef, judged
 
 
 @dataclass(frozen=True)
