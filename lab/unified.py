@@ -132,7 +132,7 @@ def run(vm: VM) -> Outcome:
     """Boot, flood, load; returns what happened (the VM stays up for more questions)."""
     out = Outcome()
     vm.boot()
-    vm.ssh("systemctl is-active --wait spark-guard || true; sleep 8")  # past the 5 s grace
+    vm.ssh("systemctl is-system-running --wait >/dev/null || true; sleep 7")  # past the grace
     # Sparse files: their pages come into the cache on read, as a real file's do.
     vm.ssh(
         f"truncate -s {FLOOD_MIB}M /var/tmp/flood.bin && "

@@ -355,10 +355,21 @@ class Guard:
 
     def _tell_room(self, made: RoomMade) -> None:
         before, after = made.before, made.after
+        # A way the kernel refused is said once (it stays so); as a warning only where no
+        # other way did the work: 6.1 refuses memory.reclaim's swappiness=0 and the next works.
+        failed = (made.plan.reclaim > 0 and not made.method) or (
+            made.plan.compact and not made.compacted
+        )
         for error in made.errors:
-            if error not in self._room_said:  # each cause once: a read-only file stays so
+            if error not in self._room_said:
                 self._room_said.add(error)
-                self.log.warning("room-failed", error=error, msg=f"cannot make room: {error}")
+                level = "warning" if failed else "info"
+                getattr(self.log, level)(
+                    "room-failed",
+                    error=error,
+                    msg=f"cannot make room this way: {error}"
+                    + ("" if failed else f"; {made.method or 'compaction'} did it"),
+                )
         if self.sensor.room_possible and not self.room.reclaim_possible(made.before.swap_total):
             # No reclaim works here: the page cache is no room for the GPU, MemFree is judged.
             self.sensor.room_possible = False
