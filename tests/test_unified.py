@@ -111,18 +111,22 @@ def test_where_no_room_can_be_made_mem_free_alone_is_judged():
     assert judged(memory, GB10_NO_ROOM) == int(2.5 * GiB)
     (action,) = decide(steady(memory, GB10_NO_ROOM, vllm()), Config()).actions
     assert action.reason == "reserve"
-    assert (
-        plan_room(
-            memory,
-            Config(),
-            GB10_NO_ROOM,
-            loading=True,
-            now=0,
-            last_reclaim=None,
-            last_compact=None,
-        )
-        is None
-    )
+    # The config says no: none is made. (A rule without make-room while reclaims free
+    # little still plans: that is how they are tried again, at the backed-off pace.)
+    off = parse("[memory]\nmake_room = false\n")
+    assert plan(memory, config=off, rule=GB10_NO_ROOM, loading=True) is None
+    assert plan(memory, rule=GB10_NO_ROOM, loading=True) is not None
+
+
+def test_mapped_cache_counts_as_room_only_once_memory_reclaim_was_seen_to_work():
+    # 20 GiB of clean cache, 15 GiB of it mapped (a model in use): drop_caches leaves
+    # mapped pages; memory.reclaim takes them.
+    memory = replace(field_case(file_clean=20 * GiB), mapped=15 * GiB)
+    assert judged(memory, GB10) == int(7.5 * GiB)
+    assert judged(memory, replace(GB10, reclaims_mapped=True)) == int(22.5 * GiB)
+    # Backed off: asked again only after the longer wait.
+    assert plan(memory, now=100.0, last_reclaim=95.0, every=8.0) is None
+    assert plan(memory, now=100.0, last_reclaim=92.0, every=8.0) is not None
 
 
 def test_the_headroom_is_never_above_mem_available():
@@ -176,15 +180,26 @@ def test_the_trend_is_taken_over_the_judged_figure():
 # --- when room is made ------------------------------------------------------------------
 
 
-def plan(memory, *, loading=False, now=100.0, last_reclaim=None, last_compact=None, config=None):
+def plan(
+    memory,
+    *,
+    loading=False,
+    now=100.0,
+    last_reclaim=None,
+    last_compact=None,
+    config=None,
+    rule=GB10,
+    every=None,
+):
     return plan_room(
         memory,
         config or Config(),
-        GB10,
+        rule,
         loading=loading,
         now=now,
         last_reclaim=last_reclaim,
         last_compact=last_compact,
+        every=every,
     )
 
 

@@ -26,7 +26,7 @@ from .config import Config, ConfigError
 from .metrics import TextfileWriter
 from .policy import brake, full_look_due, poll_interval
 from .quantities import format_size
-from .room import plan_room
+from .room import RECLAIM_MIN, plan_room
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot, judged
 from .statefile import PublishedState, Publisher
@@ -42,6 +42,8 @@ from .text import printable
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
+# The longest wait between two reclaims that freed little (Guard._judge_reclaim).
+ROOM_BACKOFF_MAX = 30.0
 # The brake looks this far ahead, in units of (a full look + the wait before the next
 # read of MemAvailable): the look's time and the wait both vary pass to pass.
 BRAKE_MARGIN = 1.5
@@ -109,6 +111,8 @@ class Guard:
             os.path.join(config.proc, "sys", "vm"),
             on_done=self._wake_up,
         )
+        self._room_every = config.make_room_every  # doubled while reclaims free little
+        self._room_misses = 0
         self._reclaimed_at: float | None = None
         self._compacted_at: float | None = None
         self._room_said: set[str] = set()
@@ -332,7 +336,7 @@ class Guard:
         if self.dry_run or memory is None or snapshot is None or self.room.busy:
             return
         rule = snapshot.rule
-        if not rule.make_room:
+        if not self.config.make_room:
             return
         loading = decision is not None and any(
             ld.seen.growth > 0 or ld.ref in self.state.new_loaders for ld in decision.loaders
@@ -345,6 +349,7 @@ class Guard:
             now=now,
             last_reclaim=self._reclaimed_at,
             last_compact=self._compacted_at,
+            every=self._room_every,
         )
         if plan is None or not self.room.submit(plan, memory):
             return
@@ -352,6 +357,32 @@ class Guard:
             self._reclaimed_at = now
         if plan.compact:
             self._compacted_at = now
+
+    def _judge_reclaim(self, made: RoomMade) -> None:
+        """A reclaim that freed little (cache the kernel would not drop: mapped and in use, or
+        refilled as fast) backs off, doubling up to ROOM_BACKOFF_MAX; after two such, the cache
+        is not counted as room until a reclaim frees again. A user cannot make the guard
+        drop caches every second for nothing, nor make it see room that is not there."""
+        done = max(made.dropped, made.freed)
+        if made.method and done >= min(made.plan.reclaim // 4, RECLAIM_MIN):
+            if self._room_misses >= 2:
+                self.sensor.room_possible = True
+                self.log.info(
+                    "room-made", msg="page cache can be dropped again: it counts as room again"
+                )
+            self._room_misses, self._room_every = 0, self.config.make_room_every
+            return
+        self._room_misses += 1
+        self._room_every = min(self._room_every * 2, ROOM_BACKOFF_MAX)
+        if self._room_misses == 2 and self.sensor.room_possible:
+            self.sensor.room_possible = False
+            self.log.warning(
+                "room-failed",
+                error=f"asked {made.plan.reclaim} bytes, {max(done, 0)} freed",
+                msg=f"reclaims free little ({format_size(max(done, 0))} of "
+                f"{format_size(made.plan.reclaim)} asked): the page cache is not counted as room"
+                f" for the GPU until one frees again; retried every {self._room_every:g}s",
+            )
 
     def _tell_room(self, made: RoomMade) -> None:
         before, after = made.before, made.after
@@ -370,6 +401,7 @@ class Guard:
                     msg=f"cannot make room this way: {error}"
                     + ("" if failed else f"; {made.method or 'compaction'} did it"),
                 )
+        self.sensor.reclaims_mapped = self.room.reclaims_mapped
         if self.sensor.room_possible and not self.room.reclaim_possible(made.before.swap_total):
             # No reclaim works here: the page cache is no room for the GPU, MemFree is judged.
             self.sensor.room_possible = False
@@ -379,6 +411,8 @@ class Guard:
                 msg="no way to drop page cache works here: on unified memory the guard now "
                 "judges MemFree alone",
             )
+        if made.plan.reclaim and self.room.reclaim_possible(made.before.swap_total):
+            self._judge_reclaim(made)
         if not made.method and not made.compacted:
             return
         for kind in ([made.method] if made.method else []) + (

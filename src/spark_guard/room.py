@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .config import Config
 from .quantities import format_size
-from .snapshot import Memory, MemoryRule
+from .snapshot import Memory, MemoryRule, droppable
 
 MiB = 1024**2
 # Less clean cache than this is not worth a reclaim: it would not lift MemFree by much.
@@ -47,26 +47,30 @@ def plan_room(
     now: float,
     last_reclaim: float | None,
     last_compact: float | None,
+    every: float | None = None,
 ) -> RoomPlan | None:
     """Room to make now, or None.
 
     Under the floor (or under LOADING_MARGIN floors while a loader loads), with clean
     page cache to drop: reclaim up to two floors' worth above MemFree, and compact after
     it (dropped pages are scattered). With MemFree above the floor but fewer free 2 MiB
-    blocks than a floor: compact only. At most one reclaim per `make_room_every`, one
-    compaction per COMPACT_EVERY of those. Never on a discrete-GPU machine, nor where the
-    config says no.
+    blocks than a floor: compact only. At most one reclaim per `every` (make_room_every, or
+    longer while reclaims free little: the caller backs off), one compaction per
+    COMPACT_EVERY of those. Only the cache `droppable` counts. Never on a discrete-GPU
+    machine, nor where the config says no: `rule.make_room` is not asked, since it is off
+    while reclaims do not work, and this is how they are tried again.
     """
-    if not (rule.unified and rule.make_room) or memory.free is None:
+    if not (rule.unified and config.make_room) or memory.free is None:
         return None
     floor = config.floor_for(memory.total)
     free = memory.free
-    every = config.make_room_every
+    cache = droppable(memory, rule)
+    every = config.make_room_every if every is None else every
     may_reclaim = last_reclaim is None or now - last_reclaim >= every
     may_compact = last_compact is None or now - last_compact >= every * COMPACT_EVERY
     trigger = floor * (LOADING_MARGIN if loading else 1.0)
-    if free < trigger and memory.file_clean >= RECLAIM_MIN and may_reclaim:
-        want = min(2 * floor - free, memory.file_clean)
+    if free < trigger and cache >= RECLAIM_MIN and may_reclaim:
+        want = min(2 * floor - free, cache)
         if want >= RECLAIM_MIN:
             return RoomPlan(
                 want,
@@ -75,7 +79,7 @@ def plan_room(
                 + (f"{LOADING_MARGIN:g}x " if loading else "")
                 + f"the device floor {format_size(floor)}"
                 + (" while a loader loads" if loading else "")
-                + f", {format_size(memory.file_clean)} of clean page cache",
+                + f", {format_size(cache)} of clean page cache to drop",
             )
     huge = memory.huge_free
     if huge is not None and huge < floor <= free and may_compact:

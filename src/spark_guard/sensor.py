@@ -133,6 +133,7 @@ class Sensor:
         # False once every way of making room failed for good (system/reclaim.py): then
         # the page cache is no room for the GPU, and the rules judge MemFree alone.
         self.room_possible = True
+        self.reclaims_mapped = False  # memory.reclaim worked: mapped cache is droppable too
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -358,7 +359,9 @@ class Sensor:
         """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
         found it (no device memory figure: GB10); room counts where the guard can make it."""
         unified = unified_memory(self.config.unified, self.gpu.unified)
-        return MemoryRule(unified, self.config.make_room and self.room_possible)
+        return MemoryRule(
+            unified, self.config.make_room and self.room_possible, self.reclaims_mapped
+        )
 
     def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
         """Services with a start job and no process yet: loaders caught before they allocate."""

@@ -124,6 +124,9 @@ class Memory:
     # dirty or under writeback.
     file_clean: int = 0
     dirty: int = 0  # Dirty + Writeback: cache that must be written before it is dropped
+    # Mapped: page cache some process maps (a model in use): drop_caches never drops it,
+    # memory.reclaim takes it only by evicting what is in use.
+    mapped: int = 0
     shmem: int = 0  # tmpfs and shared memory: counted in the cache, never dropped
     swap_total: int = 0
     # Free in blocks of 2 MiB and larger (what a driver allocating 2 MiB pages can take
@@ -140,6 +143,17 @@ class MemoryRule:
 
     unified: bool = False
     make_room: bool = False
+    # Room is made by a way that takes mapped cache too (memory.reclaim has worked here);
+    # until then only unmapped clean cache counts.
+    reclaims_mapped: bool = False
+
+
+def droppable(memory: Memory, rule: MemoryRule) -> int:
+    """The page cache the guard can drop for the GPU: clean, and unmapped unless the way it
+    makes room has been seen to take mapped pages."""
+    if rule.reclaims_mapped:
+        return memory.file_clean
+    return max(memory.file_clean - memory.mapped, 0)
 
 
 def judged(memory: Memory, rule: MemoryRule) -> int:
@@ -153,7 +167,7 @@ def judged(memory: Memory, rule: MemoryRule) -> int:
     """
     if not rule.unified or memory.free is None:
         return memory.available
-    room = memory.free + (memory.file_clean if rule.make_room else 0)
+    room = memory.free + (droppable(memory, rule) if rule.make_room else 0)
     return min(memory.available, room)
 
 

@@ -26,7 +26,7 @@ from .events import Event
 from .foresight.predict import PENDING
 from .policy import STEADY, decide
 from .quantities import format_size
-from .snapshot import Action, Decision, Loader, Snapshot, UnitRef, judged
+from .snapshot import Action, Decision, Loader, MemoryRule, Snapshot, UnitRef, judged
 
 # Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
 HISTORY_MAX = 600
@@ -64,6 +64,9 @@ class GuardState:
     # Actions taken by kind, and the last one, for state.json, the metrics and STATUS=.
     counts: Mapping[str, int] = field(default_factory=_nothing)
     last_action: str = "none"
+    # The rule the history was taken under: a new rule (NVML found unified memory, room can
+    # no longer be made) is a new figure, and a fall between two figures is no trend.
+    rule: MemoryRule = field(default_factory=MemoryRule)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def remember(state: GuardState, now: float, available: int, config: Config) -> G
 
 def step(state: GuardState, snapshot: Snapshot, config: Config, *, dry_run: bool) -> Outcome:
     """One pass: remember the reading, decide, say what is new, take what is new."""
+    if snapshot.rule != state.rule:
+        state = replace(state, history=(), rule=snapshot.rule)
     state = remember(state, snapshot.now, judged(snapshot.memory, snapshot.rule), config)
     # What the guard remembers is part of what it judges: the trend and the boot latch.
     seen = replace(

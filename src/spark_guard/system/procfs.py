@@ -10,6 +10,7 @@ Not psutil: each reader says why in one line; the figures are in docs/benchmarks
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from itertools import islice
 
@@ -38,24 +39,31 @@ class KeptFile:
     def __init__(self, path: str, limit: int) -> None:
         self.path, self.limit = path, limit
         self._fd: int | None = None
+        # The loop, the blocker and the make-room thread share one: an fd closed after an
+        # error must not be read by another thread once its number is reused.
+        self._lock = threading.Lock()
 
     def read(self) -> bytes:
-        fd = self._fd
-        if fd is None:
-            fd = self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return os.pread(fd, self.limit, 0)
-        except OSError:
-            self.close()
-            raise
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return os.pread(self._fd, self.limit, 0)
+            except OSError:
+                self._close()
+                raise
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
 
     def __del__(self) -> None:
-        self.close()
+        self._close()
 
 
 # meminfo is about 1.5 KiB (60 lines); buddyinfo a line per zone and node.
@@ -71,6 +79,7 @@ _MEMORY_FIELDS = frozenset(
         b"Dirty",
         b"Writeback",
         b"Shmem",
+        b"Mapped",
         b"SwapTotal",
     )
 )
@@ -136,6 +145,7 @@ class ProcFS:
             file_clean=max(file_pages - get(b"Dirty", 0) - get(b"Writeback", 0), 0),
             dirty=get(b"Dirty", 0) + get(b"Writeback", 0),
             shmem=get(b"Shmem", 0),
+            mapped=get(b"Mapped", 0),
             swap_total=get(b"SwapTotal", 0),
             huge_free=self.huge_free(),
         )

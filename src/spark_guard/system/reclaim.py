@@ -47,6 +47,13 @@ class RoomMade:
     errors: tuple[str, ...] = ()
 
     @property
+    def dropped(self) -> int:
+        """Clean page cache gone between before and after (what the reclaim did)."""
+        if self.after is None:
+            return 0
+        return self.before.file_clean - self.after.file_clean
+
+    @property
     def freed(self) -> int:
         """MemFree gained (negative: a loader took more meanwhile)."""
         if self.after is None or self.after.free is None or self.before.free is None:
@@ -71,6 +78,8 @@ class RoomMaker:
     _closed: bool = False
     # Methods that failed for good, each with the error said for it.
     broken: dict[str, str] = field(default_factory=dict)
+    # A memory.reclaim write has worked here: mapped page cache counts as droppable.
+    reclaims_mapped: bool = False
 
     def __post_init__(self) -> None:
         self._wake = threading.Condition(self._lock)
@@ -85,17 +94,22 @@ class RoomMaker:
         return any(way not in self.broken for way in ways)
 
     def submit(self, plan: RoomPlan, before: Memory) -> bool:
-        """Hand a plan to the worker; False (and nothing done) while one is in hand."""
+        """Hand a plan to the worker; False (and nothing done) while one is in hand, or
+        where no thread can be started (a pids limit): the next pass tries again."""
         with self._lock:
             if self._busy or self._closed:
                 return False
-            self._busy = True
-            self._pending = (plan, before)
-            if self._thread is None:
-                self._thread = threading.Thread(
+            if self._thread is None or not self._thread.is_alive():
+                thread = threading.Thread(
                     target=self._run, name="spark-guard make-room", daemon=True
                 )
-                self._thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:
+                    return False
+                self._thread = thread
+            self._busy = True
+            self._pending = (plan, before)
             self._wake.notify()
         return True
 
@@ -117,7 +131,10 @@ class RoomMaker:
                 if self._pending is None:
                     return
                 (plan, before), self._pending = self._pending, None
-            made = self.carry_out(plan, before)
+            try:
+                made = self.carry_out(plan, before)
+            except Exception as e:  # the thread outlives any surprise; the loop is told
+                made = RoomMade(plan, before, None, "", False, 0.0, (f"make-room: {e!r}",))
             with self._lock:
                 self._done.append(made)
                 self._busy = False
@@ -153,6 +170,8 @@ class RoomMaker:
         tries.append((DROP_CACHES, os.path.join(self.sysctl, "drop_caches"), b"1"))
         for name, path, data in tries:
             if self._write(name, path, data, errors):
+                if name.startswith(RECLAIM):
+                    self.reclaims_mapped = True  # it evicts mapped cache too (drop_caches not)
                 return name
         return ""
 

@@ -38,7 +38,7 @@ from ..foresight.servers import OLLAMA
 from ..policy import charge_clients
 from ..quantities import format_size
 from ..room import RECLAIM_MIN, RoomPlan
-from ..snapshot import Decision, SeenUnit, Snapshot, UnitRef, parse_ref
+from ..snapshot import Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
 from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
 from ..system.procfs import ProcFS
@@ -279,7 +279,11 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
     made: not unified memory, or not root."""
     rule, memory = snapshot.rule, snapshot.memory
     if not rule.unified or memory.free is None:
-        print("spark-guard: --make-room: not unified memory here: no room made", file=sys.stderr)
+        print(
+            "spark-guard: --make-room: not unified memory here (NVML did not say so; "
+            '[memory] unified = "yes" says it for a GB10 without a driver yet): no room made',
+            file=sys.stderr,
+        )
         return None
     if os.geteuid() != 0:
         print(
@@ -289,7 +293,7 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
         )
         return None
     floor = config.floor_for(memory.total)
-    want = min(memory.file_clean, max(need + floor - memory.free, 0))
+    want = min(droppable(memory, rule), max(need + floor - memory.free, 0))
     plan = RoomPlan(want if want >= RECLAIM_MIN else 0, True, f"preflight for {need} bytes")
     maker = RoomMaker(
         ProcFS(config.proc), v2_root(config.cgroup), os.path.join(config.proc, "sys", "vm")
