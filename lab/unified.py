@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.vm import VM
+from lab.wedge import disable_comparisons
 
 HERE = Path(__file__).parent
 MiB = 1024**2
@@ -120,6 +121,7 @@ def prepare(vm: VM, deb: Path, *, make_room: bool) -> None:
     system.joinpath("llama-big.service").write_text(
         LOADER.format(model="/srv/models/big.gguf", mib=BIG_MIB, rate=RATE)
     )
+    disable_comparisons(vm)
     vm.install(deb)
     vm.path("/etc/spark-guard.toml").write_text(guard_config(make_room))
 
@@ -167,8 +169,13 @@ def run(vm: VM) -> Outcome:
         out.units[unit] = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     out.guard_log = vm.ssh("journalctl -b -u spark-guard -o cat").stdout
     out.decisions = [ln for ln in out.guard_log.splitlines() if ln.startswith("stop ")]
+    # The kernel's OOM kills, and any other daemon's (none should run: disable_comparisons).
     out.kernel_kills = int(
-        vm.ssh("journalctl -k -b | grep -c 'Out of memory: Killed' || true").stdout.strip() or 0
+        vm.ssh(
+            "journalctl -b | grep -c -e 'Out of memory: Killed' -e 'earlyoom.*sending' "
+            "-e 'systemd-oomd.*Killed' || true"
+        ).stdout.strip()
+        or 0
     )
     return out
 

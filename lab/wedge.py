@@ -125,6 +125,19 @@ def _enable(vm: VM, wants_dir: str, unit_path: str, *, owner: int = 0) -> None:
         subprocess.run(["chown", "-h", f"{owner}:{owner}", str(link)], check=True)
 
 
+def disable_comparisons(vm: VM) -> None:
+    """The comparison daemons are in the image, enabled by their packages: each run enables
+    only its own (an earlyoom left on kills the loaders the guard is being tested on)."""
+    system = "/etc/systemd/system"
+    for link in (
+        f"{system}/multi-user.target.wants/earlyoom.service",
+        f"{system}/multi-user.target.wants/systemd-oomd.service",
+        f"{system}/sockets.target.wants/systemd-oomd.socket",
+        f"{system}/dbus-org.freedesktop.oom1.service",
+    ):
+        vm.path(link).unlink(missing_ok=True)
+
+
 def prepare(vm: VM, protection: str, deb: Path | None) -> None:
     """Lay the wedge out in vm.root and install one protection (or none)."""
     assert protection in PROTECTIONS, protection
@@ -173,14 +186,7 @@ def prepare(vm: VM, protection: str, deb: Path | None) -> None:
     vm.path("/var/lib/systemd/linger").mkdir(parents=True, exist_ok=True)
     vm.path("/var/lib/systemd/linger/alice").touch()
 
-    # The comparison daemons are in the image; each run enables only its own.
-    for link in (
-        f"{system}/multi-user.target.wants/earlyoom.service",
-        f"{system}/multi-user.target.wants/systemd-oomd.service",
-        f"{system}/sockets.target.wants/systemd-oomd.socket",
-        f"{system}/dbus-org.freedesktop.oom1.service",
-    ):
-        vm.path(link).unlink(missing_ok=True)
+    disable_comparisons(vm)
     if protection == "earlyoom":
         _enable(vm, f"{system}/multi-user.target.wants", "/lib/systemd/system/earlyoom.service")
     elif protection == "systemd-oomd":

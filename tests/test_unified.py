@@ -280,3 +280,26 @@ def test_without_make_room_the_models_page_cache_counts_in_the_strict_fit():
     (action,) = decide(replace(snap, rule=GB10_NO_ROOM), Config()).actions
     assert action.reason == "footprint" and action.figures["expected"] == 64 * GiB
     assert decide(replace(snap, rule=DISCRETE), Config()).actions == ()
+
+
+def test_reclaims_that_free_little_back_off_and_stop_counting_the_cache_as_room():
+    from spark_guard.room import BACKOFF_MAX, Pace, paced
+
+    base = Config().make_room_every
+    pace = Pace(base)
+    asked = 4 * GiB
+    # A reclaim that freed its quarter keeps the pace.
+    assert paced(pace, asked, GiB, base) == Pace(base)
+    # One that freed almost nothing doubles the wait; the second stops the cache counting.
+    once = paced(pace, asked, 10 * MiB, base)
+    assert (once.every, once.counts) == (2 * base, True)
+    twice = paced(once, asked, 0, base)
+    assert (twice.every, twice.counts) == (4 * base, False)
+    slowest = twice
+    for _ in range(10):
+        slowest = paced(slowest, asked, 0, base)
+    assert slowest.every == BACKOFF_MAX
+    # One that frees again is back at once.
+    assert paced(slowest, asked, 2 * GiB, base) == Pace(base)
+    # A small ask is judged against what it asked, not against a quarter of 4 GiB.
+    assert paced(pace, 100 * MiB, 30 * MiB, base) == Pace(base)

@@ -26,7 +26,7 @@ from .config import Config, ConfigError
 from .metrics import TextfileWriter
 from .policy import brake, full_look_due, poll_interval
 from .quantities import format_size
-from .room import RECLAIM_MIN, plan_room
+from .room import Pace, paced, plan_room
 from .sensor import Sensor
 from .snapshot import Decision, Memory, Snapshot, judged
 from .statefile import PublishedState, Publisher
@@ -42,8 +42,6 @@ from .text import printable
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
-# The longest wait between two reclaims that freed little (Guard._judge_reclaim).
-ROOM_BACKOFF_MAX = 30.0
 # The brake looks this far ahead, in units of (a full look + the wait before the next
 # read of MemAvailable): the look's time and the wait both vary pass to pass.
 BRAKE_MARGIN = 1.5
@@ -111,8 +109,7 @@ class Guard:
             os.path.join(config.proc, "sys", "vm"),
             on_done=self._wake_up,
         )
-        self._room_every = config.make_room_every  # doubled while reclaims free little
-        self._room_misses = 0
+        self._pace = Pace(config.make_room_every)  # slower while reclaims free little
         self._reclaimed_at: float | None = None
         self._compacted_at: float | None = None
         self._room_said: set[str] = set()
@@ -349,7 +346,7 @@ class Guard:
             now=now,
             last_reclaim=self._reclaimed_at,
             last_compact=self._compacted_at,
-            every=self._room_every,
+            every=self._pace.every,
         )
         if plan is None or not self.room.submit(plan, memory):
             return
@@ -359,30 +356,23 @@ class Guard:
             self._compacted_at = now
 
     def _judge_reclaim(self, made: RoomMade) -> None:
-        """A reclaim that freed little (cache the kernel would not drop: mapped and in use, or
-        refilled as fast) backs off, doubling up to ROOM_BACKOFF_MAX; after two such, the cache
-        is not counted as room until a reclaim frees again. A user cannot make the guard
-        drop caches every second for nothing, nor make it see room that is not there."""
-        done = max(made.dropped, made.freed)
-        if made.method and done >= min(made.plan.reclaim // 4, RECLAIM_MIN):
-            if self._room_misses >= 2:
-                self.sensor.room_possible = True
-                self.log.info(
-                    "room-made", msg="page cache can be dropped again: it counts as room again"
-                )
-            self._room_misses, self._room_every = 0, self.config.make_room_every
-            return
-        self._room_misses += 1
-        self._room_every = min(self._room_every * 2, ROOM_BACKOFF_MAX)
-        if self._room_misses == 2 and self.sensor.room_possible:
+        """The pace of reclaims after this one (room.paced); while reclaims free little the
+        cache is no room for the GPU (sensor.room_possible), said when that turns."""
+        done = max(made.dropped, made.freed, 0) if made.method else 0
+        before = self._pace
+        self._pace = paced(before, made.plan.reclaim, done, self.config.make_room_every)
+        if before.counts and not self._pace.counts:
             self.sensor.room_possible = False
             self.log.warning(
                 "room-failed",
-                error=f"asked {made.plan.reclaim} bytes, {max(done, 0)} freed",
-                msg=f"reclaims free little ({format_size(max(done, 0))} of "
+                error=f"asked {made.plan.reclaim} bytes, {done} freed",
+                msg=f"reclaims free little ({format_size(done)} of "
                 f"{format_size(made.plan.reclaim)} asked): the page cache is not counted as room"
-                f" for the GPU until one frees again; retried every {self._room_every:g}s",
+                f" for the GPU until one frees again; retried every {self._pace.every:g}s",
             )
+        elif not before.counts and self._pace.counts:
+            self.sensor.room_possible = True
+            self.log.info("room-made", msg="page cache can be dropped again: it counts as room")
 
     def _tell_room(self, made: RoomMade) -> None:
         before, after = made.before, made.after

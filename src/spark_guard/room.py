@@ -27,6 +27,10 @@ RECLAIM_MIN = 64 * MiB
 LOADING_MARGIN = 1.5
 # Compaction walks every zone (seconds on 121 GiB): at most once this many reclaim periods.
 COMPACT_EVERY = 5
+# The longest wait between two reclaims that freed little (paced()).
+BACKOFF_MAX = 30.0
+# Reclaims in a row that freed little before the cache stops counting as room.
+MISSES_MAX = 2
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,27 @@ def plan_room(
             f"(device floor {format_size(floor)}): fragmented",
         )
     return None
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How often room is made now: `every` seconds, after `misses` reclaims in a row that
+    freed little. While `counts` is false, clean cache is no room (MemoryRule.make_room)."""
+
+    every: float
+    misses: int = 0
+
+    @property
+    def counts(self) -> bool:
+        return self.misses < MISSES_MAX
+
+
+def paced(pace: Pace, asked: int, done: int, base: float) -> Pace:
+    """The pace after a reclaim that asked `asked` bytes and freed `done` (MemFree gained or
+    cache dropped, the larger). Less than a quarter of what was asked (or RECLAIM_MIN)
+    doubles the wait, up to BACKOFF_MAX; one that frees is back to `base`. Cache the kernel
+    will not drop (mapped and in use, refilled as fast as it goes) then neither makes the
+    guard drop caches every second nor makes it see room that is not there."""
+    if done >= min(asked // 4, RECLAIM_MIN):
+        return Pace(base)
+    return Pace(min(pace.every * 2, BACKOFF_MAX), pace.misses + 1)
