@@ -72,19 +72,15 @@ def test_room_is_made_through_a_cache_flood_and_only_the_load_that_cannot_fit_is
         assert stops and "device headroom" in stops[0], why
         assert not [d for d in out.decisions if "llama-fit.service" in d], why
 
-        # Fragmentation: the flood took the free 2 MiB blocks, the guard's compaction brought
-        # them back (its event says both figures).
-        compacted = [r for r in out.rooms if r.get("SG_COMPACTED") == "True"]
+        # The free 2 MiB blocks: the flood took more than half of them (with the guard on;
+        # without it MemFree itself goes), and each reclaim-and-compact brought them back
+        # (its event says both figures).
+        compacted = [r for r in out.rooms if r.get("SG_COMPACTED") == "True" and r.get("SG_METHOD")]
         assert compacted, why
         before_flood = out.samples[0].huge
-        assert min(s.huge for s in flood) < before_flood / 4, (
-            before_flood,
-            min(s.huge for s in flood),
-        )
-        best = max(
+        assert lowest < before_flood / 2, (before_flood, lowest)
+        back = [
             int(str(r["SG_HUGE_FREE_AFTER"])) - int(str(r["SG_HUGE_FREE_BEFORE"]))
             for r in compacted
-        )
-        assert best > 64 * MiB, [
-            (r["SG_HUGE_FREE_BEFORE"], r["SG_HUGE_FREE_AFTER"]) for r in compacted
         ]
+        assert max(back) > 128 * MiB, back

@@ -58,8 +58,9 @@ def plan_room(
     Under the floor (or under LOADING_MARGIN floors while a loader loads), with clean
     page cache to drop: reclaim up to two floors' worth above MemFree, and compact after
     it (dropped pages are scattered). With MemFree above the floor but fewer free 2 MiB
-    blocks than a floor: compact only. At most one reclaim per `every` (make_room_every, or
-    longer while reclaims free little: the caller backs off), one compaction per
+    blocks than a floor and than half of MemFree: compact only. At most one reclaim per
+    `every` (make_room_every, or longer while reclaims free little: the caller backs off),
+    one compaction per
     COMPACT_EVERY of those. Only the cache `droppable` counts. Never on a discrete-GPU
     machine, nor where the config says no: `rule.make_room` is not asked, since it is off
     while reclaims do not work, and this is how they are tried again.
@@ -86,7 +87,10 @@ def plan_room(
                 + f", {format_size(cache)} of clean page cache to drop",
             )
     huge = memory.huge_free
-    if huge is not None and huge < floor <= free and may_compact:
+    # Fragmented: MemFree is above the floor but less than half of it, and less than a
+    # floor, is in 2 MiB blocks. (MemFree just above the floor and mostly in large blocks is
+    # no fragmentation: a compaction there moves pages for nothing; measured in the VM.)
+    if huge is not None and huge < floor <= free and huge < free // 2 and may_compact:
         return RoomPlan(
             0,
             True,
