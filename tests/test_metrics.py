@@ -90,6 +90,15 @@ def test_the_running_guard_writes_metrics_node_exporter_can_read(tmp_path):
     assert total == meminfo("MemTotal")
     assert 0 < one(found, "spark_guard_mem_available_bytes") <= total
     assert one(found, "spark_guard_reserve_bytes") == max(8 * 1024**3, int(total * 0.07))
+    # Unified memory figures (issue 25): shown on any machine; this one has no GPU, so
+    # "auto" says not unified, the headroom judged is MemAvailable and there is no floor.
+    assert one(found, "spark_guard_unified_memory") == 0
+    assert 0 < one(found, "spark_guard_mem_free_bytes") <= total
+    assert one(found, "spark_guard_page_cache_clean_bytes") >= 0
+    assert 0 <= one(found, "spark_guard_huge_free_bytes") <= total
+    assert one(found, "spark_guard_headroom_bytes") == one(found, "spark_guard_mem_available_bytes")
+    assert one(found, "spark_guard_device_floor_bytes") == 0
+    assert one(found, "spark_guard_room_freed_bytes") == 0
     assert one(found, "spark_guard_phase", spark_guard_phase="strict") == 1
     assert one(found, "spark_guard_phase", spark_guard_phase="steady") == 0
     assert one(found, "spark_guard_blocked_units") == 1
