@@ -6,8 +6,9 @@ The bound on MemFree below the floor: the guard reads memory every quiet pass (a
 0.25 s with 1.5 GiB of headroom here: policy.FILL_RATE), and between its read and the
 reclaim's end the flood and the loader go on. The flood reads at 250-400 MiB/s under
 emulation and the loaders add 100 MiB/s: about 0.3 s of that is 120 MiB; FLOOR_BOUND is
-a little more. Without the guard MemFree falls to the kernel's own watermarks (a few
-tens of MiB here, the benchmark's row), far under it.
+a little more. Seen in four runs: 252-280 MiB at the lowest against the 300 MiB floor.
+With make-room off (benchmarks/unified_room.py) MemFree fell to 187 MiB and the guard,
+judging MemFree alone, had to stop the load that fits too.
 """
 
 from __future__ import annotations
