@@ -371,10 +371,6 @@ def poll_interval(
 
 
 FULL_LOOK_EVERY = 60.0  # seconds: the longest a steady guard goes without a full look
-# ...and below twice the reserve, where nothing moved: a Spark holding its model near the
-# reserve sits there all day, and a look each second was most of its 0.7-1.0 % of a core
-# (benchmarks/daemon_cost.py); a fall of a quarter of the headroom still brings one at once.
-NEAR_LOOK_EVERY = 5.0
 _FULL_LOOK_DROP = 256 * 1024**2
 
 
@@ -388,11 +384,11 @@ def full_look_due(
     /proc/meminfo per pass: the full look comes back every FULL_LOOK_EVERY seconds, at
     once when MemAvailable fell by a step since the last one, and while a block is
     unfinished (`busy`). A pressure event always brings it. Below twice the reserve
-    the step is a quarter of the headroom the last look saw, and a look is at most
-    NEAR_LOOK_EVERY old: a machine that holds its model near the reserve is read every
-    poll.min (FILL_RATE), and a full look on each read cost 4 % of a core here (the
-    brake watches each read between looks, and a loader that starts must allocate to
-    matter, which moves the figure).
+    the step is a quarter of the headroom the last look saw: a machine that holds its
+    model near the reserve is read every poll.min (FILL_RATE), and a full look on each
+    read cost 4 % of a core here, one a second 0.73 %. Nothing that did not move brings
+    one (the brake watches each read between looks, and a loader that starts must
+    allocate to matter, which moves the figure).
     """
     if last is None or not last.boot_over or busy:
         return True
@@ -405,7 +401,7 @@ def full_look_due(
     if current >= 2 * reserve:
         return False
     headroom = max(before - reserve, 0)
-    return fell >= headroom // 4 or now - last.now >= NEAR_LOOK_EVERY
+    return fell >= headroom // 4
 
 
 # Seconds of MemAvailable the brake takes its fall rate over: the last look or two, so a
