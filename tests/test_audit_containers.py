@@ -161,6 +161,7 @@ def test_audit_lists_loader_containers_and_flags_those_their_engine_restarts(
         "memory",
         "gpu_holders",
         "containers",
+        "unified",  # issue 25: what a GPU allocation can get on unified memory
     }
     by_ref = {c["ref"]: c for c in report["containers"]}
     assert sorted(by_ref) == ["container:kept", "container:llm", "container:quiet", "container:srv"]

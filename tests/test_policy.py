@@ -392,6 +392,8 @@ def test_near_the_reserve_a_full_look_comes_on_a_fall_not_on_each_read():
     # Below the reserve there is no headroom left to lose: every read.
     under = replace(snap(8 * GiB, now=1000.0), boot_over=True)
     assert full_look_due(Memory(SPARK, 8 * GiB), under, reserve, 1000.1, busy=False)
+    # ...even when it rose a little since (found by a real guard's dry-run test).
+    assert full_look_due(Memory(SPARK, 8 * GiB + 10 * 1024**2), under, reserve, 1000.1, busy=False)
     # Far from it, the same 100 MiB is no reason either.
     far = replace(snap(60 * GiB, now=1000.0), boot_over=True)
     assert not full_look_due(

@@ -400,8 +400,9 @@ def full_look_due(
         return True
     if current >= 2 * reserve:
         return False
-    headroom = max(before - reserve, 0)
-    return fell >= headroom // 4
+    if current < reserve or before < reserve:
+        return True  # below the reserve there is no headroom left to lose: every read
+    return fell >= (before - reserve) // 4
 
 
 # Seconds of MemAvailable the brake takes its fall rate over: the last look or two, so a
