@@ -412,10 +412,6 @@ class Guard:
         self.room_counts["freed_bytes"] = self.room_counts.get("freed_bytes", 0) + max(
             made.freed, 0
         )
-        what = " and ".join(
-            ([f"reclaimed page cache ({made.method})"] if made.method else [])
-            + (["compacted"] if made.compacted else [])
-        )
         fields: dict[str, object] = {
             "method": made.method or None,
             "compacted": made.compacted,
@@ -425,7 +421,7 @@ class Guard:
             "file_clean_before": before.file_clean,
             "huge_free_before": before.huge_free,
         }
-        msg = f"made room for the GPU: {what} in {made.seconds:.2f}s; {made.plan.why}"
+        msg = f"made room for the GPU: {made.done} in {made.seconds:.2f}s; {made.plan.why}"
         if after is not None:
             fields |= {
                 "mem_free_after": after.free,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..room import RoomPlan
 from ..snapshot import Memory
-from .procfs import ProcFS
+from .procfs import ProcError, ProcFS
 
 RECLAIM = "memory.reclaim"
 RECLAIM_FILE_ONLY = "memory.reclaim swappiness=0"
@@ -45,6 +45,14 @@ class RoomMade:
     compacted: bool
     seconds: float
     errors: tuple[str, ...] = ()
+
+    @property
+    def done(self) -> str:
+        """What was done, in words: "reclaimed page cache (how) and compacted", or ""."""
+        return " and ".join(
+            ([f"reclaimed page cache ({self.method})"] if self.method else [])
+            + (["compacted"] if self.compacted else [])
+        )
 
     @property
     def dropped(self) -> int:
@@ -153,9 +161,7 @@ class RoomMaker:
         )
         try:
             after: Memory | None = self.proc.memory()
-        except OSError:
-            after = None
-        except Exception:  # a ProcError: the loop's next read says it
+        except (OSError, ProcError):  # the loop's next read says what is wrong
             after = None
         return RoomMade(
             plan, before, after, method, compacted, time.monotonic() - began, tuple(errors)

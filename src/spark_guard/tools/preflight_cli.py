@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         if charge is not None:
             print(f"spark-guard: {p(what)}: {_charged(charge)}", file=sys.stderr)
         return 2
-    model_bytes = _model_bytes(prediction)
+    model_bytes = prediction.page_cache  # read through the page cache as it loads
     room = None
     if args.make_room:
         room = make_room(config, snapshot, prediction.bytes + model_bytes)
@@ -266,11 +266,6 @@ def run(args: argparse.Namespace) -> int:
             print(_room_line(room))
         _print(what, prediction, result, charge)
     return 0 if result.fits else 1
-
-
-def _model_bytes(prediction: Prediction) -> int:
-    """The model bytes the load reads through the page cache (Prediction.page_cache)."""
-    return prediction.page_cache
 
 
 def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
@@ -303,11 +298,7 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
 
 def _room_line(made: RoomMade) -> str:
     before, after = made.before, made.after
-    how = " and ".join(
-        ([f"reclaimed page cache ({made.method})"] if made.method else [])
-        + (["compacted"] if made.compacted else [])
-    )
-    line = f"made room: {how or 'nothing could be done'}"
+    line = f"made room: {made.done or 'nothing could be done'}"
     if after is not None and after.free is not None and before.free is not None:
         line += f"; MemFree {format_size(before.free)} -> {format_size(after.free)}"
     for error in made.errors:
