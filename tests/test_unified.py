@@ -308,3 +308,19 @@ def test_reclaims_that_free_little_back_off_and_stop_counting_the_cache_as_room(
     assert paced(slowest, asked, 2 * GiB, base) == Pace(base)
     # A small ask is judged against what it asked, not against a quarter of 4 GiB.
     assert paced(pace, 100 * MiB, 30 * MiB, base) == Pace(base)
+
+
+def test_audit_says_what_a_gpu_allocation_can_get_and_what_to_do():
+    from spark_guard.tools.audit import unified_findings
+
+    floor = Config().floor_for(SPARK)
+    low = Memory(SPARK, 40 * GiB, free=2 * GiB, file_clean=30 * GiB, huge_free=GiB)
+    (finding,) = unified_findings(low, GB10, Config())
+    assert finding.code == "memfree-low" and finding.unit == "-"
+    assert "MemFree 2.0GiB is under the device floor" in finding.message
+    assert "--make-room" in finding.fix
+    fragmented = replace(low, free=floor + 4 * GiB, huge_free=GiB)
+    assert [f.code for f in unified_findings(fragmented, GB10, Config())] == ["fragmented"]
+    codes = [f.code for f in unified_findings(fragmented, GB10_NO_ROOM, Config())]
+    assert codes == ["fragmented", "no-make-room"]
+    assert unified_findings(low, DISCRETE, Config()) == []

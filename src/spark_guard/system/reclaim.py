@@ -205,3 +205,5 @@ class RoomMaker:
         errors.append(why)
         if e.errno in _FINAL:
             self.broken[name] = why
+            if name == RECLAIM_FILE_ONLY and e.errno == errno.ENOENT:
+                self.broken[RECLAIM] = why  # the same file: its bare write is not tried

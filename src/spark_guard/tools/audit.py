@@ -314,6 +314,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 f"with {format_size(cache)} of clean page cache and MemAvailable "
                 f"{format_size(memory.available)}: a GPU allocation gets MemFree, and a load "
                 "now may fail (NV_ERR_NO_MEMORY) or wedge the host",
+                unit="-",
                 fix="spark-guard preflight --make-room UNIT   # as root: drops clean cache, "
                 "compacts, then judges",
             )
@@ -326,6 +327,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 "fragmented",
                 f"only {format_size(huge)} of MemFree {format_size(free)} is in free blocks of "
                 "2 MiB or larger: the driver's large allocations fail on a fragmented pool",
+                unit="-",
                 fix="echo 1 > /proc/sys/vm/compact_memory   # the guard does it when it makes room",
             )
         )
@@ -336,6 +338,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 "no-make-room",
                 "the guard makes no room on this unified-memory machine ([memory] make_room "
                 "is false, or no way of dropping page cache works): it judges MemFree alone",
+                unit="-",
                 fix="[memory] make_room = true in /etc/spark-guard.toml",
             )
         )

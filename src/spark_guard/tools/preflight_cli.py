@@ -301,8 +301,9 @@ def _room_line(made: RoomMade) -> str:
     line = f"made room: {made.done or 'nothing could be done'}"
     if after is not None and after.free is not None and before.free is not None:
         line += f"; MemFree {format_size(before.free)} -> {format_size(after.free)}"
-    for error in made.errors:
-        line += f"; {p(error)}"
+    if not made.done:  # a way refused where another worked is no news here
+        for error in dict.fromkeys(made.errors):
+            line += f"; {p(error)}"
     return line
 
 
