@@ -1,9 +1,11 @@
 """The guard's own budget, like earlyoom's TestRss: what the running guard may hold.
 
 The guard runs as a Type=notify unit of a harness user manager. Limits:
-RSS <= 32 MiB, open fds <= MAX_FDS, and both unchanged (no socket, pidfd or
-PSI fd more; RSS within RSS_NOISE) after managers appearing and vanishing
-and loader units starting and stopping (lab/churn.py).
+RSS <= 30 MiB (28.0 MB measured here, with this workplace's own site hook,
+which adds about 4 MB to any interpreter; 2 MB of margin for the CI
+machine), open fds <= MAX_FDS, and both unchanged (no socket, pidfd or PSI
+fd more; RSS within RSS_NOISE) after managers appearing and vanishing and
+loader units starting and stopping (lab/churn.py).
 
 How many cycles: each round here is USERS managers at once (the guard
 looks for managers every 2 s, so a round takes about 2 s whatever its
@@ -36,7 +38,7 @@ from spark_guard.system.managers import Manager, ManagerError
 
 pytestmark = pytest.mark.systemd
 
-MAX_RSS_KB = 32 * 1024
+MAX_RSS_KB = 30 * 1024
 MAX_FDS = 32  # stated: measured 15-20 (stdio, journal/notify sockets, PSI, bus, pipes)
 RSS_NOISE_KB = 512
 USERS = 8

@@ -95,7 +95,8 @@ runtime = "{tmp_path}/run"
     # What the process loaded over its whole life, written as it exits after SIGTERM.
     code = (
         "import atexit, json, sys\n"
-        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(seen)!r}, 'w')))\n"
+        "atexit.register(lambda: json.dump(sorted(k for k, v in sys.modules.items() if v),"
+        f" open({str(seen)!r}, 'w')))\n"
         "from spark_guard.cli import main\n"
         f"sys.exit(main(['run', '--config', {str(cfg)!r}, '--dry-run', '--log', 'console']))\n"
     )
@@ -116,5 +117,8 @@ runtime = "{tmp_path}/run"
     # The admin's tools and what only they use live under spark_guard.tools: the daemon
     # must never load any of it (memory, start-up).
     assert sorted(m for m in loaded if m.startswith("spark_guard.tools")) == []
+    # Nor OpenSSL (libssl and libcrypto: about 4 MB that mlockall() keeps resident): the
+    # guard speaks no TLS and makes no hash; structlog's asyncio would load it (run_cli).
+    assert sorted(loaded & {"ssl", "_ssl", "hashlib", "_hashlib", "secrets"}) == []
     tools = Path(spark_guard.tools.__file__).parent
     assert len([p for p in tools.rglob("*.py") if p.name != "__init__.py"]) >= 15

@@ -7,9 +7,17 @@ This front door and the daemon must stay clear of the admin's tools (the
 from __future__ import annotations
 
 import argparse
+import sys
 
-from . import daemon
-from . import log as log_mod
+# The daemon speaks no TLS: its sockets are unix sockets (systemd, the container engines,
+# the journal). But structlog imports asyncio, and asyncio imports ssl when it can, and
+# OpenSSL's start-up costs about 4 MB that mlockall() then keeps resident. A None entry
+# makes `import ssl` fail, so asyncio takes the path it takes on a Python built without
+# OpenSSL. Set before the daemon's imports; a process that has ssl already keeps it.
+sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+from . import daemon  # noqa: E402
+from . import log as log_mod  # noqa: E402
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -422,7 +421,7 @@ class Tree:
         """Replace `path` atomically: a new file under a random name (O_EXCL), fsync, rename."""
         parent, name = os.path.split(path)
         with self.directory(parent, create=create) as fd:
-            tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
             tfd = os.open(
                 tmp,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
