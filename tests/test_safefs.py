@@ -12,7 +12,6 @@ user's.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import stat
 import tempfile
@@ -145,7 +144,7 @@ def test_a_file_made_in_a_users_tree_is_theirs_and_the_kernel_refuses_them_the_r
 def test_a_symlink_planted_at_the_temporary_name_is_never_followed(lay, monkeypatch):
     user = lay.user
     before = lay.snapshot()
-    monkeypatch.setattr(secrets, "token_hex", lambda _n: "c0ffee")
+    monkeypatch.setattr(os, "urandom", lambda _n: bytes.fromhex("c0ffee"))  # the name is known
     user.sh(f"ln -s {lay.victim}/secret {user.home}/.note.c0ffee.tmp")
     with pytest.raises(FileExistsError):  # O_EXCL: no temporary file is shared
         Tree(str(user.home), user.uid, user.gid).write(f"{user.home}/note", b"pwned\n")

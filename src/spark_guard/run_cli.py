@@ -11,13 +11,17 @@ import sys
 
 # The daemon speaks no TLS: its sockets are unix sockets (systemd, the container engines,
 # the journal). But structlog imports asyncio, and asyncio imports ssl when it can, and
-# OpenSSL's start-up costs about 4 MB that mlockall() then keeps resident. A None entry
-# makes `import ssl` fail, so asyncio takes the path it takes on a Python built without
-# OpenSSL. Set before the daemon's imports; a process that has ssl already keeps it.
-sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-
-from . import daemon  # noqa: E402
-from . import log as log_mod  # noqa: E402
+# OpenSSL's start-up costs about 4 MB that mlockall() then keeps resident. While the
+# daemon's modules are imported a None entry makes `import ssl` fail, so asyncio takes the
+# path it takes on a Python built without OpenSSL. The entry goes afterwards: the metrics
+# (prometheus_client, only where a textfile directory exists) still load ssl if they run.
+_blocked = sys.modules.setdefault("ssl", None) is None  # type: ignore[arg-type]
+try:
+    from . import daemon
+    from . import log as log_mod
+finally:
+    if _blocked and sys.modules.get("ssl", False) is None:
+        del sys.modules["ssl"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
