@@ -24,7 +24,7 @@ q1-q3 leaves out 1.00 (most rounds agree on which is faster).
 - import: wall time of a fresh interpreter that imports psutil against one that
   imports nothing (median of --runs), `-X importtime`'s cumulative figure, and the
   VmRSS that `import psutil` adds, to a bare interpreter and to one holding the
-  guard's own modules (the daemon's goal: RSS under 32 MiB).
+  guard's own modules (the daemon's goal: RSS under 30 MiB).
 
 Prints Markdown for docs/benchmarks.md.
 """

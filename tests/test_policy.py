@@ -465,17 +465,41 @@ def test_reserve_rule_takes_a_young_loader_seen_once_over_an_older_idle_bigger_o
 
 
 def test_a_quiet_guard_reads_again_before_memory_could_be_filled_at_fill_rate():
-    from spark_guard.policy import FILL_RATE, poll_interval
+    from spark_guard.policy import poll_interval
 
     c = parse('[budget]\nreserve = "200MiB"\n')
     calm = decide(_steady(2 * GiB), c)
-    # 1848 MiB above the reserve: 0.31 s.
-    assert abs(poll_interval(calm, _steady(2 * GiB), c) - 1848 / 6000) < 1e-6
-    # 450 MiB above the reserve: 6 GB/s would take it in 75 ms -> poll.min.
+    # 1848 MiB above the reserve: 6000 MiB/s would take that and half the reserve (100 MiB)
+    # in 0.325 s.
+    assert abs(poll_interval(calm, _steady(2 * GiB), c) - (1848 + 100) / 6000) < 1e-6
+    # 450 MiB above the reserve: 550 MiB go in 92 ms -> poll.min.
     assert poll_interval(calm, _steady(2 * GiB), c, 650 * 2**20) == 0.1
-    # 9 GiB above it: 1.5 s.
+    # 9 GiB above it: 1.55 s.
     big = _steady(9 * GiB + 200 * 2**20)
-    assert abs(poll_interval(calm, big, c) - 9 * GiB / FILL_RATE) < 1e-6
+    assert abs(poll_interval(calm, big, c) - (9 * 1024 + 100) / 6000) < 1e-6
+    # Below the reserve no slack is left to spend: every read at poll.min.
+    assert poll_interval(calm, _steady(150 * 2**20), c) == 0.1
+
+
+def test_a_spark_holding_its_model_near_the_reserve_is_read_about_once_a_second():
+    """The field's steady state: a 121 GiB Spark whose model leaves 600 MiB above the 8.5 GiB
+    reserve. A loader starting there at 6000 MiB/s has 4.85 GiB to take before the guard
+    reads again, so the guard never sees less than half the reserve left: 0.83 s, not
+    poll.min (0.1 s, ten wake-ups a second all day)."""
+    from spark_guard.policy import poll_interval
+
+    c = Config()
+    total = int(121.69 * GiB)
+    reserve = c.reserve_for(total)
+    near = replace(snap(reserve + 600 * 2**20, total=total), boot_over=True)
+    d = decide(near, c)
+    assert d.phase == STEADY and d.reserve == reserve
+    wait = poll_interval(d, near, c)
+    assert abs(wait - (600 * 2**20 + reserve / 2) / (6000 * 2**20)) < 1e-6
+    assert 0.8 < wait < 0.9
+    # At 6000 MiB/s from the read before, what is left of the reserve at the next read:
+    left = reserve + 600 * 2**20 - wait * 6000 * 2**20
+    assert abs(left - reserve / 2) < 2**20
 
 
 # --- loads a client asks a server for (lms load, ollama run) ---------------------

@@ -29,7 +29,7 @@ Then, on the same boot, the loader that fights back (issue 16, lab/wedge.py
 `fight`): started by hand once the wedge has settled (steady phase), it
 ignores SIGTERM and allocates as fast as the emulated CPU touches pages
 (200-270 MiB/s), more than is left. The guard reads MemAvailable every
-poll.min here (450 MiB of headroom: policy.FILL_RATE), takes a full look once
+poll.min here (450 MiB of headroom over a 200 MiB reserve: policy.FILL_RATE), takes a full look once
 it nears twice the reserve, and its brake freezes the loader on the pass that
 finds MemAvailable below the reserve or about to be; the full look decides
 (the reserve rule), the loader is killed frozen, and PID 1's llama-server,

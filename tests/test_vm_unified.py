@@ -3,7 +3,7 @@ through a page-cache flood, a load that fits goes through, one that does not is 
 on the device headroom (lab/unified.py lays it out; 2 GiB VM under TCG, the .deb).
 
 The bound on MemFree below the floor: the guard reads memory every quiet pass (about
-0.25 s with 1.5 GiB of headroom here: policy.FILL_RATE), and between its read and the
+0.27 s with 1.5 GiB of headroom here: policy.FILL_RATE and FILL_SLACK), and between its read and the
 reclaim's end the flood and the loader go on. The flood reads at 250-400 MiB/s under
 emulation and the loaders add 100 MiB/s: about 0.3 s of that is 120 MiB; FLOOR_BOUND is
 a little more. Seen in four runs: 252-280 MiB at the lowest against the 300 MiB floor.

@@ -342,9 +342,18 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
 
 
 # How fast memory can be filled, as earlyoom assumes it for RAM (6000 MiB/s): a quiet guard
-# reads MemAvailable again before a loader this fast could have taken the headroom. On a
-# Spark with 100 GiB free that is poll.max; in a 2 GiB VM with 450 MiB free, poll.min.
+# reads MemAvailable again before a loader this fast, starting on a quiet machine, could
+# have taken the headroom and FILL_SLACK of the reserve. On a Spark with 100 GiB free that
+# is poll.max; in a 2 GiB VM with 450 MiB free above a 200 MiB reserve, poll.min.
 FILL_RATE = 6000 * 1024**2
+# The share of the reserve such a loader may take before the next read sees it. The
+# reserve is kept for a rescue (sshd, a shell: a few MiB each), not spent at its first
+# byte: half of it left is still a machine that answers. Without it, a Spark that holds
+# its model 600 MiB above its 8.5 GiB reserve was read ten times a second (poll.min) all
+# day, about 0.5 % of a core; with it, about once a second (docs/benchmarks.md). Once the
+# figure falls, the fall rate sets the wait and the brake takes over; below the reserve
+# every read comes at poll.min, as before.
+FILL_SLACK = 0.5
 
 
 def poll_interval(
@@ -354,9 +363,10 @@ def poll_interval(
     available: int | None = None,
 ) -> float:
     """Seconds to the next look: a quarter of the time MemAvailable needs to reach
-    the reserve at its current fall rate, and no longer than FILL_RATE would need,
-    within [poll.min, poll.strict or poll.max]. `available`: the latest read of the judged
-    figure, when newer than the snapshot's."""
+    the reserve at its current fall rate, and no longer than FILL_RATE would need to
+    take the headroom and FILL_SLACK of the reserve, within [poll.min, poll.strict or
+    poll.max]. `available`: the latest read of the judged figure, when newer than the
+    snapshot's."""
     if decision is None or snapshot is None:
         return config.poll_max
     longest = (
@@ -364,7 +374,8 @@ def poll_interval(
     )
     current = judged(snapshot.memory, decision.rule) if available is None else available
     headroom = max(current - decision.reserve, 0)
-    longest = min(longest, max(headroom / FILL_RATE, config.poll_min))
+    reach = current - decision.reserve * (1 - FILL_SLACK) if current >= decision.reserve else 0
+    longest = min(longest, max(reach / FILL_RATE, config.poll_min))
     if decision.slope >= 0:
         return longest
     return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
@@ -385,10 +396,10 @@ def full_look_due(
     once when MemAvailable fell by a step since the last one, and while a block is
     unfinished (`busy`). A pressure event always brings it. Below twice the reserve
     the step is a quarter of the headroom the last look saw: a machine that holds its
-    model near the reserve is read every poll.min (FILL_RATE), and a full look on each
-    read cost 4 % of a core here, one a second 0.73 %. Nothing that did not move brings
-    one (the brake watches each read between looks, and a loader that starts must
-    allocate to matter, which moves the figure).
+    model near the reserve is read often (FILL_RATE: every poll.min before FILL_SLACK),
+    and a full look on each read cost 4 % of a core here, one a second 0.73 %. Nothing
+    that did not move brings one (the brake watches each read between looks, and a
+    loader that starts must allocate to matter, which moves the figure).
     """
     if last is None or not last.boot_over or busy:
         return True
