@@ -270,13 +270,21 @@ def test_a_step_change_the_table_does_not_allow_is_refused(rig):
 
 
 def test_the_table_names_every_step_and_only_steps():
-    assert (
-        STEPS == tuple(Step) == ("stop", "plan", "disable", "mask", "settle", "verify", "blocked")
-    )
+    # The order is the block's: the stop comes before anything is written, the block ends
+    # verified. Every step has a way on, to steps only, and each is reached from the stop.
+    assert tuple(Step) == STEPS
+    assert STEPS[0] is Step.STOP and STEPS[-1] is Step.BLOCKED
+    assert STEPS.index(Step.PLAN) < STEPS.index(Step.DISABLE) < STEPS.index(Step.MASK)
     assert set(TRANSITIONS) == set(Step)
     assert all(to and to <= set(Step) for to in TRANSITIONS.values())
     # Forward, each step leads to the next.
     assert all(b in TRANSITIONS[a] for a, b in itertools.pairwise(STEPS))
+    reached, todo = {Step.STOP}, [Step.STOP]
+    while todo:
+        for step in TRANSITIONS[todo.pop()] - reached:
+            reached.add(step)
+            todo.append(step)
+    assert reached == set(Step)
 
 
 def test_an_old_record_still_loads_and_is_written_the_same():

@@ -9,6 +9,7 @@ file and link byte for byte as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -234,6 +235,15 @@ def test_cgroup_kill_reaches_the_units_processes_and_no_others(um):
     um.systemctl("reset-failed", "victim.service")
 
 
+def _fds_to(path: str) -> int:
+    """How many of this process's fds are open on `path`."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+    return count
+
+
 def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
     """release holds the lock while the guard, having seen a vanished mask, waits for it."""
     import threading
@@ -270,7 +280,13 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
         with store.lock():
             guard = threading.Thread(target=blocker.advance)
             guard.start()
-            time.sleep(0.3)  # the guard has seen the mask missing and waits for the lock
+            # The guard has seen the mask missing and waits for the lock (it gives up after
+            # 1 s): its own fd to the lock file is open beside this one.
+            lock = str(tmp_path / "state" / "lock")
+            deadline = time.monotonic() + 5
+            while _fds_to(lock) < 2:
+                assert guard.is_alive() and time.monotonic() < deadline, "never at the lock"
+                time.sleep(0.005)
             saved = store.load(record.ref)
             assert saved is not None
             store.retire(saved)

@@ -18,8 +18,6 @@ import pytest
 from lab.nspawn import Container
 from spark_guard.events import MESSAGE_IDS
 
-pytestmark = pytest.mark.nspawn
-
 REPO = Path(__file__).parent.parent
 UNIT = REPO / "units" / "spark-guard.service"
 
@@ -80,6 +78,7 @@ def test_every_event_the_guard_logs_has_a_message_id():
     assert sorted(logged - set(MESSAGE_IDS)) == []
 
 
+@pytest.mark.root  # systemd-analyze in a private mount namespace (unshare --mount)
 def test_the_unit_keeps_few_rights():
     out = subprocess.run(
         [
@@ -107,6 +106,7 @@ def test_the_unit_keeps_few_rights():
         assert re.search(rf"^#\s+{cap}\s+\S", text, re.MULTILINE), cap
 
 
+@pytest.mark.nspawn
 @pytest.mark.parametrize("suite", ["bookworm", "noble"], ids=["debian-12", "ubuntu-24.04"])
 def test_installed_with_apt_it_runs_after_a_reboot_and_purges_without_a_trace(deb, suite):
     with Container(suite) as c:

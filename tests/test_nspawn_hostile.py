@@ -189,6 +189,12 @@ def test_a_fifo_model_does_not_hang_the_installed_guard(box: Container) -> None:
     her(c, "systemctl --user start --no-block llama-m.service")
     wait_event(c, "unit-blocked", f"user:{MALLORY}:llama-m.service")
     assert c.show("spark-guard.service", "NRestarts")["NRestarts"] == "0"
+    # The FIFO was opened (O_NONBLOCK) and refused, not skipped: status says why its
+    # footprint is unknown.
+    state = json.loads(c.run("spark-guard", "status", "--json").stdout)
+    fifo = [u for u in state["loaders"] if u["unit"] == f"user:{MALLORY}:llama-fifo.service"]
+    assert fifo and fifo[0]["expected"] is None, state["loaders"]
+    assert "/home/mallory/fifo.gguf: not a regular file" in json.dumps(fifo[0]), fifo
 
 
 def test_the_incidents_pair_as_installed_a_system_client_is_charged_to_her_server(
