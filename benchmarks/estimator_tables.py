@@ -67,7 +67,7 @@ def published() -> None:
 
 
 def measured() -> None:
-    model = read_model(str(testdata.smollm2()))
+    model = read_model(str(testdata.smollm2(fetch=True)))
     print("| settings | KV llama.cpp | KV estimate | compute llama.cpp | compute estimate |")
     print("|---|---|---|---|---|")
     for i, (settings, kv, compute) in enumerate(MEASURED):

@@ -31,7 +31,7 @@ def best_of(n: int, fn: object, arg: str) -> float:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        files = testdata.real_ggufs()
+        files = testdata.real_ggufs(fetch=True)
         files += [synth.write(spec, Path(tmp), vocabulary=True) for spec in synth.SPECS.values()]
         print("| file | size | ours | gguf-py | speed-up |")
         print("|---|---|---|---|---|")

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from lab import synth, testdata
+from lab import synth
 from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED, MMPROJ
 from spark_guard.foresight.estimate import (
     EstimateError,
@@ -21,6 +21,7 @@ from spark_guard.foresight.estimate import (
     state_bytes,
 )
 from spark_guard.foresight.gguf import Model, read_model
+from tests import data
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_qwen3_30b_a3b_matches_llama_cpps_published_figures(models):
 # MEASURED: what llama.cpp allocated for SmolLM2-135M Q4_1 (lab/llamacpp.py).
 @pytest.mark.parametrize(("settings", "kv", "compute"), MEASURED, ids=[str(m[0]) for m in MEASURED])
 def test_smollm2_matches_what_llama_cpp_allocated(settings, kv, compute):
-    model = read_model(str(testdata.smollm2()))
+    model = read_model(str(data.smollm2()))
     s = Settings(**settings)
     assert round(kv_bytes(model, s)[0] / MiB, 2) == kv  # exact, to llama.cpp's rounding
     ours = compute_bytes(model, s)[0] / MiB
@@ -53,7 +54,7 @@ def test_smollm2_matches_what_llama_cpp_allocated(settings, kv, compute):
 
 def test_smollm2_weights_are_llama_cpps_mapped_model_buffer():
     # "CPU_Mapped model buffer size = 92.10 MiB" in the same log.
-    assert round(read_model(str(testdata.smollm2())).tensor_bytes / MiB, 2) == 92.10
+    assert round(read_model(str(data.smollm2())).tensor_bytes / MiB, 2) == 92.10
 
 
 def test_mla_caches_k_only(models):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import testdata
 from lab.accounts import User
 from spark_guard.foresight.loadspec import LoadSpec
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor, owner_of
+from tests import data
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"
@@ -68,7 +68,7 @@ def test_asking_never_waits_and_a_fifo_is_answered_at_once(mallory: User):
 @pytest.mark.root
 def test_her_own_model_is_read_with_her_rights(mallory: User):
     mine = mallory.home / "models" / "mine.gguf"
-    mallory.sh(f"mkdir -p {mine.parent}; cp {testdata.smollm2()} {mine}")
+    mallory.sh(f"mkdir -p {mine.parent}; cp {data.smollm2()} {mine}")
     got = answer(Predictor(), mine, mallory.uid, within=5.0)
     assert got.bytes is not None and got.source.startswith("mine.gguf, ctx 8192: ")
 
@@ -83,7 +83,7 @@ def test_whether_a_root_only_path_exists_is_not_told_to_her(mallory: User, publi
     vault = public_dir / "vault"
     vault.mkdir(mode=0o700)
     hidden = vault / "model.gguf"
-    hidden.write_bytes(testdata.smollm2().read_bytes()[: 2**21])
+    hidden.write_bytes(data.smollm2().read_bytes()[: 2**21])
     paths = {
         "root-only file": shadow,
         "file in a root-only dir": hidden,
@@ -112,7 +112,7 @@ def test_a_bad_model_is_not_read_again_every_pass(public_dir: Path):
     first = answer(predictor, bad, 0, within=5.0)
     assert "tensor count 18446744073709551615 cannot fit" in first.source
     # Fixed on disk at once: the answer kept by path stands until FAIL_RETRY.
-    bad.write_bytes(testdata.smollm2().read_bytes()[: 2**21])
+    bad.write_bytes(data.smollm2().read_bytes()[: 2**21])
     again = predictor.for_spec(spec(bad), MEM_TOTAL, owner=0, wait=False)
     assert again.source == first.source
     # A new predictor (a command) reads the file as it is now.
@@ -186,7 +186,7 @@ def test_a_read_that_never_returns_is_abandoned_and_the_loop_never_waits(tmp_pat
             str(TESTS),
             str(SRC),
             str(mnt),
-            str(testdata.smollm2()),
+            str(data.smollm2()),
         ],
         capture_output=True,
         text=True,

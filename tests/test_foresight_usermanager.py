@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from lab import LAB, synth, testdata
+from lab import LAB, synth
 from lab.guardunit import GUARD, PY, guard_manager, restart_guard, wait_log, write_config
+from tests import data
 
 pytestmark = pytest.mark.systemd
 
@@ -97,7 +98,7 @@ def test_preflight_as_exec_start_pre_lets_a_fitting_load_start_and_refuses_one_t
     pre = f"ExecStartPre={PY} -m spark_guard preflight %n --config {um.base}/guard.toml\n"
     um.write_unit(
         "small-model.service",
-        f"[Service]\n{pre}ExecStart={um.server} -m {testdata.smollm2()} -c 2048\n",
+        f"[Service]\n{pre}ExecStart={um.server} -m {data.smollm2()} -c 2048\n",
     )
     um.write_unit(
         "huge-model.service",

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from lab import synth, testdata
+from lab import synth
+from tests import data
 
 GiB = 1024**3
 
@@ -106,7 +107,7 @@ def test_a_missing_or_corrupt_model_is_one_clear_line_and_exit_two(machine, tmp_
 
 
 def test_a_real_small_model_fits(machine):
-    out = preflight(machine, str(testdata.smollm2()), "--json")
+    out = preflight(machine, str(data.smollm2()), "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_ctx"] == 8192  # -c 0: SmolLM2's trained context
 
