@@ -448,6 +448,18 @@ def test_brake_freezes_before_the_crossing_when_the_fall_reaches_it_within_the_l
     assert brake(now_mem, 20.2, old, last, c, 0.5) == ()
 
 
+def test_brake_sees_the_fall_between_reads_further_apart_than_its_window():
+    """Near the reserve a quiet wait can be longer than BRAKE_WINDOW (FILL_SLACK): the read
+    before this one is still in the fall rate the brake takes."""
+    c = parse('[budget]\nreserve = "200MiB"\n')
+    growing = loader("a.service", rss=GiB, growth=200 * 2**20)
+    last = decide(_steady(1200 * 2**20, growing), c)
+    history = ((18.8, 1200 * 2**20),)  # the last read, 1.4 s ago
+    now_mem = Memory(2 * GiB, 600 * 2**20)  # 430 MiB/s since: 640 MiB more in 1.5 s
+    assert brake(now_mem, 20.2, history, last, c, 1.5) == (growing.ref,)
+    assert brake(now_mem, 20.2, history, last, c, 0.5) == ()  # 214 MiB more: above it
+
+
 def test_brake_does_nothing_where_the_decision_could_not_stop():
     c = parse('[budget]\nreserve = "200MiB"\nsteady = "warn"\n')
     growing = loader("a.service", rss=GiB, growth=200 * 2**20)
@@ -472,8 +484,9 @@ def test_a_quiet_guard_reads_again_before_memory_could_be_filled_at_fill_rate():
     # 1848 MiB above the reserve: 6000 MiB/s would take that and half the reserve (100 MiB)
     # in 0.325 s.
     assert abs(poll_interval(calm, _steady(2 * GiB), c) - (1848 + 100) / 6000) < 1e-6
-    # 450 MiB above the reserve: 550 MiB go in 92 ms -> poll.min.
-    assert poll_interval(calm, _steady(2 * GiB), c, 650 * 2**20) == 0.1
+    # 450 MiB above the reserve (the latest read, newer than the look's): 550 MiB go in
+    # 92 ms -> poll.min.
+    assert poll_interval(calm, _steady(2 * GiB), c, _steady(650 * 2**20).memory) == 0.1
     # 9 GiB above it: 1.55 s.
     big = _steady(9 * GiB + 200 * 2**20)
     assert abs(poll_interval(calm, big, c) - (9 * 1024 + 100) / 6000) < 1e-6
@@ -497,9 +510,15 @@ def test_a_spark_holding_its_model_near_the_reserve_is_read_about_once_a_second(
     wait = poll_interval(d, near, c)
     assert abs(wait - (600 * 2**20 + reserve / 2) / (6000 * 2**20)) < 1e-6
     assert 0.8 < wait < 0.9
-    # At 6000 MiB/s from the read before, what is left of the reserve at the next read:
-    left = reserve + 600 * 2**20 - wait * 6000 * 2**20
-    assert abs(left - reserve / 2) < 2**20
+    # The time since the read (a full look) counts against it: the next read still comes
+    # before 6000 MiB/s could take half the reserve.
+    assert abs(poll_interval(d, near, c, spent=0.5) - (wait - 0.5)) < 1e-6
+    assert poll_interval(d, near, c, spent=5.0) == c.poll_min
+    # At the reserve the slack alone sets the wait; just below it, every read at poll.min.
+    at = replace(snap(reserve, total=total), boot_over=True)
+    assert abs(poll_interval(decide(at, c), at, c) - reserve / 2 / (6000 * 2**20)) < 1e-6
+    under = replace(snap(reserve - 2**20, total=total), boot_over=True)
+    assert poll_interval(decide(under, c), under, c) == c.poll_min
 
 
 # --- loads a client asks a server for (lms load, ollama run) ---------------------

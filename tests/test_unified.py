@@ -324,3 +324,32 @@ def test_audit_says_what_a_gpu_allocation_can_get_and_what_to_do():
     codes = [f.code for f in unified_findings(fragmented, GB10_NO_ROOM, Config())]
     assert codes == ["fragmented", "no-make-room"]
     assert unified_findings(low, DISCRETE, Config()) == []
+
+
+def test_memfree_nearing_the_floor_is_read_before_a_flood_could_take_half_the_floor():
+    """make-room watches MemFree, not the headroom: with 60 GiB of cache to drop the
+    headroom is far above the reserve, but a page-cache flood at FILL_RATE takes MemFree
+    past the floor in a second. The guard reads again before it could take half the floor."""
+    from spark_guard.policy import poll_interval
+
+    c = Config()
+    probe = decide(steady(Memory(SPARK, 80 * GiB, free=40 * GiB), GB10), c)
+    floor = probe.floor
+    assert floor > GiB
+    near = Memory(SPARK, 80 * GiB, free=floor + GiB, file_clean=60 * GiB)
+    s = steady(near, GB10)
+    d = decide(s, c)
+    assert d.headroom > 40 * GiB
+    assert abs(poll_interval(d, s, c) - (GiB + floor / 2) / (6000 * MiB)) < 1e-6
+    # Under the floor: poll.min (make-room is due); a discrete card has no floor: poll.max.
+    under = steady(replace(near, free=floor - MiB), GB10)
+    assert poll_interval(decide(under, c), under, c) == c.poll_min
+    discrete = steady(near, DISCRETE)
+    assert poll_interval(decide(discrete, c), discrete, c) == c.poll_max
+    # With make-room off nothing makes room: MemFree is the judged figure itself, read as
+    # the reserve asks (it is 1 GiB above the floor, about 0.5 GiB above the reserve).
+    off = parse("[memory]\nmake_room = false\n")
+    no_room = steady(near, GB10_NO_ROOM)
+    d = decide(no_room, off)
+    wait = (floor + GiB - d.reserve / 2) / (6000 * MiB)  # near.free
+    assert abs(poll_interval(d, no_room, off) - wait) < 1e-6

@@ -197,10 +197,7 @@ class Guard:
                 self.notifier.notify("READY=1")
             self._watchdog(now)
             interval = poll_interval(
-                decision,
-                snapshot,
-                self.config,
-                judged(memory, snapshot.rule) if memory and snapshot else None,
+                decision, snapshot, self.config, memory, spent=time.monotonic() - now
             )
             if self.blocker.settling:
                 # A stop in progress is a state the loop looks at (advance(), in look()),

@@ -356,26 +356,39 @@ FILL_RATE = 6000 * 1024**2
 FILL_SLACK = 0.5
 
 
+def _fill_wait(figure: int, line: int) -> float:
+    """Seconds a loader at FILL_RATE needs to take `figure` past FILL_SLACK of `line`: none
+    once the figure is below the line."""
+    return (figure - line * (1 - FILL_SLACK)) / FILL_RATE if figure >= line else 0.0
+
+
 def poll_interval(
     decision: Decision | None,
     snapshot: Snapshot | None,
     config: Config,
-    available: int | None = None,
+    memory: Memory | None = None,
+    spent: float = 0.0,
 ) -> float:
     """Seconds to the next look: a quarter of the time MemAvailable needs to reach
     the reserve at its current fall rate, and no longer than FILL_RATE would need to
-    take the headroom and FILL_SLACK of the reserve, within [poll.min, poll.strict or
-    poll.max]. `available`: the latest read of the judged figure, when newer than the
-    snapshot's."""
+    take the headroom and FILL_SLACK of the reserve (on unified memory with make-room,
+    also MemFree and FILL_SLACK of the device floor), within [poll.min, poll.strict or
+    poll.max]. `memory`: the latest read, when newer than the snapshot's; `spent`: the
+    seconds since it was read (a full look's), which the FILL_RATE bound counts."""
     if decision is None or snapshot is None:
         return config.poll_max
     longest = (
         config.poll_max if decision.phase == STEADY else min(config.poll_strict, config.poll_max)
     )
-    current = judged(snapshot.memory, decision.rule) if available is None else available
+    latest = snapshot.memory if memory is None else memory
+    current = judged(latest, decision.rule)
     headroom = max(current - decision.reserve, 0)
-    reach = current - decision.reserve * (1 - FILL_SLACK) if current >= decision.reserve else 0
-    longest = min(longest, max(reach / FILL_RATE, config.poll_min))
+    fill = _fill_wait(current, decision.reserve)
+    if decision.rule.unified and config.make_room and latest.free is not None:
+        # make-room keeps MemFree above the floor (room.py): it needs a read before a
+        # page-cache flood as fast could take MemFree that far, whatever the headroom.
+        fill = min(fill, _fill_wait(latest.free, decision.floor))
+    longest = min(longest, max(fill - spent, config.poll_min))
     if decision.slope >= 0:
         return longest
     return min(max(headroom / -decision.slope / 4, config.poll_min), longest)
@@ -445,7 +458,10 @@ def brake(
     reserve = config.reserve_for(memory.total)
     available = judged(memory, last.rule)
     if available >= reserve:
-        rate = slope([*history, (now, available)], BRAKE_WINDOW, now)
+        # Over the window, or over the lookahead where reads are further apart than it
+        # (a quiet wait near the reserve can be longer than BRAKE_WINDOW: FILL_SLACK), so
+        # the read before this one is always in it.
+        rate = slope([*history, (now, available)], max(BRAKE_WINDOW, lookahead), now)
         if rate >= -_SLOPE_NOISE or available + rate * lookahead >= reserve:
             return ()
     return tuple(ld.ref for ld in last.loaders if ld.seen.growth > 0 or ld.ref in new)

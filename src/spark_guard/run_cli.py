@@ -15,7 +15,9 @@ import sys
 # daemon's modules are imported a None entry makes `import ssl` fail, so asyncio takes the
 # path it takes on a Python built without OpenSSL. The entry goes afterwards: the metrics
 # (prometheus_client, only where a textfile directory exists) still load ssl if they run.
-_blocked = sys.modules.setdefault("ssl", None) is None  # type: ignore[arg-type]
+_blocked = "ssl" not in sys.modules
+if _blocked:
+    sys.modules["ssl"] = None  # type: ignore[assignment]
 try:
     from . import daemon
     from . import log as log_mod
