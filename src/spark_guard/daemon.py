@@ -99,7 +99,7 @@ class Guard:
         # Built once: the loop only waits on it.
         self._poller = select.poll()
         self._poller.register(self._wake_r, select.POLLIN)
-        # Models are read off the loop (foresight.py); an answer wakes it for a full look.
+        # Models are read off the loop (foresight/predict.py); an answer wakes it for a full look.
         self.sensor.predictor.on_ready = self._look_now
         self.sensor.on_manager_ready = self._look_now
         # Room for the GPU is made off the loop (system/reclaim.py); its answer wakes it.

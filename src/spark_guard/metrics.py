@@ -1,7 +1,7 @@
 """The guard's state as Prometheus metrics, for node_exporter's textfile collector.
 
 `registry(state, cpu)` turns what the daemon publishes for `spark-guard
-status` (state.py) into metrics: plain data in, a CollectorRegistry out.
+status` (statefile.py) into metrics: plain data in, a CollectorRegistry out.
 `TextfileWriter` writes it atomically (safefs: temporary file, then rename,
 never through a symlink) where node_exporter reads `*.prom` files. Base
 units (bytes, seconds) and `_total` for counters, as Prometheus' naming

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SYSTEM = "system"
-# The manager key of a container (issue 19): not a systemd manager but its engine's
+# The manager key of a container: not a systemd manager but its engine's
 # restart policy brings it back. A container's UnitRef is ("container", NAME), shown and
 # named by the admin as `container:NAME`.
 CONTAINER = "container"

@@ -1,4 +1,4 @@
-"""The block of a loader container, so that it holds, and its exact undo (issue 19).
+"""The block of a loader container, so that it holds, and its exact undo.
 
 A container comes back through its engine's restart policy, not through
 systemd: killing its scope makes `always`, `unless-stopped` and `on-failure`

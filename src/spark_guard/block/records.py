@@ -28,7 +28,7 @@ from ..system.unitfiles import Link
 
 
 class Step(StrEnum):
-    """A block's steps, in order (enforce.py's docstring says what each does); a record
+    """A block's steps, in order (blocker.py's docstring says what each does); a record
     always names the next one. The values are what the records on disk say."""
 
     STOP = "stop"

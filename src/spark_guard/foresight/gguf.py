@@ -21,7 +21,7 @@ metadata kept in memory, and a deadline, checked as it goes, for the whole
 read. The file is opened O_NONBLOCK and must be a regular file (a FIFO
 would block open() forever, a device would stream without end); symlinks
 are followed (Hugging Face caches are symlinks), so the caller decides
-whose rights the open runs with (foresight.py: the unit owner's).
+whose rights the open runs with (predict.py: the unit owner's).
 """
 
 from __future__ import annotations

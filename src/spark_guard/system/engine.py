@@ -1,7 +1,7 @@
 """A container engine's local API: Docker's Engine API, or Podman's compatible one.
 
 Loader containers come back through their engine's restart policy, not through
-systemd (issue 19): the guard has to ask the engine what a `docker-<id>.scope`
+systemd: the guard has to ask the engine what a `docker-<id>.scope`
 is, and stop and block it there. Docker listens on /run/docker.sock, Podman's
 service on /run/podman/podman.sock; Podman's compat API answers the same paths
 with the same JSON for everything used here.

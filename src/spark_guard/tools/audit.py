@@ -151,7 +151,7 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
     return out
 
 
-# --- loader containers (issue 19) ----------------------------------------------------------
+# --- loader containers ------------------------------------------------------------------------
 
 # Restart policies under which the engine starts a container at its own start: at every boot,
 # before anyone can log in. Docker (moby's restore, shown on the private dockerd): `always`

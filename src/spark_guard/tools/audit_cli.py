@@ -8,7 +8,7 @@ Each loader's footprint is shown with the rule it comes from (the prediction's
 source: the command line and model read, the defaults taken; or the admin's
 [loaders.footprint]), and a client unit with the server its load is charged to.
 
-Loader containers (issue 19) are listed from every engine in `[containers]
+Loader containers are listed from every engine in `[containers]
 engines` (a socket that is not there is passed over; one that fails is one
 info line): their restart policy, state and evidence; `always` and
 `unless-stopped` are a boot risk, `on-failure` a lesser one.

@@ -8,7 +8,7 @@ seen today. Those files are the user's: they are listed and read with the
 user's own file rights (safefs.as_user), only as regular files and only up
 to UNIT_FILE_MAX bytes, so a unit file linked to /dev/zero, a FIFO or a
 file that never ends is one error line in the report, not a hang or an
-exhausted memory. Containers (issue 19) are read from each container engine's
+exhausted memory. Containers are read from each container engine's
 API socket in the config (`[containers] engines`): every container inspected,
 the loaders kept with their evidence (containers.loader_evidence). Sensing
 only: the judgement is audit.py's.
@@ -343,7 +343,7 @@ def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
     return inv
 
 
-# --- containers: each engine's loader containers (issue 19) --------------------------------
+# --- containers: each engine's loader containers ------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def _alive(pid: int) -> bool:
 
 def _print_unified(s: PublishedState) -> None:
     """Unified memory: what a GPU allocation can get, beside MemAvailable. A state written
-    by a guard older than issue 25 has none of these keys: nothing is shown."""
+    by a guard older than the unified-memory figures has none of these keys: nothing is shown."""
     free = s.get("mem_free")
     if not s.get("unified") or free is None:
         return
