@@ -172,6 +172,8 @@ def read_bytes(tmp_path: Path, data: bytes) -> object:
     ("data", "problem"),
     [
         (b"GGML" + b"\0" * 40, "not a GGUF file"),
+        (b"GG", "not a GGUF file"),
+        (b"GGUF" + struct.pack("<I", 3), "truncated: 8 bytes, a GGUF header needs 24"),
         (header(0, 0, version=1) + b"\0" * 8, "GGUF version 1 is not supported"),
         (header(0, 0, version=7) + b"\0" * 8, "unknown GGUF version 7"),
         (header(0, 2**60), "metadata count 1152921504606846976 cannot fit"),
@@ -203,6 +205,8 @@ def read_bytes(tmp_path: Path, data: bytes) -> object:
     ],
     ids=[
         "magic",
+        "short",
+        "truncated",
         "v1",
         "v7",
         "kv-count",

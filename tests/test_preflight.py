@@ -224,3 +224,90 @@ def replace_units(snapshot, *units):
     from dataclasses import replace
 
     return replace(snapshot, units=units)
+
+
+# --- --make-room: root only, only where the config allows, and only what is needed ---------
+
+
+def _unified_machine(d, *, free_gib: float, make_room: bool = True) -> None:
+    """A 128 GiB unified-memory machine: MemFree `free_gib`, 90 GiB of clean page cache,
+    all of MemFree in 4 MiB blocks; its sys/vm files are plain files here, so what
+    make-room writes can be read back."""
+    proc = d / "proc"
+    (proc / "sys" / "vm").mkdir(parents=True)
+    kib = {
+        "MemTotal": 128 * GiB,
+        "MemFree": int(free_gib * GiB),
+        "MemAvailable": 100 * GiB,
+        "Active(file)": 40 * GiB,
+        "Inactive(file)": 50 * GiB,
+        "Dirty": 0,
+        "Writeback": 0,
+        "Shmem": 0,
+        "Mapped": 0,
+        "SwapTotal": 0,
+    }
+    (proc / "meminfo").write_text("".join(f"{k}: {v // 1024} kB\n" for k, v in kib.items()))
+    blocks = int(free_gib * GiB) // (4 * 2**20)  # order 10 with 4 KiB pages
+    (proc / "buddyinfo").write_text(f"Node 0, zone   Normal {'0 ' * 10}{blocks}\n")
+    for name in ("drop_caches", "compact_memory"):
+        (proc / "sys" / "vm" / name).write_text("")
+    (d / "cgroup").mkdir()  # no memory.reclaim: drop_caches it is (there is no swap)
+    (d / "guard.toml").write_text(
+        f'[paths]\nproc = "{proc}"\ncgroup = "{d}/cgroup"\nsystem_manager = "/nonexistent"\n'
+        f'user_runtime = "{d}/run"\n[gpu]\nenabled = false\n'
+        f'[memory]\nunified = "yes"\nmake_room = {str(make_room).lower()}\n'
+    )
+    synth.write(synth.SPECS["gpt-oss-20b"], d).rename(d / "model.gguf")
+
+
+def _written(d) -> dict[str, str]:
+    vm = d / "proc" / "sys" / "vm"
+    return {name: (vm / name).read_text() for name in ("drop_caches", "compact_memory")}
+
+
+@pytest.mark.root
+def test_make_room_drops_cache_as_root_only_where_the_config_allows_it(public_dir, mallory):
+    d = public_dir / "low"
+    d.mkdir()
+    _unified_machine(d, free_gib=2)
+    argv = [sys.executable, "-m", "spark_guard", "preflight", "--make-room"]
+    model = "model.gguf"
+    args = [str(d / model), "-c", "4096", "--config", str(d / "guard.toml")]
+    # Mallory cannot make the machine drop its page cache: refused, judged without it.
+    her = mallory.run(*argv, *args, check=False)
+    assert "--make-room: only root makes room" in her.stderr, her.stderr
+    assert "Traceback" not in her.stderr
+    assert _written(d) == {"drop_caches": "", "compact_memory": ""}
+    # Root: the clean cache the load and the floor need is dropped, then compacted.
+    out = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60)
+    assert "make-room: reclaimed page cache (drop_caches) and compacted" in out.stdout, (
+        out.stdout + out.stderr
+    )
+    assert _written(d) == {"drop_caches": "1", "compact_memory": "1"}
+
+    # [memory] make_room = false: nothing is written, and it says why.
+    off = public_dir / "off"
+    off.mkdir()
+    _unified_machine(off, free_gib=2, make_room=False)
+    out = subprocess.run(
+        [*argv, str(off / model), "--config", str(off / "guard.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--make-room: [memory] make_room = false: no room made" in out.stderr, out.stderr
+    assert _written(off) == {"drop_caches": "", "compact_memory": ""}
+
+    # MemFree covers the load and the floor, in large blocks: nothing to do, nothing moved.
+    calm = public_dir / "calm"
+    calm.mkdir()
+    _unified_machine(calm, free_gib=100)
+    out = subprocess.run(
+        [*argv, str(calm / model), "-c", "4096", "--config", str(calm / "guard.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--make-room: nothing to do" in out.stderr, out.stdout + out.stderr
+    assert _written(calm) == {"drop_caches": "", "compact_memory": ""}

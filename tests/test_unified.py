@@ -353,3 +353,17 @@ def test_memfree_nearing_the_floor_is_read_before_a_flood_could_take_half_the_fl
     d = decide(no_room, off)
     wait = (floor + GiB - d.reserve / 2) / (6000 * MiB)  # near.free
     assert abs(poll_interval(d, no_room, off) - wait) < 1e-6
+
+
+def test_harden_writes_make_room_for_a_system_loader_on_unified_memory_where_allowed():
+    from spark_guard.tools.harden import MAKE_ROOM, drop_in, makes_room
+
+    c = Config()
+    off = parse("[memory]\nmake_room = false\n")
+    assert makes_room("system", c, unified=True)
+    assert not makes_room("system", c, unified=False)  # a discrete card: the cache is no GPU's
+    assert not makes_room("user:1000", c, unified=True)  # as root only; the guard makes hers
+    assert not makes_room("system", off, unified=True)  # the admin said no
+    text = drop_in("llama.service", c, GiB, "why", "2026-12-02", make_room=True)
+    assert MAKE_ROOM in text.splitlines()
+    assert MAKE_ROOM not in drop_in("llama.service", off, GiB, "why", "2026-12-02")

@@ -86,18 +86,22 @@ def plan_room(
                 + (" while a loader loads" if loading else "")
                 + f", {format_size(cache)} of clean page cache to drop",
             )
-    huge = memory.huge_free
-    # Fragmented: MemFree is above the floor but less than half of it, and less than a
-    # floor, is in 2 MiB blocks. (MemFree just above the floor and mostly in large blocks is
-    # no fragmentation: a compaction there moves pages for nothing; measured in the VM.)
-    if huge is not None and huge < floor <= free and huge < free // 2 and may_compact:
+    if floor <= free and fragmented(memory, floor) and may_compact:
         return RoomPlan(
             0,
             True,
-            f"{format_size(huge)} free in 2 MiB blocks of {format_size(free)} free "
-            f"(device floor {format_size(floor)}): fragmented",
+            f"{format_size(memory.huge_free or 0)} free in 2 MiB blocks of "
+            f"{format_size(free)} free (device floor {format_size(floor)}): fragmented",
         )
     return None
+
+
+def fragmented(memory: Memory, floor: int) -> bool:
+    """Less than half of MemFree, and less than a floor, is in free 2 MiB blocks: what a
+    compaction mends. (MemFree mostly in large blocks is no fragmentation: a compaction
+    there moves pages for nothing; measured in the VM.) False where buddyinfo is unknown."""
+    huge, free = memory.huge_free, memory.free
+    return huge is not None and free is not None and huge < floor and huge < free // 2
 
 
 @dataclass(frozen=True)

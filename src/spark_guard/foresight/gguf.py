@@ -416,8 +416,10 @@ def read_header(
 
 
 def _parse(r: _Reader) -> Header:
-    if r.size < 24 or r.take(4) != MAGIC:
+    if r.size < 4 or r.take(4) != MAGIC:
         raise GgufError(f"{r.path}: not a GGUF file (no GGUF magic)")
+    if r.size < 24:  # magic, version, tensor count, metadata count
+        raise GgufError(f"{r.path}: truncated: {r.size} bytes, a GGUF header needs 24")
     raw = r.take(4)
     version = struct.unpack("<I", raw)[0]
     if version not in (2, 3) and struct.unpack(">I", raw)[0] in (2, 3):

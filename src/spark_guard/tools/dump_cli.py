@@ -98,8 +98,12 @@ def _print(snapshot: Snapshot, decision: Decision) -> None:
     if decision.rule.unified:
         print(
             f"unified memory: device headroom {format_size(decision.headroom)} is judged "
-            f"(floor {format_size(decision.floor)}, room "
-            + ("made from clean page cache)" if decision.rule.make_room else "not made)")
+            f"(floor {format_size(decision.floor)}; "
+            + (
+                "MemFree and the clean page cache the guard can drop)"
+                if decision.rule.make_room
+                else "MemFree alone: no room is made)"
+            )
         )
     # Unit names, evidence and details can hold a user's text: printed inert.
     for loader in decision.loaders:

@@ -9,6 +9,7 @@ MemoryMax= does not bound GPU memory on a unified-memory machine
 from __future__ import annotations
 
 from ..config import Config
+from ..snapshot import SYSTEM
 
 MARKER = "# Written by spark-guard harden"
 DROP_IN = "50-spark-guard.conf"
@@ -36,6 +37,13 @@ def rescue_units(config: Config) -> list[str]:
 # unit's User= ('--make-room' refuses anyone else), '-' lets the load start whatever the
 # verdict (the guard itself judges the load as it runs).
 MAKE_ROOM = "ExecStartPre=-+/usr/bin/spark-guard preflight --make-room %n"
+
+
+def makes_room(manager: str, config: Config, *, unified: bool) -> bool:
+    """Whether the drop-in makes room before the load (MAKE_ROOM): on unified memory, where
+    `[memory] make_room` allows it, for a system unit only: room is made as root, and a
+    user's unit is the guard's to make room for."""
+    return manager == SYSTEM and config.make_room and unified
 
 
 def drop_in(

@@ -32,7 +32,7 @@ from ..system.gpu import probe_unified, unified_memory
 from ..system.managers import Manager, ManagerError, command_manager, connect_to
 from ..system.procfs import ProcError, ProcFS
 from ..system.safefs import MAKEDIRS, Tree, UnsafePath, own_tree
-from .harden import DROP_IN, MARKER, NOTE, drop_in, memory_max
+from .harden import DROP_IN, MARKER, NOTE, drop_in, makes_room, memory_max
 
 SYSTEM_CONFIG = "/etc/systemd/system"
 READ_LIMIT = 1 << 20  # a drop-in or record of ours is a few hundred bytes
@@ -95,9 +95,12 @@ def _harden(args: argparse.Namespace, ref: UnitRef, manager: Manager, config: Co
     expected, why = _expected(ref, manager, config, memory.total)
     limit = memory_max(memory.total, config.reserve_for(memory.total), expected)
     why = f"MemoryMax: {why}"
-    # Room is made as root only: a user's unit gets no such line (the guard makes room).
-    room = ref.manager == SYSTEM and unified_memory(
-        config.unified, probe_unified() if config.unified == "auto" and config.gpu else None
+    room = makes_room(
+        ref.manager,
+        config,
+        unified=unified_memory(
+            config.unified, probe_unified() if config.unified == "auto" and config.gpu else None
+        ),
     )
     new = drop_in(
         str(ref), config, limit, why, time.strftime("%Y-%m-%d", time.gmtime()), make_room=room

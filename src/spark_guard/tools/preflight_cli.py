@@ -37,7 +37,7 @@ from ..foresight.predict import Prediction, Predictor, parse_environment
 from ..foresight.servers import OLLAMA
 from ..policy import charge_clients
 from ..quantities import format_size
-from ..room import RECLAIM_MIN, RoomPlan
+from ..room import RECLAIM_MIN, RoomPlan, fragmented
 from ..snapshot import Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
 from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
@@ -274,9 +274,20 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
     made: not unified memory, or not root."""
     rule, memory = snapshot.rule, snapshot.memory
     if not rule.unified or memory.free is None:
+        why = (
+            '[memory] unified = "no"'
+            if config.unified == "no"
+            else 'NVML did not say so; [memory] unified = "yes" says it for a GB10 without '
+            "a driver yet"
+        )
         print(
-            "spark-guard: --make-room: not unified memory here (NVML did not say so; "
-            '[memory] unified = "yes" says it for a GB10 without a driver yet): no room made',
+            f"spark-guard: --make-room: not unified memory here ({why}): no room made",
+            file=sys.stderr,
+        )
+        return None
+    if not config.make_room:
+        print(
+            "spark-guard: --make-room: [memory] make_room = false: no room made",
             file=sys.stderr,
         )
         return None
@@ -289,7 +300,19 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
         return None
     floor = config.floor_for(memory.total)
     want = min(droppable(memory, rule), max(need + floor - memory.free, 0))
-    plan = RoomPlan(want if want >= RECLAIM_MIN else 0, True, f"preflight for {need} bytes")
+    want = want if want >= RECLAIM_MIN else 0
+    # Compact after a reclaim (the dropped pages are scattered) or where MemFree is
+    # fragmented; else it only moves pages (room.fragmented).
+    compact = want > 0 or fragmented(memory, floor)
+    if not want and not compact:
+        print(
+            f"spark-guard: --make-room: nothing to do: MemFree {format_size(memory.free)} "
+            f"covers the load and the device floor {format_size(floor)}, and is not "
+            "fragmented",
+            file=sys.stderr,
+        )
+        return None
+    plan = RoomPlan(want, compact, f"preflight for {need} bytes")
     maker = RoomMaker(
         ProcFS(config.proc), v2_root(config.cgroup), os.path.join(config.proc, "sys", "vm")
     )
@@ -298,7 +321,7 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
 
 def _room_line(made: RoomMade) -> str:
     before, after = made.before, made.after
-    line = f"made room: {made.done or 'nothing could be done'}"
+    line = f"make-room: {made.done or 'nothing could be done'}"
     if after is not None and after.free is not None and before.free is not None:
         line += f"; MemFree {format_size(before.free)} -> {format_size(after.free)}"
     if not made.done:  # a way refused where another worked is no news here
