@@ -44,11 +44,11 @@ import stat
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ..system import safefs
 from ..system.engine import Container
 from .gguf import (
     GgufError,
     GgufOpenError,
-    GgufUnreadable,
     HeaderCache,
     Model,
     read_model,
@@ -57,7 +57,6 @@ from .predict import Held, Prediction, Predictor
 from .safetensors import Model as SafetensorsModel
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_NAME = "{host} (a container's mount)"  # the Predictor.run name of a read: its own kind
 
 
@@ -141,31 +140,16 @@ def _open_parent(host: str) -> int:
 
 
 def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]:
-    """An fd of regular file `name` in `dir_fd` and its stat; a symlink, FIFO, device or
-    directory is refused before it is opened."""
+    """An fd of regular file `name` in `dir_fd` and its stat (safefs.open_regular, no
+    symlink followed); a symlink, FIFO, device or directory is refused before it is opened."""
     try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return safefs.open_regular(name, dir_fd=dir_fd, nofollow=True, shown=shown)
+    except safefs.UnsafePath as e:
+        raise GgufError(e.strerror) from None
     except OSError as e:
-        raise GgufOpenError(shown, e) from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _symlink(shown, name)
-    if not stat.S_ISREG(st.st_mode):
-        raise GgufError(f"{shown}: not a regular file")
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # swapped for a symlink since the stat
+        if e.errno == errno.ELOOP:  # a symlink, or swapped for one since the stat
             raise _symlink(shown, name) from None
         raise GgufOpenError(shown, e) from None
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        os.close(fd)
-        raise GgufUnreadable(f"{shown}: cannot read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise GgufError(f"{shown}: not a regular file")
-    return fd, st
 
 
 def read_mounted(host: str, *, deadline: float, cache: HeaderCache | None = None) -> Model:

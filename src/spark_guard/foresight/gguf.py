@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..system import safefs
 
 MAGIC = b"GGUF"
 MAX_DEPTH = 4  # arrays of arrays of ... deeper than this are refused
@@ -365,29 +366,17 @@ class _Reader:
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """An fd for a regular file and its stat; a FIFO, device or directory is refused.
-
-    O_NONBLOCK: the open of a FIFO returns at once instead of waiting for a writer
-    (on a regular file the flag changes nothing); fstat then says what was opened.
-    """
+    """An fd for a regular file and its stat (safefs.open_regular: a FIFO, device or
+    directory is refused, a FIFO's open never waits), as a GgufError naming the file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return safefs.open_regular(path)
+    except safefs.UnsafePath as e:
+        raise GgufError(e.strerror) from None
     except OSError as e:
         raise GgufOpenError(path, e) from None
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        os.close(fd)
-        raise GgufUnreadable(f"{path}: cannot read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise GgufError(f"{path}: not a regular file")
-    return fd, st
 
 
-def identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What says a file is still the one read: device, inode, size and mtime."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+identity = safefs.identity  # what says a file is still the one read
 
 
 def read_header(

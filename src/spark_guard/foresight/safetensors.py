@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..system import safefs
+
 # Absolute caps. The reference implementation (huggingface/safetensors) refuses headers over
 # 100,000,000 bytes; the same cap here means no file it would open is refused for its header's
 # size, and since the header is streamed (a chunk and one entry at a time), the cap bounds the
@@ -205,25 +207,18 @@ def _fstat(fd: int, shown: str) -> os.stat_result:
 def open_regular(
     name: str, *, dir_fd: int | None = None, shown: str | None = None
 ) -> tuple[int, os.stat_result]:
-    """An fd for a regular file and its stat; a FIFO, device or directory is refused.
-
-    O_NONBLOCK: the open of a FIFO returns at once instead of waiting for a writer.
-    """
+    """An fd for a regular file and its stat (safefs.open_regular: a FIFO, device or
+    directory is refused, a FIFO's open never waits), as a SafetensorsError naming it."""
     shown = shown or name
-    fd = _open(name, dir_fd=dir_fd, shown=shown)
     try:
-        st = _fstat(fd, shown)
-        if not stat.S_ISREG(st.st_mode):
-            raise SafetensorsError(f"{shown}: not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+        return safefs.open_regular(name, dir_fd=dir_fd, shown=shown)
+    except safefs.UnsafePath as e:
+        raise SafetensorsError(e.strerror) from None
+    except OSError as e:
+        raise SafetensorsOpenError(shown, e) from None
 
 
-def identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What says a file is still the one read: device, inode, size and mtime."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+identity = safefs.identity  # what says a file is still the one read
 
 
 # --- a JSON document read a chunk at a time ---------------------------------------------

@@ -84,20 +84,47 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
         libc.setfsgid(old_gid)
 
 
-def read_regular(
-    fd_or_path: str, limit: int, *, dir_fd: int | None = None, nofollow: bool = False
-) -> bytes:
-    """At most `limit` bytes of a regular file; anything else (FIFO, device, dir) is refused.
+_REGULAR_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
-    O_NONBLOCK makes the open of a FIFO return at once; fstat then says what it is.
-    `nofollow`: a symlink is refused too (ELOOP) instead of read through.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    fd = os.open(fd_or_path, flags | (os.O_NOFOLLOW if nofollow else 0), dir_fd=dir_fd)
+
+def open_regular(
+    name: str, *, dir_fd: int | None = None, nofollow: bool = False, shown: str | None = None
+) -> tuple[int, os.stat_result]:
+    """An fd for a regular file and its stat: the one opener for files a user can place
+    (models, configs, a server's state). A FIFO, device, socket or directory is refused,
+    before the open where a stat says so (opening a device can act) and after it by fstat
+    (it may have been swapped since): UnsafePath, EINVAL. O_NONBLOCK: the open of a FIFO
+    swapped in returns at once instead of waiting for a writer. `nofollow`: a symlink is
+    refused (ELOOP) instead of followed. Other OSErrors (ENOENT, EACCES) as they came."""
+    shown = shown or name
+    before = os.stat(name, dir_fd=dir_fd, follow_symlinks=not nofollow)
+    if nofollow and stat.S_ISLNK(before.st_mode):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), shown)  # as O_NOFOLLOW says it
+    if not stat.S_ISREG(before.st_mode):
+        raise UnsafePath(errno.EINVAL, f"{shown}: not a regular file")
+    fd = os.open(name, _REGULAR_FLAGS | (os.O_NOFOLLOW if nofollow else 0), dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(errno.EINVAL, f"{fd_or_path}: not a regular file")
+            raise UnsafePath(errno.EINVAL, f"{shown}: not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What says a file is still the one read: device, inode, size and mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_regular(
+    fd_or_path: str, limit: int, *, dir_fd: int | None = None, nofollow: bool = False
+) -> bytes:
+    """At most `limit` bytes of a regular file (open_regular); anything else is refused.
+    `nofollow`: a symlink is refused too (ELOOP) instead of read through."""
+    fd, _ = open_regular(fd_or_path, dir_fd=dir_fd, nofollow=nofollow)
+    try:
         chunks = []
         left = limit
         while left > 0:
