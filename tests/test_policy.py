@@ -358,16 +358,17 @@ def test_once_boot_is_over_it_stays_over():
 def test_after_boot_a_quiet_pass_reads_memavailable_only():
     from dataclasses import replace
 
-    from spark_guard.policy import FULL_LOOK_EVERY, full_look_due
+    from spark_guard.policy import full_look_due
 
+    minute = 60.0  # the longest a steady guard goes without a full look, as docs/ say
     reserve = 9 * GiB
     last = replace(snap(100 * GiB, now=1000.0), boot_over=True)
     quiet = Memory(SPARK, 99 * GiB + 900 * 1024**2)
     assert not full_look_due(quiet, last, reserve, 1001.0, busy=False)
-    # ...but every pass at boot, while a block is unfinished, and every FULL_LOOK_EVERY (60 s),
+    # ...but every pass at boot, while a block is unfinished, and once a minute,
     assert full_look_due(quiet, replace(last, boot_over=False), reserve, 1001.0, busy=False)
     assert full_look_due(quiet, last, reserve, 1001.0, busy=True)
-    assert full_look_due(quiet, last, reserve, 1000.0 + FULL_LOOK_EVERY, busy=False)
+    assert full_look_due(quiet, last, reserve, 1000.0 + minute, busy=False)
     # ...at once when MemAvailable falls by a step (1 % of MemTotal here).
     assert full_look_due(Memory(SPARK, 98 * GiB), last, reserve, 1001.0, busy=False)
     assert full_look_due(quiet, None, reserve, 1001.0, busy=False)
@@ -378,15 +379,16 @@ def test_near_the_reserve_a_full_look_comes_on_a_fall_not_on_each_read():
     look on each read was 4 % of a core (benchmarks/daemon_cost.py)."""
     from dataclasses import replace
 
-    from spark_guard.policy import FULL_LOOK_EVERY, full_look_due
+    from spark_guard.policy import full_look_due
 
+    minute = 60.0
     reserve = 9 * GiB
     near = replace(snap(17 * GiB, now=1000.0), boot_over=True)
     steady = Memory(SPARK, 17 * GiB - 100 * 1024**2)  # 100 MiB less: noise, not a loader
     assert not full_look_due(steady, near, reserve, 1000.1, busy=False)
     # Nothing moved: none until the minute is up (issue 25: a Spark sits there all day).
-    assert not full_look_due(steady, near, reserve, 1000.0 + FULL_LOOK_EVERY - 0.01, busy=False)
-    assert full_look_due(steady, near, reserve, 1000.0 + FULL_LOOK_EVERY, busy=False)
+    assert not full_look_due(steady, near, reserve, 1000.0 + minute - 0.01, busy=False)
+    assert full_look_due(steady, near, reserve, 1000.0 + minute, busy=False)
     # A quarter of the 8 GiB headroom gone since the last look: at once.
     assert full_look_due(Memory(SPARK, 15 * GiB), near, reserve, 1000.1, busy=False)
     # Below the reserve there is no headroom left to lose: every read.
@@ -503,7 +505,7 @@ def test_a_spark_holding_its_model_near_the_reserve_is_read_about_once_a_second(
 
     c = Config()
     total = int(121.69 * GiB)
-    reserve = c.reserve_for(total)
+    reserve = int(total * 0.07)  # the default: 7 % of MemTotal, above 8 GiB here (8.52 GiB)
     near = replace(snap(reserve + 600 * 2**20, total=total), boot_over=True)
     d = decide(near, c)
     assert d.phase == STEADY and d.reserve == reserve
@@ -513,12 +515,12 @@ def test_a_spark_holding_its_model_near_the_reserve_is_read_about_once_a_second(
     # The time since the read (a full look) counts against it: the next read still comes
     # before 6000 MiB/s could take half the reserve.
     assert abs(poll_interval(d, near, c, spent=0.5) - (wait - 0.5)) < 1e-6
-    assert poll_interval(d, near, c, spent=5.0) == c.poll_min
+    assert poll_interval(d, near, c, spent=5.0) == 0.1  # poll.min
     # At the reserve the slack alone sets the wait; just below it, every read at poll.min.
     at = replace(snap(reserve, total=total), boot_over=True)
     assert abs(poll_interval(decide(at, c), at, c) - reserve / 2 / (6000 * 2**20)) < 1e-6
     under = replace(snap(reserve - 2**20, total=total), boot_over=True)
-    assert poll_interval(decide(under, c), under, c) == c.poll_min
+    assert poll_interval(decide(under, c), under, c) == 0.1
 
 
 # --- loads a client asks a server for (lms load, ollama run) ---------------------

@@ -343,9 +343,9 @@ def test_memfree_nearing_the_floor_is_read_before_a_flood_could_take_half_the_fl
     assert abs(poll_interval(d, s, c) - (GiB + floor / 2) / (6000 * MiB)) < 1e-6
     # Under the floor: poll.min (make-room is due); a discrete card has no floor: poll.max.
     under = steady(replace(near, free=floor - MiB), GB10)
-    assert poll_interval(decide(under, c), under, c) == c.poll_min
+    assert poll_interval(decide(under, c), under, c) == 0.1  # poll.min
     discrete = steady(near, DISCRETE)
-    assert poll_interval(decide(discrete, c), discrete, c) == c.poll_max
+    assert poll_interval(decide(discrete, c), discrete, c) == 2.0  # poll.max
     # With make-room off nothing makes room: MemFree is the judged figure itself, read as
     # the reserve asks (it is 1 GiB above the floor, about 0.5 GiB above the reserve).
     off = parse("[memory]\nmake_room = false\n")
