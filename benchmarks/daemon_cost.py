@@ -25,12 +25,16 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import spark_guard
 from lab.guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config
+from lab.harness import UserManager
 from spark_guard.config import Config
 from spark_guard.system.procfs import ProcFS
 
@@ -112,19 +116,41 @@ def holding(nbytes: int) -> Iterator[None]:
         hog.wait()
 
 
+READY_RUNS = 7
+
+
+def ready_ms(um: UserManager) -> float:
+    """Exec to READY=1 of the last start, by systemd's own timestamps."""
+    p = um.show(GUARD, "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+    return (
+        int(p["ActiveEnterTimestampMonotonic"]) - int(p["ExecMainStartTimestampMonotonic"])
+    ) / 1000
+
+
 def measure_guard(idle: float) -> dict[str, float]:
+    # The .deb byte-compiles the package at install (dh_python3's py3compile); a checkout
+    # run with PYTHONDONTWRITEBYTECODE (set on this workplace) compiles every module at
+    # each start instead: about 60 ms more to READY. Measure what is installed.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(Path(spark_guard.__file__).parent)],
+        check=True,
+    )
     with guard_manager() as um:
         # Steady (boot is over), the idle case, with the shipped polls (the tests' are faster).
         write_config(um, grace="0s", fast=False)
         um.systemctl("start", "rescue-ssh.service")
-        restart_guard(um)
-        p = um.show(
-            GUARD, "MainPID", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"
+        readies = []
+        for _ in range(READY_RUNS):  # its spread: one start says little
+            restart_guard(um)
+            readies.append(ready_ms(um))
+            time.sleep(2)
+            um.systemctl("reset-failed", GUARD, check=False)  # no start limit between runs
+        pid = int(um.show(GUARD, "MainPID")["MainPID"])
+        ready = statistics.median(readies)
+        print(
+            f"spark-guard exec to READY over {READY_RUNS} starts: median {ready:.0f} ms, "
+            f"{min(readies):.0f}-{max(readies):.0f} ms"
         )
-        pid = int(p["MainPID"])
-        ready = (
-            int(p["ActiveEnterTimestampMonotonic"]) - int(p["ExecMainStartTimestampMonotonic"])
-        ) / 1000
         time.sleep(10)
         rss, pss = memory(pid)
         cpu = idle_cpu(pid, idle)
@@ -191,7 +217,7 @@ def main() -> int:
         )
     ours = rows["spark-guard"]
     goals = {
-        "exec to READY under 200 ms": ours["ready_ms"] < 200,
+        "exec to READY under 200 ms (median)": ours["ready_ms"] < 200,
         "RSS no higher than nohang's": ours["rss"] <= rows["nohang"]["rss"],
         "RSS at most 30 MiB, also after a block": max(ours["rss"], ours["rss_after"]) <= 30 * 1024,
         "idle CPU no higher than earlyoom's": ours["cpu"] <= rows["earlyoom"]["cpu"],
