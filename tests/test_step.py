@@ -15,6 +15,7 @@ from spark_guard.policy import STEADY, STRICT
 from spark_guard.snapshot import (
     Action,
     Decision,
+    Foreseen,
     Memory,
     RescueGroup,
     SeenUnit,
@@ -32,7 +33,17 @@ def ssh_up(since: float) -> tuple[RescueGroup, ...]:
     return (RescueGroup(("ssh.service",), present=True, active_since=since),)
 
 
-def llama(name, *, since=None, rss=0, predicted=None, starting=False, prediction="estimate"):
+def llama(
+    name, *, since=None, rss=0, predicted=None, starting=False, prediction="estimate", pending=False
+):
+    foreseen = (
+        Foreseen.PENDING
+        if pending
+        else Foreseen.KNOWN
+        if predicted is not None
+        else Foreseen.UNKNOWN
+    )
+    prediction = PENDING if pending else prediction
     return SeenUnit(
         UnitRef("system", f"{name}.service"),
         "activating" if starting else "active",
@@ -41,7 +52,8 @@ def llama(name, *, since=None, rss=0, predicted=None, starting=False, prediction
         exec_start=(("llama-server", "-m", f"/srv/models/{name}.gguf"),),
         active_since=since,
         predicted=predicted,
-        prediction=prediction if predicted is not None or prediction == PENDING else "",
+        prediction=prediction if predicted is not None or pending else "",
+        foreseen=foreseen,
         starting=starting,
     )
 
@@ -137,14 +149,18 @@ def test_an_action_is_not_repeated_within_repeat_after_but_a_restart_is_acted_on
 
 
 def test_a_loader_whose_model_is_being_read_is_told_once_the_read_answers():
-    reading = llama("llama-slow", since=1.0, rss=GiB, prediction=PENDING)
-    answered = replace(reading, predicted=30 * GiB, prediction="estimate")
+    reading = llama("llama-slow", since=1.0, rss=GiB, pending=True)
+    answered = replace(reading, predicted=30 * GiB, prediction="estimate", foreseen=Foreseen.KNOWN)
     passes = list(replay([seen(1.0, 100 * GiB, reading), seen(1.5, 100 * GiB, reading)])) + list(
         replay([seen(2.0, 100 * GiB, answered)])
     )
     assert [said(p) for p in passes[:2]] == [[], []]  # the trend guards it meanwhile
     assert said(passes[2]) == [("loader-seen", "llama-slow.service")]
-    unknown = replace(reading, prediction="model file unreadable: /srv/models/x.gguf")
+    unknown = replace(
+        reading,
+        prediction="model file unreadable: /srv/models/x.gguf",
+        foreseen=Foreseen.UNKNOWN,
+    )
     (out,) = replay([seen(3.0, 100 * GiB, unknown)])
     assert said(out) == [
         ("loader-seen", "llama-slow.service"),

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from .classify import SHOWN_PATH_MAX, command_line
 from .config import DEFAULT_LOADER_BINARIES
-from .system.engine import Container, valid_name
+from .snapshot import valid_name
+from .system.engine import Container
 from .text import printable
 
 PREFIX = "container:"

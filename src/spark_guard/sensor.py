@@ -22,15 +22,17 @@ from .snapshot import (
     CONTAINER,
     SYSTEM,
     ContainerFacts,
+    Foreseen,
     MemoryRule,
     RescueGroup,
     SeenUnit,
     Snapshot,
     UnitRef,
     judged,
+    valid_name,
 )
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
-from .system.engine import Container, container_id, valid_name
+from .system.engine import Container, container_id
 from .system.gpu import GpuWatch, unified_memory
 from .system.managers import (
     Connecting,
@@ -545,6 +547,13 @@ class Sensor:
                     seen,
                     predicted=p.bytes,
                     prediction=p.source,
+                    foreseen=(
+                        Foreseen.PENDING
+                        if p.pending
+                        else Foreseen.KNOWN
+                        if p.bytes is not None
+                        else Foreseen.UNKNOWN
+                    ),
                     runs_as=p.runs_as,
                     page_cache=p.page_cache,
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal
 
 SYSTEM = "system"
@@ -18,6 +19,24 @@ SYSTEM = "system"
 # named by the admin as `container:NAME`.
 CONTAINER = "container"
 CONTAINER_PREFIX = CONTAINER + ":"
+
+# Docker's own grammar for container names (daemon/names: [a-zA-Z0-9][a-zA-Z0-9_.-]+;
+# one character is let through too); a 64-hex id or a prefix of one matches it as well.
+_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
+CONTAINER_NAME_MAX = 255
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
+def valid_name(name: str) -> bool:
+    """A container name (or id) as Docker accepts it, bounded: the only kind the guard puts
+    in a request path or in a `container:NAME` reference."""
+    return len(name) <= CONTAINER_NAME_MAX and _CONTAINER_NAME.fullmatch(name) is not None
+
+
+def valid_id(cid: str) -> bool:
+    """A container's full id: 64 hex digits."""
+    return _CONTAINER_ID.fullmatch(cid) is not None
+
 
 # The guard's two phases (policy.phase), and what an Action asks for. A Decision made by
 # `spark-guard rescue` (the same block, by the admin's hand) has the phase "rescue".
@@ -183,6 +202,14 @@ class Pressure:
     full_avg10: float
 
 
+class Foreseen(StrEnum):
+    """Where foresight stands on a unit's footprint; `SeenUnit.prediction` is its message."""
+
+    KNOWN = "known"  # the bytes are in `predicted`
+    PENDING = "pending"  # a model read is under way: the trend guards the unit meanwhile
+    UNKNOWN = "unknown"  # none (no model named, or it cannot be read): the message says why
+
+
 @dataclass(frozen=True)
 class SeenUnit:
     """One unit that has processes right now, with what they hold."""
@@ -207,6 +234,7 @@ class SeenUnit:
     # `prediction` says how it was found, or why it could not be.
     predicted: int | None = None
     prediction: str = ""
+    foreseen: Foreseen = Foreseen.UNKNOWN
     # Model bytes the load reads through the page cache (foresight's Prediction.page_cache):
     # on unified memory without make-room, counted on top of `predicted` while it loads.
     page_cache: int = 0

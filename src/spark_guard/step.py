@@ -23,10 +23,18 @@ from typing import Any
 
 from .config import Config
 from .events import Event
-from .foresight.predict import PENDING
 from .policy import STEADY, decide
 from .quantities import format_size
-from .snapshot import Action, Decision, Loader, MemoryRule, Snapshot, UnitRef, judged
+from .snapshot import (
+    Action,
+    Decision,
+    Foreseen,
+    Loader,
+    MemoryRule,
+    Snapshot,
+    UnitRef,
+    judged,
+)
 
 # Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
 HISTORY_MAX = 600
@@ -174,7 +182,7 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
     for loader in decision.loaders:
         # While its model is read, the trend guards it; it is told once the read has
         # answered, with the footprint or why there is none: a pass later.
-        if loader.ref not in told and loader.seen.prediction != PENDING:
+        if loader.ref not in told and loader.seen.foreseen is not Foreseen.PENDING:
             told.add(loader.ref)
             events.extend(_told(loader))
     refs = frozenset(ld.ref for ld in decision.loaders)

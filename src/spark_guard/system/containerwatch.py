@@ -31,7 +31,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .engine import Container, Engine, EngineError, inspect_from_disk, valid_id
+from ..snapshot import valid_id
+from .engine import Container, Engine, EngineError, inspect_from_disk
 from .safefs import Tree, UnsafePath
 
 REFRESH = 30.0  # seconds before a known container is asked about again

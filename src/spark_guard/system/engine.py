@@ -42,7 +42,13 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
+from ..snapshot import (
+    ARGV_MAX_ARGS,
+    ARGV_MAX_BYTES,
+    CONTAINER_NAME_MAX,
+    valid_id,
+    valid_name,
+)
 from ..text import printable
 
 DOCKER_SOCKET = "/run/docker.sock"
@@ -53,12 +59,6 @@ BODY_MAX = 4 << 20  # bytes of a response body (4 MiB: 10,000 containers listed 
 HEAD_MAX = 64 << 10  # bytes of the status line and headers
 CHUNK_LINE_MAX = 1024
 ERROR_SHOWN = 200  # characters of an engine's error message quoted in an EngineError
-
-# Docker's own grammar for container names (daemon/names: [a-zA-Z0-9][a-zA-Z0-9_.-]+;
-# one character is let through too); a 64-hex id or a prefix of one matches it as well.
-NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
-NAME_MAX = 255
-_ID = re.compile(r"[0-9a-f]{64}")
 
 # What of an inspect answer is kept, and how much of each (names and images are a
 # docker-group user's text, shown in the journal and the login note).
@@ -80,16 +80,6 @@ class EngineError(RuntimeError):
         self.status = status
         one_line = printable(problem, 2 * ERROR_SHOWN)
         super().__init__(f"{printable(socket_path, 256)}: {call}: {one_line}")
-
-
-def valid_name(name: str) -> bool:
-    """A container name (or id) as Docker accepts it, bounded: the only kind the guard puts
-    in a request path or in a `container:NAME` reference."""
-    return len(name) <= NAME_MAX and NAME.fullmatch(name) is not None
-
-
-def valid_id(cid: str) -> bool:
-    return _ID.fullmatch(cid) is not None
 
 
 # A container's cgroup: /docker/<id> (cgroupfs driver), .../docker-<id>.scope (systemd
@@ -225,7 +215,7 @@ class Container:
         labels = _dict(config.get("Labels"))
         return cls(
             id=cid,
-            name=_text(name, NAME_MAX),
+            name=_text(name, CONTAINER_NAME_MAX),
             image=_text(image, IMAGE_MAX),
             command=_command(top.get("Path"), top.get("Args")),
             restart=_text(policy.get("Name"), STATUS_MAX),
@@ -318,7 +308,7 @@ class Engine:
             out.append(
                 Listed(
                     cid,
-                    _text(name, NAME_MAX),
+                    _text(name, CONTAINER_NAME_MAX),
                     _text(entry.get("Image"), IMAGE_MAX),
                     _text(entry.get("State"), STATUS_MAX),
                 )
