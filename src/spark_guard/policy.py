@@ -20,7 +20,6 @@ from dataclasses import replace
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
 from .config import Config
-from .foresight.servers import server_managers
 from .quantities import format_size
 from .snapshot import (
     SYSTEM,
@@ -33,6 +32,7 @@ from .snapshot import (
     Snapshot,
     UnitRef,
     judged,
+    server_managers,
 )
 from .text import printable
 

@@ -61,6 +61,15 @@ ARGV_MAX_BYTES = 64 * 1024
 ARGV_MAX_ARGS = 1024
 
 
+def server_managers(client_manager: str, runs_as: int | None) -> list[str]:
+    """The managers a client's server is looked for in, in order: its own; for a system
+    client also the manager of the user it runs as (root's when it runs as root). Never
+    another user's for a user's client: her unit cannot get someone else's server refused."""
+    if client_manager != SYSTEM:
+        return [client_manager]
+    return [client_manager, f"user:{runs_as or 0}"]
+
+
 def manager_uid(key: str) -> int:
     """The uid a manager key names: 0 for 'system' (PID 1), UID for 'user:UID'.
 

@@ -20,12 +20,11 @@ import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..snapshot import SYSTEM, manager_uid
+from ..snapshot import SYSTEM, manager_uid, server_managers
 from . import lmstudio, ollama
 from .gguf import GgufOpenError
 from .loadspec import SpecError
 from .predict import PENDING, Prediction, Predictor
-from .servers import server_managers
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..snapshot import SYSTEM
 from . import lmstudio, ollama
 from .loadspec import SpecError
 
@@ -52,12 +51,3 @@ def client_kind(argv: Sequence[str]) -> str | None:
     except SpecError:
         return OLLAMA  # a request it cannot read (a body that is not JSON): still a client
     return None
-
-
-def server_managers(client_manager: str, runs_as: int | None) -> list[str]:
-    """The managers a client's server is looked for in, in order: its own; for a system
-    client also the manager of the user it runs as (root's when it runs as root). Never
-    another user's for a user's client: her unit cannot get someone else's server refused."""
-    if client_manager != SYSTEM:
-        return [client_manager]
-    return [client_manager, f"user:{runs_as or 0}"]
