@@ -299,18 +299,22 @@ def make_room(config: Config, snapshot: Snapshot, need: int) -> RoomMade | None:
         )
         return None
     floor = config.floor_for(memory.total)
-    want = min(droppable(memory, rule), max(need + floor - memory.free, 0))
+    short = max(need + floor - memory.free, 0)
+    cache = droppable(memory, rule)
+    want = min(cache, short)
     want = want if want >= RECLAIM_MIN else 0
     # Compact after a reclaim (the dropped pages are scattered) or where MemFree is
     # fragmented; else it only moves pages (room.fragmented).
     compact = want > 0 or fragmented(memory, floor)
     if not want and not compact:
-        print(
-            f"spark-guard: --make-room: nothing to do: MemFree {format_size(memory.free)} "
-            f"covers the load and the device floor {format_size(floor)}, and is not "
-            "fragmented",
-            file=sys.stderr,
+        why = (
+            f"MemFree {format_size(memory.free)} covers the load and the device floor "
+            f"{format_size(floor)}, and is not fragmented"
+            if not short
+            else f"MemFree is {format_size(short)} short of the load and the device floor, "
+            f"but only {format_size(cache)} of clean page cache can be dropped"
         )
+        print(f"spark-guard: --make-room: nothing to do: {why}", file=sys.stderr)
         return None
     plan = RoomPlan(want, compact, f"preflight for {need} bytes")
     maker = RoomMaker(
