@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from spark_guard.classify import CommandLine
-from spark_guard.config import Config
-from spark_guard.policy import decide
-from spark_guard.snapshot import Memory, SeenUnit, Snapshot, UnitRef
+from spark_guard.core.classify import CommandLine
+from spark_guard.core.config import Config
+from spark_guard.core.policy import decide
+from spark_guard.core.snapshot import Memory, SeenUnit, Snapshot, UnitRef
 from spark_guard.system.procfs import ProcFS
 
 GiB = 1024**3

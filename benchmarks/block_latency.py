@@ -38,9 +38,9 @@ from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import RecordStore
 from spark_guard.block.release import release
-from spark_guard.config import Config
+from spark_guard.core.config import Config
+from spark_guard.core.step import GuardState, step
 from spark_guard.sensor import Sensor
-from spark_guard.step import GuardState, step
 
 UNIT = "llama-bench.service"
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import spark_guard
 from lab.guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config
 from lab.harness import UserManager
-from spark_guard.config import Config
+from spark_guard.core.config import Config
 from spark_guard.system.procfs import ProcFS
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from lab import synth, testdata
 from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED, MMPROJ
+from spark_guard.core.argv.loadspec import Settings
 from spark_guard.foresight.estimate import (
     MiB,
-    Settings,
     compute_bytes,
     estimate,
     kv_bytes,

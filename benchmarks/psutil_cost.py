@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import psutil
 
-from spark_guard.snapshot import ARGV_MAX_BYTES, Memory
+from spark_guard.core.snapshot import ARGV_MAX_BYTES, Memory
 from spark_guard.system.procfs import ProcFS
 
 GONE = (psutil.NoSuchProcess, psutil.AccessDenied)

@@ -8,9 +8,9 @@ from spark_guard import log
 from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import RecordStore
-from spark_guard.config import Config
-from spark_guard.snapshot import Action, Decision, Memory, Snapshot, UnitRef
-from spark_guard.step import GuardState, Outcome, take
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import Action, Decision, Memory, Snapshot, UnitRef
+from spark_guard.core.step import GuardState, Outcome, take
 
 UNIT = UnitRef("system", "llama-ds4-0731.service")
 SNAPSHOT = Snapshot(now=5.0, memory=Memory(16 * 2**30, 2**30))

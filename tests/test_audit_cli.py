@@ -48,9 +48,9 @@ def test_each_loaders_footprint_shows_its_rule_and_a_client_its_server(tmp_path,
     [loaders.footprint] where given, and a client charged to the server its load lands in
     (policy.charge_clients), on the incident's pair; in text and in --json."""
     from lab import synth
-    from spark_guard.config import Config
+    from spark_guard.core.config import Config
+    from spark_guard.core.snapshot import UnitRef
     from spark_guard.foresight.predict import Prediction, Predictor
-    from spark_guard.snapshot import UnitRef
     from spark_guard.tools import audit_cli
     from spark_guard.tools.audit import footprints
     from spark_guard.tools.inventory import Inventory, UnitInfo, foresee

@@ -279,7 +279,7 @@ def test_what_each_policy_and_state_is_said_to_do_at_boot() -> None:
     """As dockerd does at its start (seen on the private one): `always` starts a container
     stopped by hand, `unless-stopped` does not; neither starts one never started;
     `on-failure` starts one that shutdown killed (exit 137)."""
-    from spark_guard.config import Config
+    from spark_guard.core.config import Config
     from spark_guard.tools.audit import container_findings
     from spark_guard.tools.inventory import ContainerInventory, EngineProblem
 

@@ -21,8 +21,8 @@ from spark_guard import log
 from spark_guard.block import blocker as enforce
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import STEPS, TRANSITIONS, Record, Step, StepError
-from spark_guard.config import Config
-from spark_guard.snapshot import Action, Decision, UnitRef, manager_uid
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import Action, Decision, UnitRef, manager_uid
 from spark_guard.system.managers import ManagerError, UnitState
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir

@@ -2,9 +2,9 @@
 
 import os
 
-from spark_guard.classify import canonical_model, classify, model_files
-from spark_guard.config import Config, parse
-from spark_guard.snapshot import Loader, SeenUnit, UnitRef
+from spark_guard.core.classify import canonical_model, classify, model_files
+from spark_guard.core.config import Config, parse
+from spark_guard.core.snapshot import Loader, SeenUnit, UnitRef
 
 C = Config()
 
@@ -116,7 +116,7 @@ def test_model_paths():
 
 
 def test_named_is_not_loaded():
-    from spark_guard.classify import CommandLine, loaded_models
+    from spark_guard.core.classify import CommandLine, loaded_models
 
     sleeper = CommandLine(("sleep", "infinity", "/srv/models/qwen.gguf"))
     assert sleeper.named == ("/srv/models/qwen.gguf",) and sleeper.loads is None
@@ -145,8 +145,8 @@ def test_named_is_not_loaded():
 
 
 def test_command_lines_are_bounded_and_read_once():
-    from spark_guard.classify import SHELL_SPLIT_MAX, CommandLine, command_line
-    from spark_guard.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
+    from spark_guard.core.classify import SHELL_SPLIT_MAX, CommandLine, command_line
+    from spark_guard.core.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
 
     many = CommandLine(("llama-server", *(["-v"] * 5000)))
     assert len(many) == ARGV_MAX_ARGS

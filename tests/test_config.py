@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from spark_guard import config as cfg
-from spark_guard.config import Config, ConfigError, parse
-from spark_guard.quantities import parse_duration, parse_size
+from spark_guard.core.config import SCHEMA, Config, ConfigError, parse
+from spark_guard.core.quantities import parse_duration, parse_size
 
 SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
 
@@ -137,5 +137,5 @@ def test_shipped_file_is_valid_and_documents_every_key():
     uncommented = re.sub(r"(?m)^# ([a-z_]+ = .*)$", r"\1", text)
     c = parse(uncommented, "uncommented")
     assert c == Config()
-    for section, key in cfg.SCHEMA:
+    for section, key in SCHEMA:
         assert re.search(rf"(?m)^# {key} = ", text), f"[{section}] {key} is not documented"

@@ -14,7 +14,7 @@ from spark_guard.containers import (
     parse_ref,
     split_image,
 )
-from spark_guard.snapshot import ARGV_MAX_ARGS, valid_name
+from spark_guard.core.snapshot import ARGV_MAX_ARGS, valid_name
 from spark_guard.system.engine import Container, container_id
 
 ID = "5dc1e9e8bc66de74c98782ae99fedc73da12683e776ca7175e07031283619779"

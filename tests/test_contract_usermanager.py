@@ -303,7 +303,7 @@ from spark_guard import config, log
 from spark_guard.act import act
 from spark_guard.block.blocker import RETRY_AFTER, Blocker
 from spark_guard.sensor import Sensor
-from spark_guard.step import GuardState, step
+from spark_guard.core.step import GuardState, step
 
 path, key, manager_pid, cgroup_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 log.configure("console")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lab.nspawn import Container
-from spark_guard.events import MESSAGE_IDS
+from spark_guard.core.events import MESSAGE_IDS
 
 REPO = Path(__file__).parent.parent
 UNIT = REPO / "units" / "spark-guard.service"

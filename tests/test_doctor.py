@@ -21,7 +21,7 @@ import pytest
 from lab.harness import UserManager
 from spark_guard import config as config_mod
 from spark_guard.cli import main
-from spark_guard.quantities import format_size
+from spark_guard.core.quantities import format_size
 from spark_guard.system.gpu import inspect
 from spark_guard.system.procfs import PAGE_SIZE
 from spark_guard.tools.doctor.cli import gather

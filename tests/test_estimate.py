@@ -8,10 +8,10 @@ import pytest
 
 from lab import synth
 from lab.llamacpp import FIT_PARAMS, LLAMA_CPP, MEASURED, MMPROJ
+from spark_guard.core.argv.loadspec import Settings
 from spark_guard.foresight.estimate import (
     EstimateError,
     MiB,
-    Settings,
     compute_bytes,
     estimate,
     kv_bytes,

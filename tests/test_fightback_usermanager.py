@@ -19,8 +19,8 @@ from structlog.testing import capture_logs
 from lab.guardunit import PY, guard_manager
 from spark_guard import log
 from spark_guard.block.blocker import QUICK_SETTLE, Blocker
-from spark_guard.config import Config
-from spark_guard.snapshot import Action, Decision, UnitRef
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import Action, Decision, UnitRef
 from spark_guard.system.managers import Manager
 
 pytestmark = pytest.mark.systemd

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab.accounts import User
-from spark_guard.foresight.loadspec import LoadSpec
+from spark_guard.core.argv.loadspec import LoadSpec
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor, owner_of
 from tests import data
 
@@ -126,7 +126,7 @@ import json, os, sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from hangfs import HangFS
 from spark_guard.foresight.predict import Predictor
-from spark_guard.foresight.loadspec import LoadSpec
+from spark_guard.core.argv.loadspec import LoadSpec
 
 mnt, good = sys.argv[3], sys.argv[4]
 fs = HangFS(mnt)

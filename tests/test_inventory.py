@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab.accounts import User, unprivileged_user
-from spark_guard.config import Config
+from spark_guard.core.config import Config
 from spark_guard.tools.inventory import UNIT_FILE_MAX, Inventory, collect
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_guard.events import MESSAGE_IDS
+from spark_guard.core.events import MESSAGE_IDS
 
 pytestmark = pytest.mark.journald
 
@@ -25,9 +25,9 @@ SRC = Path(__file__).parent.parent / "src" / "spark_guard"
 DECISION = """
 from spark_guard import log
 from spark_guard.act import tell
-from spark_guard.config import Config
-from spark_guard.snapshot import Action, Decision, UnitRef
-from spark_guard.step import GuardState, take
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import Action, Decision, UnitRef
+from spark_guard.core.step import GuardState, take
 log.configure("journal")
 a = Action("stop", UnitRef("user:1000", "llama-ds4-0731.service"), "footprint",
            "expects 115.0GiB", {"mem_available": 110 * 2**30, "reserve": 9094593249})

@@ -19,13 +19,15 @@ import pytest
 
 from lab import synth
 from lab.accounts import User
+from spark_guard.core.argv import lmstudio as lms_argv
+from spark_guard.core.argv.lmstudio import LmsLoad, client_load, server
+from spark_guard.core.argv.loadspec import Settings, SpecError
+from spark_guard.core.quantities import format_size
 from spark_guard.foresight import lmstudio
-from spark_guard.foresight.estimate import Settings, estimate
+from spark_guard.foresight.estimate import estimate
 from spark_guard.foresight.gguf import GgufError, GgufTimeout, read_model
-from spark_guard.foresight.lmstudio import LmsLoad, client_load, resolve, server
-from spark_guard.foresight.loadspec import SpecError
+from spark_guard.foresight.lmstudio import resolve
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor
-from spark_guard.quantities import format_size
 
 MEM_TOTAL = 128 * 2**30
 QWEN = "lmstudio-community/Qwen3-30B-A3B-GGUF"
@@ -167,7 +169,7 @@ def test_the_incidents_unit_and_other_wrappers_are_seen_through():
         load = client_load(argv, {"MODEL": "qwen/qwen3-30b-a3b"})
         assert load is not None and load.key == "qwen/qwen3-30b-a3b", argv
     units = [["/bin/sleep", "60"], ["/home/x/.lmstudio/bin/lms", "load", "qwen3", "-y"]]
-    first = lmstudio.first_client_load(units)
+    first = lms_argv.first_client_load(units)
     assert first is not None and first.key == "qwen3"
     assert client_load(["sh", "-c", "lms load $MODEL"]) == LmsLoad("lms", "$MODEL")
     for argv in (
@@ -210,8 +212,8 @@ def test_servers_are_told_apart():
         ["ollama", "serve"],
         ["llama-server", "-m", "/m/x.gguf"],
     ):
-        assert not lmstudio.is_server(argv), argv
-    assert lmstudio.first_server([["/bin/true"], ["lms", "daemon", "up"]]) == "lms daemon up"
+        assert not lms_argv.is_server(argv), argv
+    assert lms_argv.first_server([["/bin/true"], ["lms", "daemon", "up"]]) == "lms daemon up"
 
 
 def test_what_loads_nothing_here_is_said_without_a_look_at_the_disk(tmp_path: Path):

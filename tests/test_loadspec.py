@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from spark_guard.foresight.estimate import Settings
-from spark_guard.foresight.loadspec import SpecError, first_spec, parse
+from spark_guard.core.argv.loadspec import Settings, SpecError, first_spec, parse
 
 
 def test_llama_server_flags_in_every_spelling():
@@ -298,7 +297,7 @@ def test_koboldcpp_bad_values_name_the_flag(argv, problem):
 
 
 def test_llama_box_reads_llama_servers_flags_with_its_own_defaults(monkeypatch):
-    from spark_guard.foresight import loadspec
+    from spark_guard.core.argv import loadspec
 
     monkeypatch.setattr(loadspec, "_cpus", lambda: 20)
     spec = parse(["llama-box", "-m", "/m/x.gguf", "--host", "0.0.0.0"], {"LLAMA_ARG_CTX_SIZE": "9"})

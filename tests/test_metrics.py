@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lab.guardunit import GUARD, guard_manager, loader_unit, restart_guard, wait_log, write_config
-from spark_guard.config import ConfigError, parse
+from spark_guard.core.config import ConfigError, parse
 from spark_guard.metrics import unit_labels
 
 REPO = Path(__file__).parent.parent

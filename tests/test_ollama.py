@@ -20,11 +20,9 @@ import pytest
 
 from lab import synth
 from lab.accounts import User
-from spark_guard.foresight import ollama
-from spark_guard.foresight.estimate import Settings, estimate
-from spark_guard.foresight.gguf import read_model
-from spark_guard.foresight.loadspec import SpecError
-from spark_guard.foresight.ollama import (
+from spark_guard.core.argv import ollama as ollama_argv
+from spark_guard.core.argv.loadspec import Settings, SpecError
+from spark_guard.core.argv.ollama import (
     OllamaError,
     OllamaLoad,
     OllamaServer,
@@ -33,8 +31,11 @@ from spark_guard.foresight.ollama import (
     parse_reference,
     server_settings,
 )
+from spark_guard.core.quantities import format_size
+from spark_guard.foresight import ollama
+from spark_guard.foresight.estimate import estimate
+from spark_guard.foresight.gguf import read_model
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor
-from spark_guard.quantities import format_size
 
 GiB = 1 << 30
 MEM_TOTAL = 128 * GiB
@@ -176,7 +177,7 @@ def test_the_server_unit_and_its_environment():
     ],
 )
 def test_ollama_serve_behind_wrappers(argv):
-    got = server_settings(argv, {}, home=ollama.PACKAGED_HOME)
+    got = server_settings(argv, {}, home=ollama_argv.PACKAGED_HOME)
     assert got is not None and got.models == "/usr/share/ollama/.ollama/models"
     assert got.models_rule == "~/.ollama/models of /usr/share/ollama"
     assert (got.context_length, got.num_parallel, got.flash_attention, got.kv_cache_type) == (
@@ -185,7 +186,7 @@ def test_ollama_serve_behind_wrappers(argv):
         "auto",
         "",
     )
-    assert got.address == ollama.DEFAULT_ADDRESS and got.notes == ()
+    assert got.address == ollama_argv.DEFAULT_ADDRESS and got.notes == ()
 
 
 @pytest.mark.parametrize(
@@ -260,14 +261,14 @@ def test_numbers_past_uint64_are_not_numbers_to_ollama():
 
 
 def test_the_default_context_follows_the_gpu_memory():
-    assert ollama.default_context(128 * GiB) == 262144  # a DGX Spark: the whole pool
-    assert ollama.default_context(47 * GiB) == 262144
-    assert ollama.default_context(47 * GiB - 1) == 32768
-    assert ollama.default_context(24 * GiB) == 32768
-    assert ollama.default_context(16 * GiB) == 4096
-    assert ollama.default_context(128 * GiB, overhead=100 * GiB) == 32768
+    assert ollama_argv.default_context(128 * GiB) == 262144  # a DGX Spark: the whole pool
+    assert ollama_argv.default_context(47 * GiB) == 262144
+    assert ollama_argv.default_context(47 * GiB - 1) == 32768
+    assert ollama_argv.default_context(24 * GiB) == 32768
+    assert ollama_argv.default_context(16 * GiB) == 4096
+    assert ollama_argv.default_context(128 * GiB, overhead=100 * GiB) == 32768
     # Ollama's uint64 subtraction wraps: an overhead over the memory is a huge figure.
-    assert ollama.default_context(8 * GiB, overhead=9 * GiB) == 262144
+    assert ollama_argv.default_context(8 * GiB, overhead=9 * GiB) == 262144
 
 
 @pytest.mark.parametrize(
@@ -287,7 +288,7 @@ def test_the_default_context_follows_the_gpu_memory():
     ],
 )
 def test_ollama_host_as_envconfig_reads_it(raw, connect, address):
-    assert ollama.host_address(raw, connect=connect) == address
+    assert ollama_argv.host_address(raw, connect=connect) == address
 
 
 # --- the clients --------------------------------------------------------------------------
@@ -512,11 +513,11 @@ def test_which_server_a_client_asks():
     other_port = server_settings(["ollama", "serve"], {"OLLAMA_HOST": "127.0.0.1:11500"}, home="/h")
     assert server is not None and local is not None and other_port is not None
     for address in ("localhost:11434", "127.0.0.1:11434", "10.1.2.3:11434", None):
-        assert ollama.serves(server, load("q", address=address))
-    assert ollama.serves(local, load("q", address="localhost:11434"))
-    assert ollama.serves(local, load("q", address="[::1]:11434"))
-    assert not ollama.serves(local, load("q", address="10.1.2.3:11434"))
-    assert not ollama.serves(other_port, load("q", address="localhost:11434"))
+        assert ollama_argv.serves(server, load("q", address=address))
+    assert ollama_argv.serves(local, load("q", address="localhost:11434"))
+    assert ollama_argv.serves(local, load("q", address="[::1]:11434"))
+    assert not ollama_argv.serves(local, load("q", address="10.1.2.3:11434"))
+    assert not ollama_argv.serves(other_port, load("q", address="localhost:11434"))
 
 
 # --- model references ---------------------------------------------------------------------
@@ -585,13 +586,13 @@ def test_references_that_are_not_model_names(text):
 
 def test_digests():
     hexa = "ab" * 32
-    assert ollama.blob_name(f"sha256:{hexa}") == f"sha256-{hexa}"
-    assert ollama.blob_name(f"sha256-{hexa.upper()}") == f"sha256-{hexa.upper()}"
+    assert ollama_argv.blob_name(f"sha256:{hexa}") == f"sha256-{hexa}"
+    assert ollama_argv.blob_name(f"sha256-{hexa.upper()}") == f"sha256-{hexa.upper()}"
     bad: list[object] = [f"sha256:{hexa[:-1]}", f"sha256:{hexa}0", "sha256:" + "g" * 64]
     bad += [f"sha512:{hexa}"]
     bad += [f"sha256:../../{hexa[6:]}", f"sha256:{hexa}/..", f"sha256:{hexa}\n", None, 5]
     for digest in bad:
-        assert ollama.blob_name(digest) is None, digest
+        assert ollama_argv.blob_name(digest) is None, digest
 
 
 # --- the files and the footprint ----------------------------------------------------------

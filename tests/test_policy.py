@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 
-from spark_guard.config import Config, parse
 from spark_guard.containers import image_evidence
-from spark_guard.policy import STEADY, STRICT, brake, decide, phase, slope
-from spark_guard.snapshot import (
+from spark_guard.core.config import Config, parse
+from spark_guard.core.policy import STEADY, STRICT, brake, decide, phase, slope
+from spark_guard.core.snapshot import (
     CONTAINER,
     ContainerFacts,
     Memory,
@@ -321,7 +321,7 @@ def test_slope():
 
 
 def test_poll_interval_adapts_to_headroom():
-    from spark_guard.policy import poll_interval
+    from spark_guard.core.policy import poll_interval
 
     c = Config()  # min 0.1 s, strict 0.5 s, max 2 s
     calm = decide(snap(100 * GiB, rescue=SSH_UP, now=1000.0), c)
@@ -358,7 +358,7 @@ def test_once_boot_is_over_it_stays_over():
 def test_after_boot_a_quiet_pass_reads_memavailable_only():
     from dataclasses import replace
 
-    from spark_guard.policy import full_look_due
+    from spark_guard.core.policy import full_look_due
 
     minute = 60.0  # the longest a steady guard goes without a full look, as docs/ say
     reserve = 9 * GiB
@@ -379,7 +379,7 @@ def test_near_the_reserve_a_full_look_comes_on_a_fall_not_on_each_read():
     look on each read was 4 % of a core (benchmarks/daemon_cost.py)."""
     from dataclasses import replace
 
-    from spark_guard.policy import full_look_due
+    from spark_guard.core.policy import full_look_due
 
     minute = 60.0
     reserve = 9 * GiB
@@ -479,7 +479,7 @@ def test_reserve_rule_takes_a_young_loader_seen_once_over_an_older_idle_bigger_o
 
 
 def test_a_quiet_guard_reads_again_before_memory_could_be_filled_at_fill_rate():
-    from spark_guard.policy import poll_interval
+    from spark_guard.core.policy import poll_interval
 
     c = parse('[budget]\nreserve = "200MiB"\n')
     calm = decide(_steady(2 * GiB), c)
@@ -501,7 +501,7 @@ def test_a_spark_holding_its_model_near_the_reserve_is_read_about_once_a_second(
     reserve. A loader starting there at 6000 MiB/s has 4.85 GiB to take before the guard
     reads again, so the guard never sees less than half the reserve left: 0.83 s, not
     poll.min (0.1 s, ten wake-ups a second all day)."""
-    from spark_guard.policy import poll_interval
+    from spark_guard.core.policy import poll_interval
 
     c = Config()
     total = int(121.69 * GiB)

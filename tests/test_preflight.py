@@ -115,9 +115,9 @@ def test_a_real_small_model_fits(machine):
 def test_the_verdict_counts_only_what_the_guard_would_let_grow():
     """preflight's room is decide()'s: a loader the guard is refusing (it would not fit)
     adds nothing to what is pending, an admitted one adds what it still has to take."""
-    from spark_guard.config import Config
-    from spark_guard.policy import decide
-    from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
+    from spark_guard.core.config import Config
+    from spark_guard.core.policy import decide
+    from spark_guard.core.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
     from spark_guard.tools.preflight import verdict
 
     def loading(name, since, rss, expected):
@@ -152,11 +152,11 @@ def test_the_rule_and_the_server_a_client_is_charged_to_are_shown(tmp_path, caps
     """preflight prints the rule a figure comes from (the prediction's source, the defaults
     the spec took, its notes) and, for a client unit, the server unit its load is charged
     to, as decide() would charge it; the same in --json."""
-    from spark_guard.config import Config
-    from spark_guard.foresight.loadspec import parse
+    from spark_guard.core.argv.loadspec import parse
+    from spark_guard.core.config import Config
+    from spark_guard.core.policy import decide
+    from spark_guard.core.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
     from spark_guard.foresight.predict import Prediction, Predictor
-    from spark_guard.policy import decide
-    from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
     from spark_guard.tools import preflight_cli
     from spark_guard.tools.preflight import verdict
 

@@ -101,7 +101,7 @@ def test_real_proc_self():
 
 
 def test_cmdline_is_read_bounded(tmp_path):
-    from spark_guard.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
+    from spark_guard.core.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES
 
     huge = b"x" * (1 << 20)
     p = make_proc(

@@ -3,9 +3,9 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_guard.config import Config, ConfigError, parse
-from spark_guard.policy import decide
-from spark_guard.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
+from spark_guard.core.config import Config, ConfigError, parse
+from spark_guard.core.policy import decide
+from spark_guard.core.snapshot import Memory, RescueGroup, SeenUnit, Snapshot, UnitRef
 
 GiB = 1024**3
 

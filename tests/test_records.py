@@ -13,7 +13,7 @@ from spark_guard.block import banner
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import LinkRecord, Record, RecordError, RecordStore
 from spark_guard.block.release import ReleaseError, select
-from spark_guard.config import Config
+from spark_guard.core.config import Config
 
 
 def record(manager: str = "system", unit: str = "llama.service", **kw: object) -> Record:

@@ -28,8 +28,8 @@ from spark_guard import log
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import LinkRecord, Record, RecordStore, Step
 from spark_guard.block.release import ReleaseError, release
-from spark_guard.config import Config
-from spark_guard.snapshot import UnitRef
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import UnitRef
 from spark_guard.system.managers import Manager
 from spark_guard.system.safefs import MAKEDIRS, Tree, UnsafePath, anchor_stat, read_regular
 from spark_guard.system.unitfiles import (

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from lab.accounts import User
-from spark_guard.classify import CommandLine
+from spark_guard.core.argv.loadspec import parse
+from spark_guard.core.classify import CommandLine
+from spark_guard.core.quantities import format_size
 from spark_guard.foresight import safetensors as st
-from spark_guard.foresight.loadspec import parse
 from spark_guard.foresight.predict import (
     PENDING,
     Prediction,
@@ -41,7 +42,6 @@ from spark_guard.foresight.safetensors import (
     read_header,
     read_model,
 )
-from spark_guard.quantities import format_size
 
 GiB = 1 << 30
 MEM_TOTAL = 128 * GiB

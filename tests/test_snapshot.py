@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_guard.snapshot import SYSTEM, UnitRef, manager_uid, parse_ref
+from spark_guard.core.snapshot import SYSTEM, UnitRef, manager_uid, parse_ref
 
 
 def test_a_manager_key_names_its_uid():

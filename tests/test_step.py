@@ -9,10 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from spark_guard.config import Config
-from spark_guard.foresight.predict import PENDING
-from spark_guard.policy import STEADY, STRICT
-from spark_guard.snapshot import (
+from spark_guard.core.config import Config
+from spark_guard.core.policy import STEADY, STRICT
+from spark_guard.core.snapshot import (
     Action,
     Decision,
     Foreseen,
@@ -22,7 +21,8 @@ from spark_guard.snapshot import (
     Snapshot,
     UnitRef,
 )
-from spark_guard.step import HISTORY_MAX, GuardState, remember, step, take
+from spark_guard.core.step import HISTORY_MAX, GuardState, remember, step, take
+from spark_guard.foresight.predict import PENDING
 
 GiB = 1024**3
 SPARK = 121 * GiB

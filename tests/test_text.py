@@ -21,12 +21,12 @@ from spark_guard import cli, log
 from spark_guard.block import banner
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record, RecordStore
-from spark_guard.config import Config
+from spark_guard.core.config import Config
+from spark_guard.core.snapshot import Action, Decision, Loader, Memory, SeenUnit, Snapshot, UnitRef
+from spark_guard.core.text import printable
 from spark_guard.foresight.estimate import Estimate, Term
 from spark_guard.foresight.predict import Prediction
-from spark_guard.snapshot import Action, Decision, Loader, Memory, SeenUnit, Snapshot, UnitRef
 from spark_guard.system.procfs import ProcFS
-from spark_guard.text import printable
 from spark_guard.tools import audit_cli, dump_cli, preflight_cli, rescue_cli, status_cli
 from spark_guard.tools.audit import reconcile
 from spark_guard.tools.doctor import cli as doctor_cli

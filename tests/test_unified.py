@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from spark_guard.config import Config, parse
-from spark_guard.policy import brake, decide
-from spark_guard.room import RECLAIM_MIN, plan_room
-from spark_guard.snapshot import (
+from spark_guard.core.config import Config, parse
+from spark_guard.core.policy import brake, decide
+from spark_guard.core.snapshot import (
     Memory,
     MemoryRule,
     RescueGroup,
@@ -20,6 +19,7 @@ from spark_guard.snapshot import (
     UnitRef,
     judged,
 )
+from spark_guard.room import RECLAIM_MIN, plan_room
 from spark_guard.system.procfs import parse_buddyinfo
 
 GiB = 1024**3
@@ -330,7 +330,7 @@ def test_memfree_nearing_the_floor_is_read_before_a_flood_could_take_half_the_fl
     """make-room watches MemFree, not the headroom: with 60 GiB of cache to drop the
     headroom is far above the reserve, but a page-cache flood at FILL_RATE takes MemFree
     past the floor in a second. The guard reads again before it could take half the floor."""
-    from spark_guard.policy import poll_interval
+    from spark_guard.core.policy import poll_interval
 
     c = Config()
     probe = decide(steady(Memory(SPARK, 80 * GiB, free=40 * GiB), GB10), c)

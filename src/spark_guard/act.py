@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .block.blocker import Blocker
-from .events import Event
-from .step import Outcome
+from .core.events import Event
+from .core.step import Outcome
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import

@@ -15,11 +15,11 @@ with tools/inventory.collect_containers().
 
 from __future__ import annotations
 
-from .classify import SHOWN_PATH_MAX, command_line
-from .config import DEFAULT_LOADER_BINARIES
-from .snapshot import valid_name
+from .core.classify import SHOWN_PATH_MAX, command_line
+from .core.config import DEFAULT_LOADER_BINARIES
+from .core.snapshot import valid_name
+from .core.text import printable
 from .system.engine import Container
-from .text import printable
 
 PREFIX = "container:"
 

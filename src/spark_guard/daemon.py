@@ -22,22 +22,22 @@ import sdnotify
 from . import config as config_mod
 from .act import act
 from .block.blocker import Blocker
-from .config import Config, ConfigError
+from .core.config import Config, ConfigError
+from .core.policy import brake, full_look_due, poll_interval
+from .core.quantities import format_size
+from .core.snapshot import Decision, Memory, Snapshot, judged
+from .core.step import GuardState, remember, step
+from .core.text import printable
 from .metrics import TextfileWriter
-from .policy import brake, full_look_due, poll_interval
-from .quantities import format_size
 from .room import Pace, paced, plan_room
 from .sensor import Sensor
-from .snapshot import Decision, Memory, Snapshot, judged
 from .statefile import PublishedState, Publisher
 from .statefile import build as build_state
-from .step import GuardState, remember, step
 from .system.cgroupfs import cpu_seconds, v2_root
 from .system.memlock import mlockall
 from .system.procfs import ProcError
 from .system.psi import PsiTrigger
 from .system.reclaim import RoomMade, RoomMaker
-from .text import printable
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import structlog
 from structlog.processors import CallsiteParameter, CallsiteParameterAdder
 
-from .events import MESSAGE_IDS
-from .text import printable
+from .core.events import MESSAGE_IDS
+from .core.text import printable
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .snapshot import SYSTEM, manager_uid, parse_ref
+from .core.snapshot import SYSTEM, manager_uid, parse_ref
 from .statefile import PublishedState
 from .system.safefs import own_tree
 

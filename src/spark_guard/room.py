@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config
-from .quantities import format_size
-from .snapshot import Memory, MemoryRule, droppable
+from .core.config import Config
+from .core.quantities import format_size
+from .core.snapshot import Memory, MemoryRule, droppable
 
 MiB = 1024**2
 # Less clean cache than this is not worth a reclaim: it would not lift MemFree by much.

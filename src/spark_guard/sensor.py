@@ -11,14 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .classify import CommandLine, is_protected
-from .config import Config
 from .containers import image_evidence
-from .foresight.clients import ServerUnit, predict_client
-from .foresight.containers import predict_container
-from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
-from .foresight.servers import OLLAMA
-from .snapshot import (
+from .core.argv.servers import OLLAMA
+from .core.classify import CommandLine, is_protected
+from .core.config import Config
+from .core.snapshot import (
     CONTAINER,
     SYSTEM,
     ContainerFacts,
@@ -31,6 +28,9 @@ from .snapshot import (
     judged,
     valid_name,
 )
+from .foresight.clients import ServerUnit, predict_client
+from .foresight.containers import predict_container
+from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id
 from .system.gpu import GpuWatch, unified_memory

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any, TypedDict, cast
 
 from .block.records import Record
-from .snapshot import Decision, Snapshot
+from .core.snapshot import Decision, Snapshot
 from .system.safefs import MAKEDIRS, own_tree
 
 REFRESH = 60.0  # rewritten at least this often; status also checks the pid

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..core.text import printable
 from ..system.safefs import MAKEDIRS, own_tree
-from ..text import printable
 from .records import Record, Step
 
 # Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.

@@ -49,9 +49,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..config import Config
-from ..quantities import format_size
-from ..snapshot import Action, Decision, MemoryRule, UnitRef, judged
+from ..core.config import Config
+from ..core.quantities import format_size
+from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..system import cgroupfs
 from ..system.engine import Engine
 from ..system.managers import Manager, ManagerError

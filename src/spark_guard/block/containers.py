@@ -27,8 +27,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ..core.text import printable
 from ..system.engine import Container, Engine, EngineError
-from ..text import printable
 from .records import ContainerState, Record
 
 KIND = "container"

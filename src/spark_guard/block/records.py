@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..snapshot import CONTAINER, UnitRef, manager_uid, valid_id, valid_name
+from ..core.snapshot import CONTAINER, UnitRef, manager_uid, valid_id, valid_name
 from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
 

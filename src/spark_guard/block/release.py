@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..snapshot import SYSTEM, parse_ref
+from ..core.snapshot import SYSTEM, parse_ref
 from ..system.engine import TIMEOUT, Engine
 from ..system.managers import ManagerError, ManagerNotRunning, connect_to
 from ..system.unitfiles import (

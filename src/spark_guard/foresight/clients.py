@@ -20,10 +20,12 @@ import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..snapshot import SYSTEM, manager_uid, server_managers
+from ..core.argv import lmstudio as lms_argv
+from ..core.argv import ollama as ollama_argv
+from ..core.argv.loadspec import SpecError
+from ..core.snapshot import SYSTEM, manager_uid, server_managers
 from . import lmstudio, ollama
 from .gguf import GgufOpenError
-from .loadspec import SpecError
 from .predict import PENDING, Prediction, Predictor
 
 
@@ -85,11 +87,11 @@ def predict_client(
     """The prediction of the load a client unit asks for, with `runs_as` set; None for a
     unit that asks no server to load anything (Predictor.predict reads those)."""
     try:
-        lms = lmstudio.first_client_load(exec_start, env)
+        lms = lms_argv.first_client_load(exec_start, env)
     except SpecError as e:
         return Prediction(None, f"lms load: {e}")
     try:
-        asked = None if lms is not None else ollama.first_client(exec_start, env)
+        asked = None if lms is not None else ollama_argv.first_client(exec_start, env)
     except SpecError as e:
         return Prediction(None, f"ollama: {e}")
     if lms is None and asked is None:
@@ -117,7 +119,7 @@ def predict_client(
     if isinstance(them, str):
         return Prediction(None, f"ollama server: who it runs as is not known: {them}")
     try:
-        settings = ollama.first_server(
+        settings = ollama_argv.first_server(
             server_unit.exec_start, server_unit.environment, home=them.home
         )
     except SpecError as e:

@@ -1,7 +1,7 @@
 """A loader container's footprint before it allocates: its command, its mounts, its model.
 
 A container's command (the engine's Path + Args) is read by the same load specs
-as a unit's ExecStart= (loadspec.py: llama-server and the rest of llama.cpp,
+as a unit's ExecStart= (core/argv/loadspec.py: llama-server and the rest of llama.cpp,
 vLLM's --gpu-memory-utilization as a share of MemTotal, SGLang, TGI...), and
 predicted by the same Predictor.for_spec. What differs is where its model is:
 

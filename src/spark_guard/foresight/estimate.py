@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.argv.loadspec import Settings
 from .gguf import GGML_TYPES, Model, SkippedArray
 
 MiB = 1024**2
@@ -101,24 +102,6 @@ STATE_BYTES = 4  # llama.cpp keeps recurrent state in f32 (GGML_TYPE_F32 in crea
 
 class EstimateError(ValueError):
     """The model's metadata lacks what the estimate needs; str() names the key."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The load settings that decide the footprint (llama-server's flags)."""
-
-    n_ctx: int = 0  # 0: the trained context
-    n_parallel: int = 1
-    kv_unified: bool = False
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # on, off, auto (on where the backend has it: CUDA does)
-    n_ubatch: int = 512
-    swa_full: bool = False
-    mmproj_bytes: int = 0
-    mmproj_compute: int = 0  # the projector's compute buffer (projector_compute_bytes)
-    no_mmap: bool = False
-    n_gpu_layers: int | None = None
 
 
 @dataclass(frozen=True)

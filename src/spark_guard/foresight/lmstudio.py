@@ -1,4 +1,4 @@
-"""LM Studio: its `lms load` clients, its servers, and what a load will hold.
+"""LM Studio: where a load's model is, and what the load will hold.
 
 LM Studio runs llama.cpp on Linux, in its own server process: the app run
 headless (`--run-as-service`), or the `llmster` daemon (`lms daemon up` starts
@@ -9,24 +9,9 @@ server running starts one itself, detached, from
 `<LM Studio home>/.internal/{llmster,app}-install-location.json`
 (lmstudio-js, findOrStartLlmster): then the server runs in the client's cgroup.
 
-The API for the spine (all pure but `predict` and `resolve`):
+Reading `lms load` and the servers' command lines is core/argv/lmstudio.py's; this
+module finds the model a load names and says what it will hold:
 
-    client_load(argv, env=None) -> LmsLoad | None
-        `lms load ...`, seen through env/nice/taskset/... and through every command
-        of a shell script (`sh -c "sleep 60; lms load ..."`, `bash -lc ...`); None for
-        anything else. `$VAR`/`${VAR}` words are taken from `env` (the unit's
-        Environment=, as systemd and the shell would). SpecError (loadspec's) for a
-        flag lms itself refuses (`--gpu 2`, `-c 0`, an unknown option).
-        LmsLoad.loads is False for `--estimate-only` (LM Studio's own estimate: it
-        loads nothing) and `--help`; LmsLoad.remote for a `--host` that is not this
-        machine.
-    first_client_load(command_lines, env=None) -> LmsLoad | None
-        The first of a unit's command lines (ExecStart, ...) that is one.
-    server(argv) -> str | None, is_server(argv) -> bool, first_server(command_lines)
-        The kind of LM Studio server a command runs: "llmster", "lms daemon up",
-        "lms server start", "LM Studio --run-as-service", "LM Studio" (the app, a
-        server too), "LM Studio worker" (`<home>/.internal/utils/node`, where the
-        engine runs and the memory is; the incident's PID 3354); None otherwise.
     predict(predictor, load, mem_total, *, owner, home, env=None, wait=True) -> Prediction
         The footprint of `load` on the LM Studio of `home` (the home of the user whose
         server will load it: the server unit's owner, usually the client's too) and
@@ -63,15 +48,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..quantities import format_size
+from ..core.argv.lmstudio import MAX_TOKENS, LmsLoad
+from ..core.argv.loadspec import LoadSpec, Settings
+from ..core.quantities import format_size
+from ..core.text import quoted
 from ..system.safefs import UnsafePath, read_regular
-from .estimate import CACHE_TYPES, Settings
+from .estimate import CACHE_TYPES
 from .gguf import READ_SECONDS, GgufError, GgufOpenError, GgufTimeout, GgufUnreadable
-from .loadspec import LoadSpec, SpecError, commands
 from .predict import PENDING, Prediction, Predictor
-
-LMS = "lms"
-LLMSTER = "llmster"
 
 # LM Studio's load defaults, from its config schema (lmstudio-js,
 # packages/lms-kv-config/src/schema.ts, scope "llm.load"): numParallelSessions 4,
@@ -89,7 +73,6 @@ DEFAULT_UBATCH = 512
 POINTER = ".lmstudio-home-pointer"
 CONFIG_DIR = (".internal", "user-concrete-model-default-config")
 HUB_DIR = ("hub", "models")
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 MAX_KEY = 1024  # characters of a model key or path
 MAX_PATH = 4096  # PATH_MAX: a folder named in LM Studio's files
@@ -102,42 +85,10 @@ MAX_ENTRIES = 4096  # entries of one directory listed
 MAX_MODEL_DIRS = 16384  # <publisher>/<repo> folders looked at in all
 MAX_LISTED = 64  # candidate folders whose files are listed to tell models apart
 MAX_NAMED = 5  # candidates named in an answer
-MAX_TOKENS = 1 << 32  # a context length past any model's
 
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _YAML_SOURCE = re.compile(r"^\s*(?:-\s*)?(user|repo)\s*:\s*[\"']?([^\"'\s#]+)", re.MULTILINE)
 
-# `lms load`'s options (lms src/subcommands/load.ts, createClient.ts, logLevel.ts):
-# the ones that take a value, and the flags; None: read past, not used here.
-_VALUE_OPTIONS: dict[str, str | None] = {
-    "--gpu": "gpu",
-    "-c": "context_length",
-    "--context-length": "context_length",
-    "--parallel": "parallel",
-    "--ttl": "ttl",
-    "--identifier": "identifier",
-    "--host": "host",
-    "--port": "port",
-    "--speculative-draft-model": "draft_model",
-    "--speculative-draft-max-tokens": None,
-    "--speculative-draft-min-tokens": None,
-    "--speculative-draft-min-continue-probability": None,
-    "--log-level": None,
-}
-_FLAG_OPTIONS: dict[str, str | None] = {
-    "-y": "yes",
-    "--yes": "yes",
-    "--exact": "exact",
-    "--estimate-only": "estimate_only",
-    "-h": "help",
-    "--help": "help",
-    "--local": None,
-    "--quiet": None,
-    "--verbose": None,
-    "--speculative-draft-mtp": None,
-    "--no-speculative-draft-mtp": None,
-    "--speculative-draft-simple": None,
-}
 
 # The per-model config's load fields this reads ("llm.load.*" in the schema above).
 _CONFIG_KEYS = {
@@ -152,216 +103,7 @@ _CONFIG_KEYS = {
 }
 
 
-def _shown(value: str, limit: int = 64) -> str:
-    return repr(value if len(value) <= limit else value[:limit] + "...")
-
-
 # --- command lines ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LmsLoad:
-    """One `lms load` command line, as lms would take it."""
-
-    binary: str  # as given: lms, ~/.lmstudio/bin/lms, ...
-    key: str | None  # the model key or path; None: lms asks on a terminal which one
-    context_length: int | None = None  # -c/--context-length
-    gpu: str | None = None  # --gpu: off, max or 0..1 (where layers go)
-    parallel: int | None = None  # --parallel
-    identifier: str | None = None
-    ttl: int | None = None
-    exact: bool = False  # --exact: the key is a model's path, matched exactly
-    yes: bool = False  # -y: of several matches lms loads the first, without asking
-    estimate_only: bool = False  # LM Studio's own estimate, printed; nothing is loaded
-    help: bool = False
-    host: str | None = None
-    port: int | None = None
-    draft_model: str | None = None  # --speculative-draft-model: a second model (not counted)
-    notes: tuple[str, ...] = ()
-
-    @property
-    def loads(self) -> bool:
-        """False where lms only prints something (--estimate-only, --help)."""
-        return not (self.estimate_only or self.help)
-
-    @property
-    def remote(self) -> bool:
-        """--host names another machine: the model is loaded there."""
-        return self.host is not None and self.host.lower() not in LOOPBACK
-
-
-def client_load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> LmsLoad | None:
-    """The `lms load` this command line runs, or None; SpecError for what lms refuses."""
-    for command in commands(argv, env):
-        if os.path.basename(command[0]) == LMS and command[1:2] == ["load"]:
-            return _load(command[0], command[2:])
-    return None
-
-
-def first_client_load(
-    command_lines: Iterable[Sequence[str]], env: Mapping[str, str] | None = None
-) -> LmsLoad | None:
-    """The first command line (ExecStartPre, ExecStart, ...) that runs `lms load`."""
-    for argv in command_lines:
-        load = client_load(argv, env)
-        if load is not None:
-            return load
-    return None
-
-
-def _load(binary: str, args: Sequence[str]) -> LmsLoad:
-    values: dict[str, tuple[str, str]] = {}  # field -> (option as given, value)
-    flags: set[str] = set()
-    positional: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if arg == "--":
-            positional.extend(args[i:])
-            break
-        if arg.startswith("--"):
-            name, eq, inline = arg.partition("=")
-            if name in _VALUE_OPTIONS:
-                if not eq:
-                    if i >= len(args):
-                        raise SpecError(f"lms load {name} needs a value")
-                    inline = args[i]
-                    i += 1
-                target = _VALUE_OPTIONS[name]
-                if target is not None:
-                    values[target] = (name, inline)
-            elif name in _FLAG_OPTIONS and not eq:
-                flag = _FLAG_OPTIONS[name]
-                if flag is not None:
-                    flags.add(flag)
-            else:
-                raise SpecError(f"lms load {_shown(arg)}: not an option lms knows (it refuses)")
-        elif arg.startswith("-") and len(arg) > 1:
-            # Short options, clustered as commander takes them: -y, -c 4096, -c4096, -yc 4096.
-            for j in range(1, len(arg)):
-                name = "-" + arg[j]
-                if name in _VALUE_OPTIONS:
-                    value = arg[j + 1 :]
-                    if not value:
-                        if i >= len(args):
-                            raise SpecError(f"lms load {name} needs a value")
-                        value = args[i]
-                        i += 1
-                    target = _VALUE_OPTIONS[name]
-                    if target is not None:
-                        values[target] = (name, value)
-                    break
-                flag = _FLAG_OPTIONS.get(name, "?")
-                if flag == "?":
-                    raise SpecError(f"lms load {_shown(arg)}: not an option lms knows (it refuses)")
-                if flag is not None:
-                    flags.add(flag)
-        else:
-            positional.append(arg)
-    notes = []
-    gpu = _gpu(*values["gpu"]) if "gpu" in values else None
-    if gpu is not None:
-        notes.append(
-            f"--gpu {gpu}: where the layers go; on unified memory CPU and GPU share one pool,"
-            " so the total does not depend on it"
-        )
-    draft = values["draft_model"][1] if "draft_model" in values else None
-    if draft:
-        notes.append(f"--speculative-draft-model {_shown(draft)}: the draft model is not counted")
-    if len(positional) > 1:
-        notes.append(f"{len(positional) - 1} more argument(s) after the model key left out")
-    return LmsLoad(
-        binary=binary,
-        key=positional[0] if positional else None,
-        context_length=_number(*values["context_length"], 1, MAX_TOKENS)
-        if "context_length" in values
-        else None,
-        gpu=gpu,
-        parallel=_number(*values["parallel"], 1, 1023) if "parallel" in values else None,
-        identifier=values["identifier"][1] if "identifier" in values else None,
-        ttl=_number(*values["ttl"], 1, MAX_TOKENS) if "ttl" in values else None,
-        exact="exact" in flags,
-        yes="yes" in flags,
-        estimate_only="estimate_only" in flags,
-        help="help" in flags,
-        host=values["host"][1] if "host" in values else None,
-        port=_number(*values["port"], 0, 65535) if "port" in values else None,
-        draft_model=draft or None,
-        notes=tuple(notes),
-    )
-
-
-def _gpu(flag: str, raw: str) -> str:
-    """lms's gpuOptionParser: off, max, or a ratio from 0 to 1."""
-    value = raw.strip().lower()
-    if value in ("off", "max"):
-        return value
-    try:
-        ratio = float(value)
-    except ValueError:
-        ratio = -1.0
-    if not 0 <= ratio <= 1:  # nan too
-        raise SpecError(f"lms load {flag} {_shown(raw)}: must be off, max or a number from 0 to 1")
-    return f"{ratio:g}"
-
-
-def _number(flag: str, raw: str, low: int, high: int) -> int:
-    """An integer as lms's refined number parser takes it (JavaScript's +str)."""
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        try:
-            f = float(raw)
-        except ValueError:
-            f = 0.5  # not a number
-        if not f.is_integer():
-            raise SpecError(f"lms load {flag} {_shown(raw)}: not a whole number") from None
-        value = int(f)
-    if not low <= value <= high:
-        raise SpecError(f"lms load {flag} {_shown(raw)}: must be in [{low}, {high}]")
-    return value
-
-
-def server(argv: Sequence[str]) -> str | None:
-    """The kind of LM Studio server a command line runs, or None."""
-    for command in commands(argv):
-        kind = _server_kind(command)
-        if kind is not None:
-            return kind
-    return None
-
-
-def _server_kind(command: Sequence[str]) -> str | None:
-    path = command[0]
-    base = os.path.basename(path)
-    if base == LLMSTER:
-        return "llmster"
-    if base == LMS:
-        sub = command[1:3]
-        if sub == ["daemon", "up"]:
-            return "lms daemon up"
-        if sub == ["server", "start"]:
-            return "lms server start"
-        return None
-    if path.endswith("/.internal/utils/node"):
-        return "LM Studio worker"
-    if re.sub(r"[^a-z0-9]", "", base.lower()).startswith("lmstudio"):
-        # The app (lm-studio, LM-Studio-0.3.30-x64.AppImage, ...): it serves models too.
-        return "LM Studio --run-as-service" if "--run-as-service" in command else "LM Studio"
-    return None
-
-
-def is_server(argv: Sequence[str]) -> bool:
-    return server(argv) is not None
-
-
-def first_server(command_lines: Iterable[Sequence[str]]) -> str | None:
-    for argv in command_lines:
-        kind = server(argv)
-        if kind is not None:
-            return kind
-    return None
 
 
 # --- where LM Studio keeps a model -------------------------------------------------------------
@@ -413,11 +155,11 @@ def _tick(deadline: float, where: str) -> None:
 def _absolute(raw: str, where: str) -> str:
     """A folder named in a user's file or environment: absolute, plain, bounded."""
     if len(raw) > MAX_PATH or "\0" in raw or "\n" in raw:
-        raise GgufError(f"{where}: {_shown(raw)}: not a path")
+        raise GgufError(f"{where}: {quoted(raw)}: not a path")
     if not os.path.isabs(raw):
-        raise GgufError(f"{where}: {_shown(raw)}: not an absolute path")
+        raise GgufError(f"{where}: {quoted(raw)}: not an absolute path")
     if ".." in raw.split("/"):
-        raise GgufError(f"{where}: {_shown(raw)}: '..' is not followed")
+        raise GgufError(f"{where}: {quoted(raw)}: '..' is not followed")
     return os.path.normpath(raw)
 
 
@@ -476,21 +218,21 @@ def models_folder(lm_home: str) -> tuple[str, str]:
 
 def _component(part: str, key: str) -> str:
     if part in ("", ".") or len(part) > MAX_NAME:
-        raise GgufError(f"model key {_shown(key)}: {_shown(part)} is not a folder or file name")
+        raise GgufError(f"model key {quoted(key)}: {quoted(part)} is not a folder or file name")
     if part == "..":
-        raise GgufError(f"model key {_shown(key)}: '..' is not followed")
+        raise GgufError(f"model key {quoted(key)}: '..' is not followed")
     return part
 
 
 def _check_key(key: str) -> str:
     if len(key) > MAX_KEY or "\0" in key:
-        raise GgufError(f"model key {_shown(key)}: not a model key (over {MAX_KEY} characters?)")
+        raise GgufError(f"model key {quoted(key)}: not a model key (over {MAX_KEY} characters?)")
     if "$" in key or "`" in key:
-        raise GgufError(f"model key {_shown(key)}: it comes from the shell, not known here")
+        raise GgufError(f"model key {quoted(key)}: it comes from the shell, not known here")
     if not key.strip():
         raise GgufError("model key '': empty")
     if ".." in key.split("/"):
-        raise GgufError(f"model key {_shown(key)}: '..' is not followed")
+        raise GgufError(f"model key {quoted(key)}: '..' is not followed")
     return key.strip()
 
 
@@ -675,13 +417,13 @@ def _path_key(key: str, folder: str, exact: bool) -> tuple[str, str, str]:
         inside = folder.rstrip("/") + "/"
         if not os.path.normpath(key).startswith(inside):
             raise GgufError(
-                f"{_shown(key)}: not in LM Studio's models folder {folder} (lms loads from there)"
+                f"{quoted(key)}: not in LM Studio's models folder {folder} (lms loads from there)"
             )
         rel = os.path.normpath(key)[len(inside) :]
     parts = rel.split("/")
     if len(parts) != 3 or not parts[2].lower().endswith(".gguf"):
         why = "--exact takes a model's path" if exact else "a model's path is"
-        raise GgufError(f"model key {_shown(key)}: {why} publisher/repo/file.gguf")
+        raise GgufError(f"model key {quoted(key)}: {why} publisher/repo/file.gguf")
     publisher, repo, name = (_component(p, key) for p in parts)
     return publisher, repo, name
 
@@ -692,7 +434,7 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
     sources, its last component, then lms's own fuzzy match. Several: no answer."""
     parts = key.split("/")
     if len(parts) > 2:
-        raise GgufError(f"model key {_shown(key)}: neither publisher/repo nor a path to a .gguf")
+        raise GgufError(f"model key {quoted(key)}: neither publisher/repo nor a path to a .gguf")
     for p in parts:
         _component(p, key)
     dirs: list[_Dir] = []
@@ -731,7 +473,7 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
         if not found:
             continue
         if len(found) > MAX_LISTED:
-            raise GgufError(f"model key {_shown(key)} matches {len(found)} model folders ({rule})")
+            raise GgufError(f"model key {quoted(key)} matches {len(found)} model folders ({rule})")
         with_models = [
             d
             for d in found
@@ -741,10 +483,10 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
             return with_models[0], rule
         if len(with_models) > 1:
             raise GgufError(
-                f"model key {_shown(key)} matches {len(with_models)} models ({rule}):"
+                f"model key {quoted(key)} matches {len(with_models)} models ({rule}):"
                 f" {_named(with_models)}; which one lms loads is not known"
             )
-    raise GgufError(f"model key {_shown(key)}: no GGUF model in {folder} matches it")
+    raise GgufError(f"model key {quoted(key)}: no GGUF model in {folder} matches it")
 
 
 def _largest(where: str, names: Sequence[str]) -> str:
@@ -783,7 +525,7 @@ def _config(lm_home: str, rel: tuple[str, str, str]) -> Config:
             value = value["value"]
         good = _config_value(name, value)
         if good is None:
-            notes.append(f"{path}: {item['key']} {_shown(str(value), 32)} left out")
+            notes.append(f"{path}: {item['key']} {quoted(str(value), 32)} left out")
         else:
             values[name] = good
     return Config(path, notes=tuple(notes[:MAX_NAMED]), **values)
@@ -845,7 +587,7 @@ def predict(
         why = "--estimate-only (LM Studio's own estimate)" if load.estimate_only else "--help"
         return Prediction(0, f"lms load {why}: loads nothing")
     if load.remote:
-        host = _shown(load.host or "")
+        host = quoted(load.host or "")
         return Prediction(None, f"{said} --host {host}: loads on that machine, if it is another")
     lm_env = {k: v for k, v in (env or {}).items() if k == "LMSTUDIO_HOME"}
     name = f"{said} (--exact {load.exact}) for the LM Studio of {home} {sorted(lm_env.items())}"

@@ -43,8 +43,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..quantities import format_size
-from ..snapshot import manager_uid
+from ..core.argv.loadspec import TGI_PREFILL_DEFAULT, LoadSpec, SpecError, first_spec
+from ..core.quantities import format_size
+from ..core.snapshot import manager_uid
 from ..system.safefs import as_user
 from . import safetensors
 from .estimate import (
@@ -67,7 +68,6 @@ from .gguf import (
     Model,
     read_model,
 )
-from .loadspec import TGI_PREFILL_DEFAULT, LoadSpec, SpecError, first_spec
 
 PENDING = "reading the model header"
 FRESH = 5.0  # seconds a model read stays the answer before the file is looked at again

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..snapshot import valid_id
+from ..core.snapshot import valid_id
 from .engine import Container, Engine, EngineError, inspect_from_disk
 from .safefs import Tree, UnsafePath
 

@@ -42,14 +42,14 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..snapshot import (
+from ..core.snapshot import (
     ARGV_MAX_ARGS,
     ARGV_MAX_BYTES,
     CONTAINER_NAME_MAX,
     valid_id,
     valid_name,
 )
-from ..text import printable
+from ..core.text import printable
 
 DOCKER_SOCKET = "/run/docker.sock"
 PODMAN_SOCKET = "/run/podman/podman.sock"

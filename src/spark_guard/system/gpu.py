@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event
+from ..core.events import Event
 
 
 @dataclass(frozen=True)

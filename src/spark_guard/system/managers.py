@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..snapshot import SYSTEM, manager_uid, valid_unit_name
+from ..core.snapshot import SYSTEM, manager_uid, valid_unit_name
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from itertools import islice
 
-from ..snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Memory, Pressure
+from ..core.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Memory, Pressure
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 

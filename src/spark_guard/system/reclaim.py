@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.snapshot import Memory
 from ..room import RoomPlan
-from ..snapshot import Memory
 from .procfs import ProcError, ProcFS
 
 RECLAIM = "memory.reclaim"

@@ -28,7 +28,7 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from ..snapshot import SYSTEM, manager_uid
+from ..core.snapshot import SYSTEM, manager_uid
 from .safefs import Tree, UnsafePath, anchor_stat
 
 NULL = "/dev/null"

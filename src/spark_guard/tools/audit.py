@@ -11,12 +11,12 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..classify import canonical_model, classify, matches_any, model_files
-from ..config import Config
+from ..core.classify import canonical_model, classify, matches_any, model_files
+from ..core.config import Config
+from ..core.policy import charge_clients
+from ..core.quantities import format_size
+from ..core.snapshot import STORM_WINDOW, SYSTEM, Memory, MemoryRule, SeenUnit, UnitRef
 from ..foresight.predict import Prediction
-from ..policy import charge_clients
-from ..quantities import format_size
-from ..snapshot import STORM_WINDOW, SYSTEM, Memory, MemoryRule, SeenUnit, UnitRef
 from ..system.engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .findings import Finding, Severity
 from .harden import rescue_units

@@ -25,9 +25,9 @@ from typing import Any
 from .. import config as config_mod
 from .. import log as log_mod
 from ..containers import is_ref
-from ..quantities import format_size
-from ..snapshot import Snapshot
-from ..text import printable as p
+from ..core.quantities import format_size
+from ..core.snapshot import Snapshot
+from ..core.text import printable as p
 from .audit import (
     Footprint,
     container_findings,
@@ -235,7 +235,7 @@ def _print(
         print("\nmodel loaders:")
         rows = [["UNIT", "ENABLED", "ACTIVE", "MemoryMax", "Restart", "MODEL"]]
         for u in inv.loaders:
-            from ..classify import model_files
+            from ..core.classify import model_files
 
             models = model_files(u.exec_start)
             rows.append(

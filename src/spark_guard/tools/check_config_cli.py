@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .. import config as config_mod
-from ..quantities import format_size
+from ..core.quantities import format_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

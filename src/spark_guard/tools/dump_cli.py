@@ -10,12 +10,12 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import log as log_mod
-from ..policy import decide
-from ..quantities import format_size
+from ..core.policy import decide
+from ..core.quantities import format_size
+from ..core.snapshot import Decision, Pressure, Snapshot
+from ..core.text import printable as p
 from ..sensor import Sensor
-from ..snapshot import Decision, Pressure, Snapshot
 from ..system.procfs import ProcError
-from ..text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,8 +8,8 @@ MemoryMax= does not bound GPU memory on a unified-memory machine
 
 from __future__ import annotations
 
-from ..config import Config
-from ..snapshot import SYSTEM
+from ..core.config import Config
+from ..core.snapshot import SYSTEM
 
 MARKER = "# Written by spark-guard harden"
 DROP_IN = "50-spark-guard.conf"

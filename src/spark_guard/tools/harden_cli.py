@@ -23,11 +23,11 @@ import time
 from typing import Any
 
 from .. import config as config_mod
-from ..classify import expected_footprint
-from ..config import Config, ConfigError
+from ..core.classify import expected_footprint
+from ..core.config import Config, ConfigError
+from ..core.quantities import format_size
+from ..core.snapshot import SYSTEM, UnitRef, parse_ref
 from ..foresight.predict import Predictor, owner_of, parse_environment
-from ..quantities import format_size
-from ..snapshot import SYSTEM, UnitRef, parse_ref
 from ..system.gpu import probe_unified, unified_memory
 from ..system.managers import Manager, ManagerError, command_manager, connect_to
 from ..system.procfs import ProcError, ProcFS

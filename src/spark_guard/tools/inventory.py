@@ -22,15 +22,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..classify import classify
-from ..config import Config
 from ..containers import loader_evidence
-from ..quantities import parse_duration, parse_size
-from ..snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref
+from ..core.classify import classify
+from ..core.config import Config
+from ..core.quantities import parse_duration, parse_size
+from ..core.snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref
+from ..core.text import printable
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.safefs import UnsafePath, as_user, read_regular
-from ..text import printable
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
 USER_UNIT_DIRS = (".config/systemd/user", ".local/share/systemd/user")
@@ -416,10 +416,10 @@ def foresee(inv: Inventory, mem_total: int, predictor: Any = None) -> dict[UnitR
     it: a client's (`lms load`, `ollama run`, a curl preload) where its load lands, with the
     Ollama server units of the inventory; anything else by its command line. Models are read
     off this thread with the unit owner's file rights, bounded, as the guard reads them."""
-    from ..classify import command_line
+    from ..core.argv.servers import OLLAMA
+    from ..core.classify import command_line
     from ..foresight.clients import ServerUnit, predict_client
     from ..foresight.predict import Predictor, owner_of, parse_environment
-    from ..foresight.servers import OLLAMA
 
     predictor = predictor or Predictor()
     servers = [

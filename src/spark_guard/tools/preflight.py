@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..policy import admit
-from ..snapshot import Decision, Snapshot, UnitRef, judged
+from ..core.policy import admit
+from ..core.snapshot import Decision, Snapshot, UnitRef, judged
 
 
 @dataclass(frozen=True)

@@ -28,22 +28,22 @@ from typing import Any
 
 from .. import config as config_mod
 from .. import log as log_mod
-from ..classify import classify, command_line, expected_footprint
-from ..config import Config
+from ..core.argv.loadspec import LoadSpec, Settings, SpecError, first_spec
+from ..core.argv.servers import OLLAMA
+from ..core.classify import classify, command_line, expected_footprint
+from ..core.config import Config
+from ..core.policy import charge_clients
+from ..core.quantities import format_size
+from ..core.snapshot import Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
+from ..core.text import printable as p
 from ..foresight.clients import ServerUnit, predict_client
-from ..foresight.estimate import Estimate, Settings
-from ..foresight.loadspec import LoadSpec, SpecError, first_spec
+from ..foresight.estimate import Estimate
 from ..foresight.predict import Prediction, Predictor, parse_environment
-from ..foresight.servers import OLLAMA
-from ..policy import charge_clients
-from ..quantities import format_size
 from ..room import RECLAIM_MIN, RoomPlan, fragmented
-from ..snapshot import Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
 from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
 from ..system.procfs import ProcFS
 from ..system.reclaim import RoomMade, RoomMaker
-from ..text import printable as p
 from .preflight import Verdict, verdict
 
 
@@ -220,7 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..policy import decide
+    from ..core.policy import decide
     from ..sensor import sense_once
     from ..system.procfs import ProcError
 

@@ -14,7 +14,7 @@ from .. import log as log_mod
 from ..block import banner
 from ..block.records import RecordStore
 from ..block.release import ReleaseError, log_release, release, select
-from ..text import printable as p
+from ..core.text import printable as p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

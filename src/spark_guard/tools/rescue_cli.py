@@ -19,13 +19,13 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..block.blocker import Blocker
 from ..block.records import Step
-from ..classify import is_protected
-from ..quantities import format_size
-from ..snapshot import CONTAINER, Action, Decision, UnitRef
+from ..core.classify import is_protected
+from ..core.quantities import format_size
+from ..core.snapshot import CONTAINER, Action, Decision, UnitRef
+from ..core.text import printable as p
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.procfs import ProcError, ProcFS
-from ..text import printable as p
 from .inventory import UnitInfo, collect, collect_containers
 
 

@@ -13,9 +13,9 @@ import sys
 import time
 
 from .. import config as config_mod
-from ..quantities import format_size
+from ..core.quantities import format_size
+from ..core.text import printable as p
 from ..statefile import PublishedState, read
-from ..text import printable as p
 
 STALE = 180.0
 

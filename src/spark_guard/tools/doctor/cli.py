@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ... import config as config_mod
-from ...classify import expected_footprint
-from ...config import Config
+from ...core.classify import expected_footprint
+from ...core.config import Config
+from ...core.text import printable
 from ...foresight.predict import Predictor, parse_environment
 from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
-from ...text import printable
 from ..findings import Finding, Severity
 from ..inventory import Inventory, collect
 from . import logscan

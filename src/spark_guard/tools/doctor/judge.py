@@ -17,8 +17,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ...quantities import format_size
-from ...snapshot import STORM_WINDOW
+from ...core.quantities import format_size
+from ...core.snapshot import STORM_WINDOW
 from ...system.gpu import GpuFacts
 from ..findings import Finding, Severity, worst
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine

@@ -7,7 +7,8 @@ server's process, another unit (the incident's `lms-load.service` ->
 which is the unit to refuse or block (policy.charge_clients).
 
 Pure: a command line in, the kind of server it is or asks, out. Which model a
-client loads and what it will take is lmstudio.py's and ollama.py's.
+client loads is argv/lmstudio.py's and argv/ollama.py's; what it will take,
+foresight's.
 """
 
 from __future__ import annotations

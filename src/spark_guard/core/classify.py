@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 
+from .argv.loadspec import SpecError, parse
+from .argv.servers import client_kind, server_kind
 from .config import Config
-from .foresight.loadspec import SpecError, parse
-from .foresight.servers import client_kind, server_kind
 from .snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Loader, SeenUnit, UnitRef
 from .text import printable
 

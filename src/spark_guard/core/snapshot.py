@@ -324,7 +324,7 @@ class Loader:
     # Where `expected` comes from: "config", "estimate", "clients" (what the clients
     # charged to it ask it to load), or "" (footprint unknown).
     expected_from: str = ""
-    # A server that loads on request (foresight/servers.py: "lmstudio", "ollama"): the
+    # A server that loads on request (argv/servers.py: "lmstudio", "ollama"): the
     # kind it runs, or, for a client (`lms load`, `ollama run`), the kind it asks.
     serves: str = ""
     asks: str = ""

@@ -23,18 +23,13 @@ LoadSpec out.
 from __future__ import annotations
 
 import os
-import re
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .estimate import Settings
+from ..text import quoted
+from .shell import first_command
 
 LLAMA_BINARIES = ("llama-server", "llama-cli", "llama-mtmd-cli", "llama-run", "server")
-WRAPPERS = ("env", "nice", "ionice", "taskset", "numactl", "stdbuf", "chrt", "systemd-inhibit")
-SHELLS = ("sh", "bash", "dash", "zsh")
-_NUMERIC = re.compile(r"^(0x)?[0-9a-fA-F,.:-]+$")
-_TAKES_NAME = ("-u", "--unset", "-C", "--chdir")  # env's options whose value is a word
 
 # flag -> (setting, takes a value); several spellings of one flag share a setting.
 _LLAMA_FLAGS: dict[str, tuple[str, bool]] = {
@@ -86,6 +81,24 @@ _FALSE = ("off", "false", "0", "disabled", "no")
 _FA_VALUES = (*_TRUE, *_FALSE, "auto")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The load settings that decide the footprint (llama-server's flags)."""
+
+    n_ctx: int = 0  # 0: the trained context
+    n_parallel: int = 1
+    kv_unified: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # on, off, auto (on where the backend has it: CUDA does)
+    n_ubatch: int = 512
+    swa_full: bool = False
+    mmproj_bytes: int = 0
+    mmproj_compute: int = 0  # the projector's compute buffer (projector_compute_bytes)
+    no_mmap: bool = False
+    n_gpu_layers: int | None = None
+
+
 class SpecError(ValueError):
     """A flag whose value makes no sense; str() names it."""
 
@@ -109,130 +122,6 @@ class LoadSpec:
     notes: tuple[str, ...] = ()
 
 
-def _unwrap(argv: Sequence[str]) -> list[str]:
-    """The real command behind env/nice/... and `sh -c "exec llama-server ..."`."""
-    args = list(argv)
-    for _ in range(8):  # wrappers of wrappers, but never forever
-        if not args:
-            return args
-        base = os.path.basename(args[0])
-        if base in WRAPPERS:
-            # Their options, VAR=value, and numbers (nice -n 5, taskset 0x3, chrt 10).
-            args = args[1:]
-            while args and (args[0].startswith("-") or "=" in args[0] or _NUMERIC.match(args[0])):
-                args = args[2:] if args[0] in _TAKES_NAME else args[1:]
-            continue
-        if base in SHELLS and "-c" in args[1:]:
-            script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
-            lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
-            lexer.whitespace_split = True
-            try:
-                words = list(lexer)
-            except ValueError:
-                return args
-            # The first command of the script; `a; b`, `a && b`, `a | b` end it.
-            end = next((i for i, w in enumerate(words) if w and set(w) <= set(";&|")), len(words))
-            words = words[:end]
-            args = words[1:] if words[:1] == ["exec"] else words
-            continue
-        return args
-    return args
-
-
-# Splitting a unit's shell scripts into their commands (commands()).
-MAX_SCRIPT = 8 << 10  # shell text split into commands (the first 8 KiB, as everywhere)
-MAX_DEPTH = 8  # wrappers of shells of wrappers
-_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_VARIABLE = re.compile(r"^\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})$")
-_KEYWORDS = ("then", "do", "else", "elif", "if", "while", "until", "!", "{", "}", "time")
-
-
-def commands(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[list[str]]:
-    """The simple commands a command line runs: itself, or behind env/nice/..., or each
-    command of a `sh -c` script (`sleep 60; lms load x`, `a && b`, `a | b`)."""
-    out: list[list[str]] = []
-    _walk([_expand(a, env) for a in argv], env, out, 0)
-    return out
-
-
-def _expand(word: str, env: Mapping[str, str] | None) -> str:
-    """`$VAR` or `${VAR}` as a whole word, from the environment (systemd and the shell do)."""
-    m = _VARIABLE.match(word)
-    if m and env:
-        value = env.get(m.group(1) or m.group(2))
-        if value is not None:
-            return value
-    return word
-
-
-def _walk(args: list[str], env: Mapping[str, str] | None, out: list[list[str]], depth: int) -> None:
-    for _ in range(MAX_DEPTH):
-        while args and (_ASSIGN.match(args[0]) or args[0] in ("exec", *_KEYWORDS)):
-            args = args[1:]
-        if not args:
-            return
-        base = os.path.basename(args[0])
-        if base in WRAPPERS:
-            args = args[1:]
-            while args and (args[0].startswith("-") or "=" in args[0] or _NUMERIC.match(args[0])):
-                args = args[2:] if args[0] in _TAKES_NAME else args[1:]
-            continue
-        if base in SHELLS:
-            script = _script(args)
-            if script is not None:
-                if depth < MAX_DEPTH:
-                    for command in _split(script):
-                        _walk([_expand(w, env) for w in command], env, out, depth + 1)
-                return
-        out.append(args)
-        return
-
-
-def _script(args: Sequence[str]) -> str | None:
-    """The script of `sh -c SCRIPT`, `bash -lc SCRIPT`, `bash --login -o pipefail -c SCRIPT`."""
-    i = 1
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if arg in ("-o", "+o", "-O", "+O"):  # a shell option's name follows
-            i += 1
-        elif arg == "--" or not arg.startswith(("-", "+")):
-            return None
-        elif not arg.startswith("--") and "c" in arg[1:]:
-            rest = [a for a in args[i:] if not a.startswith("-")]
-            return rest[0] if rest else None
-    return None
-
-
-def _split(script: str) -> list[list[str]]:
-    """Each simple command of a script's first MAX_SCRIPT characters; [] if it does not split."""
-    text = script[:MAX_SCRIPT].replace("\\\n", " ").replace("\n", ";")
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        words = list(lexer)
-    except ValueError:
-        return []
-    out: list[list[str]] = []
-    current: list[str] = []
-    skip = False
-    for word in words:
-        if skip:  # the target of a redirection
-            skip = False
-            continue
-        if word and set(word) <= set(";&|()"):
-            if current:
-                out.append(current)
-            current = []
-        elif word and set(word) <= set("<>&|") and ("<" in word or ">" in word):
-            skip = True
-        else:
-            current.append(word)
-    if current:
-        out.append(current)
-    return out
-
-
 def _int(flag: str, value: str) -> int:
     try:
         return int(value)
@@ -242,7 +131,7 @@ def _int(flag: str, value: str) -> int:
 
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> LoadSpec | None:
     """The spec of a known loader's command line; None for anything else."""
-    args = _unwrap(argv)
+    args = first_command(argv)
     if not args:
         return None
     base = os.path.basename(args[0])
@@ -366,7 +255,6 @@ def _vllm(binary: str, args: list[str]) -> LoadSpec:
 TGI_BINARY = "text-generation-launcher"
 TGI_WIGGLE_ROOM = 0.90  # its model server's default (TGI_WIGGLE_ROOM, models/globals.py)
 MAX_TOKENS = 1 << 32  # a token count past any context length
-_SHOWN_VALUE = 64  # characters of a bad value quoted in a SpecError
 
 # flag -> setting: the last one given wins (argparse; clap refuses a repeat, so no unit runs).
 _SGLANG_FLAGS = {
@@ -392,10 +280,6 @@ _TGI_ENV = {
 }
 _TGI_KV_DTYPES = ("fp8", "fp8_e4m3fn", "fp8_e5m2")
 TGI_PREFILL_DEFAULT = 4096  # the launcher's --max-batch-prefill-tokens, before the model's cap
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= _SHOWN_VALUE else value[:_SHOWN_VALUE] + "...")
 
 
 def _is_sglang(base: str, args: Sequence[str]) -> bool:
@@ -434,10 +318,10 @@ def _fraction(flag: str, raw: str, *, below_one: bool = False) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+        raise SpecError(f"{flag} {quoted(raw)}: not a number") from None
     # Also refuses nan and inf: every comparison with nan is false.
     if not (0 < value < 1 if below_one else 0 < value <= 1):
-        raise SpecError(f"{flag} {_shown(raw)}: must be in (0, 1{')' if below_one else ']'}")
+        raise SpecError(f"{flag} {quoted(raw)}: must be in (0, 1{')' if below_one else ']'}")
     return value
 
 
@@ -445,9 +329,9 @@ def _tokens(flag: str, raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:  # also an integer of more digits than Python converts
-        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+        raise SpecError(f"{flag} {quoted(raw)}: not a number") from None
     if not 0 < value <= MAX_TOKENS:
-        raise SpecError(f"{flag} {_shown(raw)}: must be in [1, {MAX_TOKENS}]")
+        raise SpecError(f"{flag} {quoted(raw)}: must be in [1, {MAX_TOKENS}]")
     return value
 
 
@@ -488,7 +372,7 @@ def _tgi(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
     if "kv_cache_dtype" in v:
         flag, raw = v["kv_cache_dtype"]
         if raw.lower() not in _TGI_KV_DTYPES:
-            raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(_TGI_KV_DTYPES)}")
+            raise SpecError(f"{flag} {quoted(raw)}: not one of {', '.join(_TGI_KV_DTYPES)}")
         kv_bytes = 1
     flag = v["fraction"][0] if "fraction" in v else "--cuda-memory-fraction"
     model = v["model"][1] if "model" in v else None
@@ -539,9 +423,9 @@ def _bounded(flag: str, raw: str, low: int, high: int) -> int:
     try:
         value = int(raw)
     except ValueError:  # also an integer of more digits than Python converts
-        raise SpecError(f"{flag} {_shown(raw)}: not a number") from None
+        raise SpecError(f"{flag} {quoted(raw)}: not a number") from None
     if not low <= value <= high:
-        raise SpecError(f"{flag} {_shown(raw)}: must be in [{low}, {high}]")
+        raise SpecError(f"{flag} {quoted(raw)}: must be in [{low}, {high}]")
     return value
 
 
@@ -551,7 +435,7 @@ def _value(v: Mapping[str, tuple[str, str]], name: str) -> str | None:
 
 def _cache_type(flag: str, raw: str) -> str:
     if raw.lower() not in CACHE_TYPES:
-        raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(CACHE_TYPES)}")
+        raise SpecError(f"{flag} {quoted(raw)}: not one of {', '.join(CACHE_TYPES)}")
     return raw.lower()
 
 
@@ -762,7 +646,7 @@ def _koboldcpp(args: list[str]) -> LoadSpec:
     v = _scan(args, _KOBOLDCPP_FLAGS)
     if "config" in v:
         raise SpecError(
-            f"{v['config'][0]} {_shown(v['config'][1])}: settings in a .kcpps file are not "
+            f"{v['config'][0]} {quoted(v['config'][1])}: settings in a .kcpps file are not "
             "read; give the size in [loaders.footprint]"
         )
     said: list[str] = []
@@ -779,7 +663,7 @@ def _koboldcpp(args: list[str]) -> LoadSpec:
     if "quantkv" in v:
         flag, raw = v["quantkv"]
         if raw.lower() not in _KOBOLDCPP_QUANTKV:
-            raise SpecError(f"{flag} {_shown(raw)}: not one of {', '.join(_KOBOLDCPP_QUANTKV)}")
+            raise SpecError(f"{flag} {quoted(raw)}: not one of {', '.join(_KOBOLDCPP_QUANTKV)}")
         cache = _KOBOLDCPP_QUANTKV[raw.lower()]
     batch = 512
     if "batch" in v:

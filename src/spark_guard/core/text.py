@@ -54,3 +54,10 @@ def printable(value: object, limit: int = DEFAULT_LIMIT) -> str:
     while parts and used + len(_marker(len(text) - len(parts))) > limit:
         used -= len(parts.pop())
     return "".join(parts) + _marker(len(text) - len(parts))
+
+
+def quoted(value: object, limit: int = 64) -> str:
+    """A user's value quoted for a one-line message about it: repr() of its first `limit`
+    characters, "..." after a cut (printable() makes the whole line safe)."""
+    text = str(value)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
