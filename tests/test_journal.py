@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_guard.core.events import MESSAGE_IDS
+from spark_guard.core.events import MESSAGE_IDS, EventKind
 
 pytestmark = pytest.mark.journald
 
@@ -24,7 +24,7 @@ SRC = Path(__file__).parent.parent / "src" / "spark_guard"
 
 DECISION = """
 from spark_guard import log
-from spark_guard.act import tell
+from spark_guard.core.events import tell
 from spark_guard.core.config import Config
 from spark_guard.core.snapshot import Action, Decision, UnitRef
 from spark_guard.core.step import GuardState, take
@@ -33,7 +33,7 @@ a = Action("stop", UnitRef("user:1000", "llama-ds4-0731.service"), "footprint",
            "expects 115.0GiB", {"mem_available": 110 * 2**30, "reserve": 9094593249})
 decision = Decision("strict", 9094593249, (), (a,))
 _, events, _, _ = take(GuardState(), decision, 0.0, Config(), dry_run=True)
-tell(log.get_logger(), events)
+tell(log.get_logger(), *events)
 """
 
 SCRIPT = """
@@ -89,7 +89,7 @@ def test_guard_chooses_the_journal_under_systemd_and_prints_nothing_to_the_strea
     started = by_event(rows, "guard-started")
     assert started["MESSAGE"] == "spark-guard watching (dry run: deciding, not acting)"
     assert started["PRIORITY"] == "6"
-    assert started["MESSAGE_ID"] == MESSAGE_IDS["guard-started"]
+    assert started["MESSAGE_ID"] == MESSAGE_IDS[EventKind.GUARD_STARTED]
     assert started["SG_DRY_RUN"] == "True"
     assert stream.strip() == ""  # no duplicate key=value copy on stderr
     by_event(rows, "guard-stopping")
@@ -99,10 +99,13 @@ def test_code_location_is_the_real_caller(entries):
     rows, _ = entries
     started = by_event(rows, "guard-started")
     assert started["CODE_FILE"].endswith("spark_guard/daemon.py")
-    line = (SRC / "daemon.py").read_text().splitlines()[int(started["CODE_LINE"]) - 1]
-    assert "log.info(" in line and started["CODE_FUNC"] == "run"
+    lines = (SRC / "daemon.py").read_text().splitlines()
+    at = int(started["CODE_LINE"]) - 1  # the line of the call that builds the event
+    assert "Event" in lines[at] and "EventKind.GUARD_STARTED" in " ".join(lines[at : at + 2])
+    assert started["CODE_FUNC"] == "run"
+    # Built by the GPU reader and relayed by the sensor: the journal names the reader.
     gpu = by_event(rows, "gpu-accounting-off")
-    assert gpu["CODE_FILE"].endswith("spark_guard/sensor.py")
+    assert gpu["CODE_FILE"].endswith("spark_guard/system/gpu.py")
     assert gpu["PRIORITY"] == "4"  # warning
 
 
@@ -110,13 +113,13 @@ def test_decision_fields_are_filterable(entries):
     rows, _ = entries
     decision = by_event(rows, "decision")
     assert decision["MESSAGE"] == "stop user:1000:llama-ds4-0731.service: expects 115.0GiB"
-    assert decision["MESSAGE_ID"] == MESSAGE_IDS["decision"]
+    assert decision["MESSAGE_ID"] == MESSAGE_IDS[EventKind.DECISION]
     assert decision["PRIORITY"] == "4"
     assert decision["SG_UNIT"] == "user:1000:llama-ds4-0731.service"
     assert decision["SG_MANAGER"] == "user:1000"
     assert decision["SG_REASON"] == "footprint"
     assert decision["SG_MEM_AVAILABLE"] == str(110 * 2**30)
-    assert decision["CODE_FILE"].endswith("spark_guard/act.py")
+    assert decision["CODE_FILE"].endswith("spark_guard/core/step.py")  # built there, told by act
     dry = by_event(rows, "dry-run")
     assert dry["SG_UNIT"] == "user:1000:llama-ds4-0731.service"
 
@@ -157,7 +160,7 @@ def test_unit_blocked_carries_the_figures_of_the_decision():
             (um.base / "state" / "blocked" / "user:0:llama-journal.service.json").read_text()
         )["figures"]
     blocked = rows[0]
-    assert blocked["MESSAGE_ID"] == MESSAGE_IDS["unit-blocked"]
+    assert blocked["MESSAGE_ID"] == MESSAGE_IDS[EventKind.UNIT_BLOCKED]
     assert blocked["SG_UNIT"] == "user:0:llama-journal.service"
     assert blocked["SG_REASON"] == "footprint"
     assert int(blocked["SG_MEM_AVAILABLE"]) == figures["mem_available"] > 0

@@ -6,25 +6,18 @@ I/O after it. In a dry run step() hands over no stops, only what it would do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .block.blocker import Blocker
-from .core.events import Event
+from .core.events import tell
 from .core.step import Outcome
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 
-def tell(log: FilteringBoundLogger, events: Iterable[Event]) -> None:
-    """Log events, each at its level, with its fields (log.py adds MESSAGE_ID)."""
-    for event in events:
-        getattr(log, event.level)(event.kind, msg=event.msg, **event.fields)
-
-
 def act(outcome: Outcome, blocker: Blocker, log: FilteringBoundLogger) -> None:
     """Say what the pass decided, then block what it stops."""
-    tell(log, outcome.events)
+    tell(log, *outcome.events)
     if outcome.stops:
         blocker.block(outcome.stops, outcome.decision)

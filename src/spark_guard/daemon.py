@@ -23,6 +23,7 @@ from . import config as config_mod
 from .act import act
 from .block.blocker import Blocker
 from .core.config import Config, ConfigError
+from .core.events import Event, EventKind, Level, tell
 from .core.policy import brake, full_look_due, poll_interval
 from .core.quantities import format_size
 from .core.snapshot import Decision, Memory, Snapshot, judged
@@ -149,10 +150,14 @@ class Guard:
             if self.psi.fd is not None:
                 self._poller.register(self.psi.fd, select.POLLPRI)
         except OSError as e:
-            self.log.info(
-                "psi-trigger-off",
-                error=str(e),
-                msg=f"memory pressure trigger unavailable, polling only: {e}",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.PSI_TRIGGER_OFF,
+                    "info",
+                    error=str(e),
+                    msg=f"memory pressure trigger unavailable, polling only: {e}",
+                ),
             )
         self.sensor.refresh_managers()
         ready = False
@@ -186,13 +191,17 @@ class Guard:
                 self.blocker.release_brakes()  # what the decision did not block goes on
             if not ready and snapshot is not None:
                 ready = True
-                self.log.info(
-                    "guard-started",
-                    dry_run=self.dry_run,
-                    managers=sorted(self.sensor.managers),
-                    gpu=snapshot.gpu_accounting,
-                    msg="spark-guard watching"
-                    + (" (dry run: deciding, not acting)" if self.dry_run else ""),
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.GUARD_STARTED,
+                        "info",
+                        dry_run=self.dry_run,
+                        managers=sorted(self.sensor.managers),
+                        gpu=snapshot.gpu_accounting,
+                        msg="spark-guard watching"
+                        + (" (dry run: deciding, not acting)" if self.dry_run else ""),
+                    ),
                 )
                 self.notifier.notify("READY=1")
             self._watchdog(now)
@@ -206,7 +215,7 @@ class Guard:
             self._interval = interval
             pressure = self._wait(interval)
         self.notifier.notify("STOPPING=1")
-        self.log.info("guard-stopping", msg="spark-guard stopping")
+        tell(self.log, Event.of(EventKind.GUARD_STOPPING, "info", msg="spark-guard stopping"))
         self.close()
         return 0
 
@@ -216,7 +225,7 @@ class Guard:
         try:
             snapshot = self.sensor.snapshot(rescue=not self.state.boot_over)
         except ProcError as e:
-            self.log.error("sense-failed", error=str(e), msg=str(e))
+            tell(self.log, Event.of(EventKind.SENSE_FAILED, "error", error=str(e), msg=str(e)))
             self._status(None, None)
             return None, None
         outcome = step(self.state, snapshot, self.config, dry_run=self.dry_run)
@@ -248,7 +257,15 @@ class Guard:
         try:
             written = self.publisher.publish(state)
         except OSError as e:
-            self.log.debug("state-unwritten", error=str(e), msg=f"cannot publish state: {e}")
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.STATE_UNWRITTEN,
+                    "debug",
+                    error=str(e),
+                    msg=f"cannot publish state: {e}",
+                ),
+            )
             return
         if written is not None and self.metrics.wanted:
             self._write_metrics(written)
@@ -265,10 +282,14 @@ class Guard:
         except OSError as e:
             self.metrics.problem = f"{self.metrics.path}: {e.strerror}"
         if self.metrics.problem and self.metrics.problem != self._metrics_problem:
-            self.log.warning(
-                "metrics-off",
-                error=self.metrics.problem,
-                msg=f"Prometheus metrics not written: {self.metrics.problem}",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.METRICS_OFF,
+                    "warning",
+                    error=self.metrics.problem,
+                    msg=f"Prometheus metrics not written: {self.metrics.problem}",
+                ),
             )
         self._metrics_problem = self.metrics.problem
 
@@ -360,16 +381,27 @@ class Guard:
         self._pace = paced(before, made.plan.reclaim, done, self.config.make_room_every)
         if before.counts and not self._pace.counts:
             self.sensor.room_possible = False
-            self.log.warning(
-                "room-failed",
-                error=f"asked {made.plan.reclaim} bytes, {done} freed",
-                msg=f"reclaims free little ({format_size(done)} of "
-                f"{format_size(made.plan.reclaim)} asked): the page cache is not counted as room"
-                f" for the GPU until one frees again; retried every {self._pace.every:g}s",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.ROOM_FAILED,
+                    "warning",
+                    error=f"asked {made.plan.reclaim} bytes, {done} freed",
+                    msg=f"reclaims free little ({format_size(done)} of "
+                    f"{format_size(made.plan.reclaim)} asked): the page cache is not counted as"
+                    f" room for the GPU until one frees again; retried every {self._pace.every:g}s",
+                ),
             )
         elif not before.counts and self._pace.counts:
             self.sensor.room_possible = True
-            self.log.info("room-made", msg="page cache can be dropped again: it counts as room")
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.ROOM_MADE,
+                    "info",
+                    msg="page cache can be dropped again: it counts as room",
+                ),
+            )
 
     def _tell_room(self, made: RoomMade) -> None:
         before, after = made.before, made.after
@@ -381,22 +413,30 @@ class Guard:
         for error in made.errors:
             if error not in self._room_said:
                 self._room_said.add(error)
-                level = "warning" if failed else "info"
-                getattr(self.log, level)(
-                    "room-failed",
-                    error=error,
-                    msg=f"cannot make room this way: {error}"
-                    + ("" if failed else f"; {made.method or 'compaction'} did it"),
+                level: Level = "warning" if failed else "info"
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.ROOM_FAILED,
+                        level,
+                        error=error,
+                        msg=f"cannot make room this way: {error}"
+                        + ("" if failed else f"; {made.method or 'compaction'} did it"),
+                    ),
                 )
         self.sensor.reclaims_mapped = self.room.reclaims_mapped
         if self.sensor.room_possible and not self.room.reclaim_possible(made.before.swap_total):
             # No reclaim works here: the page cache is no room for the GPU, MemFree is judged.
             self.sensor.room_possible = False
-            self.log.warning(
-                "room-failed",
-                error="; ".join(self.room.broken.values()),
-                msg="no way to drop page cache works here: on unified memory the guard now "
-                "judges MemFree alone",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.ROOM_FAILED,
+                    "warning",
+                    error="; ".join(self.room.broken.values()),
+                    msg="no way to drop page cache works here: on unified memory the guard now "
+                    "judges MemFree alone",
+                ),
             )
         if made.plan.reclaim and self.room.reclaim_possible(made.before.swap_total):
             self._judge_reclaim(made)
@@ -435,7 +475,7 @@ class Guard:
                     f", free in 2 MiB blocks {format_size(before.huge_free)} -> "
                     f"{format_size(after.huge_free)}"
                 )
-        self.log.info("room-made", msg=msg, **fields)
+        tell(self.log, Event.of(EventKind.ROOM_MADE, "info", msg=msg, **fields))
 
     def _full_look_due(
         self,
@@ -479,11 +519,15 @@ class Guard:
         if pressure:
             # The kernel fires at most once per PSI window (2 s): one line per event at most.
             waited = time.monotonic() - start
-            self.log.info(
-                "pressure-wake",
-                waited=round(waited, 3),
-                poll=round(timeout, 3),
-                msg=f"memory pressure woke the guard {waited:.2f}s into a {timeout:.2f}s wait",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.PRESSURE_WAKE,
+                    "info",
+                    waited=round(waited, 3),
+                    poll=round(timeout, 3),
+                    msg=f"memory pressure woke the guard {waited:.2f}s into a {timeout:.2f}s wait",
+                ),
             )
         if pressure and not self._stop and not self._reload:
             # A pressure event: act now, but never spin faster than poll.min.
@@ -528,11 +572,15 @@ class Guard:
         try:
             new = config_mod.load(self.config_path)
         except ConfigError as e:
-            self.log.error(
-                "config-reload-refused",
-                file=str(self.config_path),
-                error=str(e),
-                msg=f"config reload refused, keeping the running config: {e}",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.CONFIG_RELOAD_REFUSED,
+                    "error",
+                    file=str(self.config_path),
+                    error=str(e),
+                    msg=f"config reload refused, keeping the running config: {e}",
+                ),
             )
         else:
             self.config = new
@@ -542,10 +590,14 @@ class Guard:
             self.dry_run = self.dry_run or new.dry_run
             self.metrics = TextfileWriter(new.metrics_textfile)
             self._force_full = True
-            self.log.info(
-                "config-reloaded",
-                file=str(self.config_path),
-                msg=f"config reloaded from {self.config_path}",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.CONFIG_RELOADED,
+                    "info",
+                    file=str(self.config_path),
+                    msg=f"config reloaded from {self.config_path}",
+                ),
             )
         self.notifier.notify("READY=1")
 
@@ -566,18 +618,28 @@ def run(config_path: Path, *, dry_run: bool, log: FilteringBoundLogger) -> int:
     except ConfigError as e:
         # A broken config must not leave the machine unprotected: run on defaults, loudly.
         config, config_error = Config(), e
-        log.error(
-            "config-invalid",
-            file=str(config_path),
-            error=str(e),
-            msg=f"invalid config, protecting with built-in defaults: {e}",
+        tell(
+            log,
+            Event.of(
+                EventKind.CONFIG_INVALID,
+                "error",
+                file=str(config_path),
+                error=str(e),
+                msg=f"invalid config, protecting with built-in defaults: {e}",
+            ),
         )
     try:
         how = mlockall()
-        log.debug("memlock", flags=how)
+        tell(log, Event.of(EventKind.MEMLOCK, "debug", flags=how))
     except OSError as e:
-        log.warning(
-            "memlock-failed", error=str(e), msg=f"mlockall failed, pages may be evicted: {e}"
+        tell(
+            log,
+            Event.of(
+                EventKind.MEMLOCK_FAILED,
+                "warning",
+                error=str(e),
+                msg=f"mlockall failed, pages may be evicted: {e}",
+            ),
         )
     guard = Guard(config, config_path, log, dry_run=dry_run, config_error=config_error)
     return guard.run()

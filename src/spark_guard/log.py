@@ -1,9 +1,10 @@
 """structlog pipeline: small processors, then one sink (journal or terminal).
 
-Under systemd the events go to journald as native fields (SG_UNIT=...,
-PRIORITY from the level, MESSAGE_ID per event kind, CODE_FILE/CODE_LINE of
-the real caller) so admins can filter on them. On a terminal they are one
-readable key=value line each.
+Every event reaches it through core.events.tell(). Under systemd the events go
+to journald as native fields (SG_UNIT=..., PRIORITY from the level, MESSAGE_ID
+per event kind, CODE_FILE/CODE_LINE/CODE_FUNC of the place that built the
+event) so admins can filter on them. On a terminal they are one readable
+key=value line each.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import structlog
-from structlog.processors import CallsiteParameter, CallsiteParameterAdder
 
-from .core.events import MESSAGE_IDS
+from .core.events import MESSAGE_IDS, Callsite
 from .core.text import printable
 
 if TYPE_CHECKING:
@@ -28,10 +28,22 @@ PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 SYSLOG_IDENTIFIER = "spark-guard"
 
 
+_MESSAGE_IDS = {kind.value: message_id for kind, message_id in MESSAGE_IDS.items()}
+
+
 def add_message_id(_logger: Any, _name: str, event: EventDict) -> EventDict:
-    message_id = MESSAGE_IDS.get(str(event.get("event")))
+    message_id = _MESSAGE_IDS.get(str(event.get("event")))
     if message_id:
         event["message_id"] = message_id
+    return event
+
+
+def add_callsite(_logger: Any, _name: str, event: EventDict) -> EventDict:
+    """Where the event was built (core.events.Callsite, which tell() passes), as the
+    journal's CODE_FILE, CODE_LINE and CODE_FUNC."""
+    where = event.pop("callsite", None)
+    if isinstance(where, Callsite):
+        event["pathname"], event["lineno"], event["func_name"] = where.file, where.line, where.func
     return event
 
 
@@ -130,9 +142,7 @@ def configure(mode: str = "auto", stream: TextIO | None = None, level: str = "in
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            CallsiteParameterAdder(
-                [CallsiteParameter.PATHNAME, CallsiteParameter.LINENO, CallsiteParameter.FUNC_NAME]
-            ),
+            add_callsite,
             add_message_id,
             make_printable,
             sink,

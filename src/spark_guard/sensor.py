@@ -15,6 +15,7 @@ from .containers import image_evidence
 from .core.argv.servers import OLLAMA
 from .core.classify import CommandLine, is_protected
 from .core.config import Config
+from .core.events import Event, EventKind, tell
 from .core.snapshot import (
     CONTAINER,
     SYSTEM,
@@ -191,14 +192,26 @@ class Sensor:
             if isinstance(e, ManagerUntrusted):
                 # Said once per reason, then asked again only now and then.
                 if self._untrusted.get(key, (0.0, ""))[1] != str(e):
-                    self.log.warning(
-                        "manager-untrusted", manager=key, error=str(e), msg=f"not believed: {e}"
+                    tell(
+                        self.log,
+                        Event.of(
+                            EventKind.MANAGER_UNTRUSTED,
+                            "warning",
+                            manager=key,
+                            error=str(e),
+                            msg=f"not believed: {e}",
+                        ),
                     )
                 self._untrusted[key] = (now + UNTRUSTED_RETRY, str(e))
                 continue
             if e is not None:
                 self._note_silence(m)
-                self.log.debug("manager-lost", manager=key, error=str(e), msg=str(e))
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.MANAGER_LOST, "debug", manager=key, error=str(e), msg=str(e)
+                    ),
+                )
                 continue
             if key not in self._found:
                 m.close()  # gone while it was connected
@@ -207,12 +220,16 @@ class Sensor:
             self._untrusted.pop(key, None)
             self._silent.pop(key, None)
             self.managers[key] = m
-            self.log.info(
-                "manager-connected",
-                manager=key,
-                socket=m.socket_path,
-                cgroup=m.root_cgroup,
-                msg=f"watching {key} manager",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.MANAGER_CONNECTED,
+                    "info",
+                    manager=key,
+                    socket=m.socket_path,
+                    cgroup=m.root_cgroup,
+                    msg=f"watching {key} manager",
+                ),
             )
         if set(self.managers) != before or self.guard_unit is None:
             self._find_self()  # our own unit can only change with the set of managers
@@ -227,7 +244,16 @@ class Sensor:
         if m is not None:
             self._note_silence(m)
             m.close()
-            self.log.info("manager-lost", manager=key, error=why, msg=f"{key} manager: {why}")
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.MANAGER_LOST,
+                    "info",
+                    manager=key,
+                    error=why,
+                    msg=f"{key} manager: {why}",
+                ),
+            )
         for ref in [r for r in self._units if r.manager == key]:
             del self._units[ref]
 
@@ -272,7 +298,7 @@ class Sensor:
             return {}
         figures, news = self.gpu.read(now)
         for n in news:
-            getattr(self.log, n.level)(n.kind, msg=n.msg, **n.fields)
+            tell(self.log, n)
         return figures
 
     # --- the snapshot -----------------------------------------------------
@@ -480,7 +506,12 @@ class Sensor:
         for path, error in list(self.containers.errors.items()):
             if self._engine_said.get(path) != error:
                 self._engine_said[path] = error
-                self.log.warning("engine-unanswered", socket=path, error=error, msg=error)
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.ENGINE_UNANSWERED, "warning", socket=path, error=error, msg=error
+                    ),
+                )
 
     def _ollama_servers(self) -> list[ServerUnit]:
         """The Ollama server units seen: asked only for a unit not yet foreseen (a quiet

@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.config import Config
+from ..core.events import Event, EventKind, Level, tell
 from ..core.quantities import format_size
 from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..system import cgroupfs
@@ -278,18 +279,27 @@ class Blocker:
             except ManagerError as e:
                 if _cannot_freeze(str(e)):
                     self._no_freezer.add(ref.manager)
-                self.log.debug("brake-failed", unit=key, error=str(e), msg=f"{key}: {e}")
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.BRAKE_FAILED, "debug", unit=key, error=str(e), msg=f"{key}: {e}"
+                    ),
+                )
                 continue
             self._braked[key] = ref
             frozen.append(ref)
         if frozen:
             names = ", ".join(str(r) for r in frozen)
-            self.log.warning(
-                "brake",
-                units=[str(r) for r in frozen],
-                error=why,
-                msg=f"froze {names} until the guard has looked ({why})",
-                **figures,
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.BRAKE,
+                    "warning",
+                    units=[str(r) for r in frozen],
+                    error=why,
+                    msg=f"froze {names} until the guard has looked ({why})",
+                    **figures,
+                ),
             )
         return frozen
 
@@ -307,9 +317,26 @@ class Blocker:
             try:
                 manager.thaw_unit(ref.name)
             except ManagerError as e:
-                self.log.error("thaw-failed", unit=key, error=str(e), msg=f"cannot thaw {key}: {e}")
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.THAW_FAILED,
+                        "error",
+                        unit=key,
+                        error=str(e),
+                        msg=f"cannot thaw {key}: {e}",
+                    ),
+                )
                 continue
-            self.log.info("brake-released", unit=key, msg=f"thawed {key}: the guard spared it")
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.BRAKE_RELEASED,
+                    "info",
+                    unit=key,
+                    msg=f"thawed {key}: the guard spared it",
+                ),
+            )
 
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
@@ -344,10 +371,14 @@ class Blocker:
         before = {str(r.ref): (r.step, len(r.history), r.problem) for r in batch}
         with self.store.lock(wait=1.0) as locked:
             if not locked:
-                self.log.warning(
-                    "state-busy",
-                    state=self.store.root,
-                    msg=f"{self.store.root} is locked by another spark-guard; going on",
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.STATE_BUSY,
+                        "warning",
+                        state=self.store.root,
+                        msg=f"{self.store.root} is locked by another spark-guard; going on",
+                    ),
                 )
             batch = [r for r in batch if not self._released_meanwhile(r)]
             for record in batch:
@@ -356,7 +387,9 @@ class Blocker:
                     record.note("mask gone (reboot or manager restart): laying it again")
                     self._stop_sent.pop(str(record.ref), None)  # that stop was for an old run
                     self._stage.pop(str(record.ref), None)
-                    self._event("block-renewed", record, f"laying the mask on {record.ref} again")
+                    self._event(
+                        EventKind.BLOCK_RENEWED, record, f"laying the mask on {record.ref} again"
+                    )
             for record in batch:
                 if record.step != Step.SETTLE:
                     self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
@@ -421,12 +454,16 @@ class Blocker:
             frozen = self._freeze(record, manager)
             job = manager.stop_unit(record.unit)
         except ManagerError as e:
-            self.log.error(
-                "unit-stop-failed",
-                unit=key,
-                manager=record.manager,
-                error=str(e),
-                msg=f"cannot stop {key}: {e}",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.UNIT_STOP_FAILED,
+                    "error",
+                    unit=key,
+                    manager=record.manager,
+                    error=str(e),
+                    msg=f"cannot stop {key}: {e}",
+                ),
             )
             # The manager is not answering: kill from the kernel side, block later.
             self._kill_cgroup(record, str(e))
@@ -435,14 +472,18 @@ class Blocker:
         self._stop_sent[key] = self.clock()
         self._stage.pop(key, None)
         self._hold_until.pop(key, None)
-        self.log.warning(
-            "unit-stop-requested",
-            unit=key,
-            manager=record.manager,
-            job=job,
-            reason=record.reason,
-            frozen=frozen,
-            msg=f"stopping {key} ({record.reason})" + (", frozen first" if frozen else ""),
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOP_REQUESTED,
+                "warning",
+                unit=key,
+                manager=record.manager,
+                job=job,
+                reason=record.reason,
+                frozen=frozen,
+                msg=f"stopping {key} ({record.reason})" + (", frozen first" if frozen else ""),
+            ),
         )
         record.note(f"stop requested ({job})")
         if record.step == Step.STOP:
@@ -612,12 +653,16 @@ class Blocker:
             return
         waited = self.clock() - self._stop_sent[key]
         record.note(f"stopped after {waited:.2f}s")
-        self.log.info(
-            "unit-stopped",
-            unit=key,
-            manager=record.manager,
-            seconds=round(waited, 3),
-            msg=f"{record.ref} stopped after {waited:.2f}s",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOPPED,
+                "info",
+                unit=key,
+                manager=record.manager,
+                seconds=round(waited, 3),
+                msg=f"{record.ref} stopped after {waited:.2f}s",
+            ),
         )
         self._save(record)
 
@@ -644,13 +689,17 @@ class Blocker:
             return
         record.note(f"killed: {how}")
         record.note(f"killed because {why}")
-        self.log.warning(
-            "unit-killed",
-            unit=str(record.ref),
-            manager=record.manager,
-            how=how,
-            error=why,
-            msg=f"{record.ref}: {how}: {why}",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_KILLED,
+                "warning",
+                unit=str(record.ref),
+                manager=record.manager,
+                how=how,
+                error=why,
+                msg=f"{record.ref}: {how}: {why}",
+            ),
         )
 
     def _kill_cgroup(self, record: Record, why: str) -> None:
@@ -660,14 +709,18 @@ class Blocker:
             self._problem(record, f"cgroup kill of {record.cgroup or '(unknown cgroup)'}: {e}")
             return
         record.note(f"killed: {how} ({why})")
-        self.log.warning(
-            "unit-killed",
-            unit=str(record.ref),
-            manager=record.manager,
-            how=how,
-            cgroup=record.cgroup,
-            error=why,
-            msg=f"{record.ref}: killed its cgroup ({why})",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_KILLED,
+                "warning",
+                unit=str(record.ref),
+                manager=record.manager,
+                how=how,
+                cgroup=record.cgroup,
+                error=why,
+                msg=f"{record.ref}: killed its cgroup ({why})",
+            ),
         )
 
     def _disable(self, record: Record, manager: Manager) -> None:
@@ -741,18 +794,22 @@ class Blocker:
         self._reported.pop(str(record.ref), None)
         removed = [lr.path for lr in record.links if lr.removed]
         record.note("verified: LoadState=masked")
-        self.log.warning(
-            "unit-blocked",
-            unit=str(record.ref),
-            manager=record.manager,
-            reason=record.reason,
-            mask=record.mask_path,
-            links_removed=removed,
-            record=self.store.path_of(record.ref),
-            clients=record.clients or None,
-            **record.figures,  # as decided: SG_MEM_AVAILABLE, SG_RESERVE, SG_EXPECTED, ...
-            msg=f"{record.ref} is stopped, masked and disabled ({record.reason}: "
-            f"{record.detail}); undo with: spark-guard release {record.ref}",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_BLOCKED,
+                "warning",
+                unit=str(record.ref),
+                manager=record.manager,
+                reason=record.reason,
+                mask=record.mask_path,
+                links_removed=removed,
+                record=self.store.path_of(record.ref),
+                clients=record.clients or None,
+                **record.figures,
+                msg=f"{record.ref} is stopped, masked and disabled ({record.reason}: "
+                f"{record.detail}); undo with: spark-guard release {record.ref}",
+            ),
         )
 
     # --- containers (block/containers.py) -----------------------------------------
@@ -786,15 +843,19 @@ class Blocker:
             # Its engine did not answer a moment ago (dockerd at boot restarts containers
             # before its API serves): stopped from the kernel's side now, not in seconds.
             self._kill_container(record, f"{path} did not answer a moment ago")
-        self.log.warning(
-            "unit-stop-requested",
-            unit=key,
-            manager=record.manager,
-            job=None,
-            how=f"engine {path}",
-            reason=record.reason,
-            frozen=False,
-            msg=f"stopping {key} through {path} ({record.reason})",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOP_REQUESTED,
+                "warning",
+                unit=key,
+                manager=record.manager,
+                job=None,
+                how=f"engine {path}",
+                reason=record.reason,
+                frozen=False,
+                msg=f"stopping {key} through {path} ({record.reason})",
+            ),
         )
 
     def _advance_containers(self, boxes: list[Record], wait: float = 0.0) -> None:
@@ -839,11 +900,15 @@ class Blocker:
             engine.update_restart(record.container.id if record.container else "", "no")
             record.note(f"{changed}: set to no again")
             self._save(record)
-            self.log.warning(
-                "block-renewed",
-                unit=str(record.ref),
-                manager=record.manager,
-                msg=f"{record.ref}: {changed}; set to no again",
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.BLOCK_RENEWED,
+                    "warning",
+                    unit=str(record.ref),
+                    manager=record.manager,
+                    msg=f"{record.ref}: {changed}; set to no again",
+                ),
             )
 
     def _container_stuck(self, record: Record) -> None:
@@ -897,19 +962,23 @@ class Blocker:
         was = state.policy if state else "?"
         record.note("verified: stopped, restart policy no")
         self._save(record)
-        self.log.warning(
-            "unit-blocked",
-            unit=key,
-            manager=record.manager,
-            reason=record.reason,
-            engine=state.engine if state else None,
-            restart_was=was,
-            seconds=round(waited, 3),
-            record=self.store.path_of(record.ref),
-            clients=record.clients or None,
-            **record.figures,
-            msg=f"{key} is stopped and its restart policy set to no (was {was}) "
-            f"({record.reason}: {record.detail}); undo with: spark-guard release {key}",
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_BLOCKED,
+                "warning",
+                unit=key,
+                manager=record.manager,
+                reason=record.reason,
+                engine=state.engine if state else None,
+                restart_was=was,
+                seconds=round(waited, 3),
+                record=self.store.path_of(record.ref),
+                clients=record.clients or None,
+                **record.figures,
+                msg=f"{key} is stopped and its restart policy set to no (was {was}) "
+                f"({record.reason}: {record.detail}); undo with: spark-guard release {key}",
+            ),
         )
 
     # --- bookkeeping ----------------------------------------------------------
@@ -932,11 +1001,14 @@ class Blocker:
         if self._reported.get(key) != problem:  # say it once, not on every retry
             self._reported[key] = problem
             record.note(f"problem: {problem}")
-            self._event("block-failed", record, f"{key}: {problem}", error=problem)
+            self._event(EventKind.BLOCK_FAILED, record, f"{key}: {problem}", error=problem)
 
-    def _event(self, event: str, record: Record, msg: str, **fields: Any) -> None:
-        level = self.log.error if event == "block-failed" else self.log.warning
-        level(event, unit=str(record.ref), manager=record.manager, msg=msg, **fields)
+    def _event(self, kind: EventKind, record: Record, msg: str, **fields: Any) -> None:
+        level: Level = "error" if kind == EventKind.BLOCK_FAILED else "warning"
+        tell(
+            self.log,
+            Event(kind, level, msg, {"unit": str(record.ref), "manager": record.manager, **fields}),
+        )
 
     def _save(self, record: Record) -> None:
         try:
@@ -947,7 +1019,7 @@ class Blocker:
             problem = f"cannot write {self.store.path_of(record.ref)}: {e}"
             if self._reported.get(key) != problem:
                 self._reported[key] = problem
-                self._event("block-failed", record, f"{key}: {problem}", error=problem)
+                self._event(EventKind.BLOCK_FAILED, record, f"{key}: {problem}", error=problem)
         self._generation = self.store.generation()
 
     def _refresh(self) -> None:
@@ -960,7 +1032,10 @@ class Blocker:
         for e in errors:
             if self._reported.get(str(e)) is None:
                 self._reported[str(e)] = str(e)
-                self.log.error("record-unreadable", error=str(e), msg=str(e))
+                tell(
+                    self.log,
+                    Event.of(EventKind.RECORD_UNREADABLE, "error", error=str(e), msg=str(e)),
+                )
         fresh = {str(r.ref): r for r in records}
         for key in fresh:
             if key in self.pending and key in self.records:
@@ -978,4 +1053,12 @@ class Blocker:
             banner.publish(blocked, self.motd, self.issue)
             self._banner = text
         except OSError as e:
-            self.log.error("banner-failed", error=str(e), msg=f"cannot write the login note: {e}")
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.BANNER_FAILED,
+                    "error",
+                    error=str(e),
+                    msg=f"cannot write the login note: {e}",
+                ),
+            )

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..core.events import Event, EventKind
 from ..core.snapshot import SYSTEM, parse_ref
 from ..system.engine import TIMEOUT, Engine
 from ..system.managers import ManagerError, ManagerNotRunning, connect_to
@@ -36,10 +36,6 @@ from ..system.unitfiles import (
 from .containers import ContainerBlockError
 from .containers import release as release_container
 from .records import Record, RecordStore
-
-if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger  # type only: no runtime import
-
 
 # An admin's command, not the guard's loop: a container's start answers once it has started,
 # which on a busy machine takes seconds (3-12 s measured under emulation in the VM test).
@@ -167,11 +163,13 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
     return done
 
 
-def log_release(log: FilteringBoundLogger, done: Released) -> None:
+def released_event(done: Released) -> Event:
+    """What the journal is told of a release."""
     r = done.record
     if r.ref.is_container:
-        log.warning(
-            "unit-released",
+        return Event.of(
+            EventKind.UNIT_RELEASED,
+            "warning",
             unit=str(r.ref),
             manager=r.manager,
             restart=done.policy,
@@ -179,9 +177,9 @@ def log_release(log: FilteringBoundLogger, done: Released) -> None:
             msg=f"{r.ref} released: restart policy {done.policy} put back"
             + ("; started" if done.started else ""),
         )
-        return
-    log.warning(
-        "unit-released",
+    return Event.of(
+        EventKind.UNIT_RELEASED,
+        "warning",
         unit=str(r.ref),
         manager=r.manager,
         mask=r.mask_path if done.mask_removed else None,

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .config import Config
-from .events import Event
+from .events import Event, EventKind
 from .policy import STEADY, decide
 from .quantities import format_size
 from .snapshot import (
@@ -118,7 +118,9 @@ def step(state: GuardState, snapshot: Snapshot, config: Config, *, dry_run: bool
     if decision.phase == STEADY and not state.boot_over:
         # Once the rescue units have been up for the grace period, boot is over for good.
         state = replace(state, boot_over=True)
-        events.append(Event("phase-changed", "info", "boot phase over: steady", {"phase": STEADY}))
+        events.append(
+            Event(EventKind.PHASE_CHANGED, "info", "boot phase over: steady", {"phase": STEADY})
+        )
     state = _note_loaders(state, decision, events)
     state, events, taken, stops = take(
         state, decision, snapshot.now, config, dry_run=dry_run, events=events
@@ -159,7 +161,7 @@ def take(
     if dry_run:
         events.extend(
             Event(
-                "dry-run",
+                EventKind.DRY_RUN,
                 "warning",
                 f"dry run: would stop, mask and disable {a.unit}",
                 {"unit": str(a.unit), "manager": a.unit.manager, "action": "stop"},
@@ -216,7 +218,7 @@ def _told(loader: Loader) -> list[Event]:
     ref, seen = loader.ref, loader.seen
     out = [
         Event(
-            "loader-seen",
+            EventKind.LOADER_SEEN,
             "info",
             f"model loader {ref}: {', '.join(loader.evidence)}",
             {
@@ -246,7 +248,7 @@ def _told(loader: Loader) -> list[Event]:
         why = seen.prediction or "no model file or size in its command line"
         out.append(
             Event(
-                "footprint-unknown",
+                EventKind.FOOTPRINT_UNKNOWN,
                 "warning",
                 f"footprint of {ref} unknown ({why}); guarded by the trend."
                 " Give it a size in [loaders.footprint]",
@@ -258,7 +260,7 @@ def _told(loader: Loader) -> list[Event]:
 
 def _decision_event(decision: Decision, action: Action) -> Event:
     return Event(
-        "decision",
+        EventKind.DECISION,
         "warning" if action.kind == "stop" else "info",
         f"{action.kind} {action.unit}: {action.detail}",
         {

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.events import Event
+from ..core.events import Event, EventKind
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class GpuWatch:
         age = "" if self.figures_at is None else f" from {now - self.figures_at:.0f}s ago"
         news.append(
             Event(
-                "gpu-hung",
+                EventKind.GPU_HUNG,
                 "warning",
                 f"NVML has not answered {self._doing or 'a call'} within {self.deadline:g}s "
                 "(a GPU that fell off the bus, Xid 79, can hold NVML for minutes): GPU figures"
@@ -275,7 +275,7 @@ class GpuWatch:
             self._warned = False
             news.append(
                 Event(
-                    "gpu-accounting-on",
+                    EventKind.GPU_ACCOUNTING_ON,
                     "info",
                     f"GPU accounting on: {answer.devices} device(s){late}",
                     {"devices": answer.devices},
@@ -283,7 +283,9 @@ class GpuWatch:
             )
         if answer.figures is not None:
             if late and answer.devices is None:
-                news.append(Event("gpu-accounting-on", "info", f"GPU figures current again{late}"))
+                news.append(
+                    Event(EventKind.GPU_ACCOUNTING_ON, "info", f"GPU figures current again{late}")
+                )
             self.figures, self.figures_at = answer.figures, call.finished
             return
         self.figures, self.figures_at = {}, None
@@ -292,7 +294,7 @@ class GpuWatch:
             self._warned = True
             news.append(
                 Event(
-                    "gpu-accounting-off",
+                    EventKind.GPU_ACCOUNTING_OFF,
                     "warning",
                     f"GPU accounting off: {answer.error}{late}",
                     {"error": answer.error},

@@ -13,7 +13,8 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..block import banner
 from ..block.records import RecordStore
-from ..block.release import ReleaseError, log_release, release, select
+from ..block.release import ReleaseError, release, released_event, select
+from ..core.events import tell
 from ..core.text import printable as p
 
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"spark-guard: {p(e)}", file=sys.stderr)
             status = 1
             continue
-        log_release(log, done)
+        tell(log, released_event(done))
         if record.ref.is_container:
             print(
                 f"released {p(record.ref)}: restart policy {p(done.policy)} put back"
