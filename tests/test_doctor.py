@@ -102,7 +102,7 @@ def test_persistence_off_is_explained_and_when_it_matters(tmp_path, monkeypatch,
     off = codes(report)["persistence-off"]
     assert off["severity"] == "info"  # no loader restarting here
     assert "start and stop often" in off["message"] and "long-running server" in off["message"]
-    assert off["next_step"] == "systemctl enable --now nvidia-persistenced"
+    assert off["fix"] == "systemctl enable --now nvidia-persistenced"
 
 
 def test_gb10_reports_no_device_memory_and_the_per_process_figures_stand_in(

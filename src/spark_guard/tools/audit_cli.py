@@ -167,7 +167,7 @@ def _json(
         "failed": [unit(u) for u in inv.failed],
         "lingering": [dataclasses.asdict(x) for x in inv.lingering],
         "missing": inv.missing,
-        "findings": [_finding(f) for f in findings],
+        "findings": [f.as_json() for f in findings],
         "memory": {**dataclasses.asdict(memory), "probably": memory.probably},
         "gpu_holders": [{"unit": u, "bytes": b} for u, b in holders],
         "containers": [
@@ -190,17 +190,6 @@ def _container(info: ContainerInfo, config: config_mod.Config) -> dict[str, Any]
         "command": c.shown_command(),
         "evidence": [p(e) for e in info.evidence],
         "protected": container_protected(info, config),
-    }
-
-
-def _finding(f: Finding) -> dict[str, Any]:
-    # audit's --json names: "fix" for what doctor calls "next_step".
-    return {
-        "severity": f.severity,
-        "code": f.code,
-        "unit": f.unit,
-        "message": f.message,
-        "fix": f.fix,
     }
 
 

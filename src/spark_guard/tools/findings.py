@@ -1,8 +1,8 @@
 """What the admin tools find, and how bad it is: one Finding, one Severity, one order.
 
 `spark-guard audit` and `spark-guard doctor` both judge a machine and report
-Findings; each prints them its own way (and names the fields its own way in
---json), but what a finding is and which severity is worse is said here once.
+Findings; each prints them its own way on a terminal, but what a finding is,
+which severity is worse and how --json writes one is said here once.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Severity(StrEnum):
@@ -55,6 +55,19 @@ class Finding:
     unit: str = ""  # audit: the unit it is about ("" for the machine as a whole)
     step: str = ""  # doctor: the step that found it (judge.STEPS)
     evidence: tuple[str, ...] = ()  # doctor: the lines it rests on
+
+    def as_json(self) -> dict[str, Any]:
+        """The one --json form of a finding, for audit and doctor alike: a field a tool
+        does not fill is null (evidence: an empty list)."""
+        return {
+            "severity": self.severity.value,
+            "code": self.code,
+            "message": self.message,
+            "fix": self.fix or None,
+            "unit": self.unit or None,
+            "step": self.step or None,
+            "evidence": list(self.evidence),
+        }
 
 
 class Graded(Protocol):

@@ -22,7 +22,7 @@ from ...foresight.predict import Predictor, parse_environment
 from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
-from ..findings import Finding, Severity
+from ..findings import Severity
 from ..inventory import Inventory, collect
 from . import logscan
 from .judge import STEPS, Evidence, LoaderBudget, Report, judge
@@ -158,18 +158,6 @@ def _print(report: Report) -> None:
                 print(f"          next: {printable(f.fix)}")
 
 
-def _finding(f: Finding) -> dict[str, Any]:
-    # doctor's --json names: "next_step" for what audit calls "fix".
-    return {
-        "step": f.step,
-        "severity": f.severity,
-        "code": f.code,
-        "message": f.message,
-        "evidence": list(f.evidence),
-        "next_step": f.fix,
-    }
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--since",
@@ -191,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {
             "classification": report.kind,
             "worst": report.worst,
-            "findings": [_finding(f) for f in report.findings],
+            "findings": [f.as_json() for f in report.findings],
         }
         print(json.dumps(out, indent=1))
     else:
