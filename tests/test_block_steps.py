@@ -20,7 +20,8 @@ from structlog.testing import capture_logs
 from spark_guard import log
 from spark_guard.block import blocker as enforce
 from spark_guard.block.blocker import Blocker
-from spark_guard.block.records import STEPS, TRANSITIONS, Record, Step, StepError
+from spark_guard.block.records import Record
+from spark_guard.core.block import STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
 from spark_guard.core.snapshot import Action, Decision, UnitRef, manager_uid
 from spark_guard.system.managers import ManagerError, UnitState
@@ -149,7 +150,7 @@ def rig(tmp_path, monkeypatch):
     log.configure("console")
     # FakeManager is duck-typed: it has what the Blocker asks of a Manager, no more.
     managers = {KEY: manager}
-    blocker = Blocker(managers, config, log.get_logger(), clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    blocker = Blocker(managers, config, log.get_logger(), clock=clock, sleep=clock.sleep)
     moves: list[tuple[Step, Step]] = []
     move = Record.move
 

@@ -252,7 +252,8 @@ def test_a_release_during_the_guards_pass_is_not_undone(um, tmp_path):
 
     from spark_guard import log
     from spark_guard.block.blocker import Blocker
-    from spark_guard.block.records import Record, RecordStore, Step
+    from spark_guard.block.records import Record, RecordStore
+    from spark_guard.core.block import Step
     from spark_guard.core.config import Config
     from spark_guard.system.managers import Manager
 

@@ -301,7 +301,8 @@ import json, os, signal, sys, threading, time
 from structlog.testing import capture_logs
 from spark_guard import config, log
 from spark_guard.act import act
-from spark_guard.block.blocker import RETRY_AFTER, Blocker
+from spark_guard.block.blocker import Blocker
+from spark_guard.core.block import RETRY_AFTER
 from spark_guard.sensor import Sensor
 from spark_guard.core.step import GuardState, step
 

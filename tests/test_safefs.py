@@ -26,8 +26,9 @@ from lab.accounts import User, unprivileged_user
 from lab.harness import file_tree
 from spark_guard import log
 from spark_guard.block.blocker import Blocker
-from spark_guard.block.records import LinkRecord, Record, RecordStore, Step
+from spark_guard.block.records import LinkRecord, Record, RecordStore
 from spark_guard.block.release import ReleaseError, release
+from spark_guard.core.block import Step
 from spark_guard.core.config import Config
 from spark_guard.core.snapshot import UnitRef
 from spark_guard.system.managers import Manager

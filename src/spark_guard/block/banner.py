@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..core.block import Step
 from ..core.text import printable
 from ..system.safefs import MAKEDIRS, own_tree
-from .records import Record, Step
+from .records import Record
 
 # Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.
 FIELD_LIMIT = 300

@@ -31,7 +31,8 @@ SIGTERM is gone in tens of milliseconds, and the block completes in the same
 call); after that the loop goes on sensing and calls advance() every pass.
 
 The step changes a block may make, the rewinds included, are written down once
-(records.TRANSITIONS); every change goes through Blocker._move().
+(core.block.TRANSITIONS); every change goes through Blocker._move(), and the
+escalation of a stop is core.block.escalate()'s: this class carries them out.
 
 Each step is saved before the next, so a crash resumes where it stopped. It
 is all D-Bus on the managers' private sockets and syscalls: no fork, no exec,
@@ -46,16 +47,26 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core.block import (
+    RETRY_AFTER,
+    Escalation,
+    Step,
+    StepError,
+    Stopping,
+    escalate,
+    mask_gone,
+    running_again,
+)
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
 from ..core.quantities import format_size
 from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..system import cgroupfs
 from ..system.engine import Engine
-from ..system.managers import Manager, ManagerError
+from ..system.managers import ManagerError, UnitState
 from ..system.procfs import ProcError, ProcFS
 from ..system.unitfiles import (
     Owner,
@@ -69,33 +80,38 @@ from ..system.unitfiles import (
 )
 from . import banner
 from . import containers as container_block
-from .records import (
-    LinkRecord,
-    Record,
-    RecordError,
-    RecordStore,
-    Step,
-    StepError,
-    boot_id,
-    utc_now,
-)
+from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 SETTLED = ("inactive", "failed")
-RETRY_AFTER = 5.0  # seconds between attempts to finish a block that did not complete
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
-# After SIGKILL, how long a unit may take to go before the cgroup kill, while memory is short.
-KILL_GRACE = 0.5
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 # How often a blocked container's restart policy is read back (an engine call, off the loop):
 # a policy set back to `always` by hand would start it at the next boot.
 CONTAINER_RECHECK = 30.0
 # A freeze that failed this way means the manager is not answering, not that it cannot freeze.
 _NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
+
+
+class ManagerPort(Protocol):
+    """What the blocker asks of a unit's manager (system.managers.Manager speaks it over
+    the manager's private socket; the tests' fake keeps the units in a dict)."""
+
+    @property
+    def unit_path_dirs(self) -> Sequence[str]: ...
+    def unit_states(self, names: Iterable[str]) -> dict[str, UnitState]: ...
+    def freeze_unit(self, name: str) -> None: ...
+    def thaw_unit(self, name: str) -> None: ...
+    def stop_unit(self, name: str) -> str: ...
+    def kill_unit(self, name: str, signal: int) -> None: ...
+    def unit_file_links(self, name: str) -> list[str]: ...
+    def disable_unit_files(self, name: str) -> list[str]: ...
+    def unit_control_group(self, name: str) -> str: ...
+    def reload(self) -> None: ...
 
 
 def _cannot_freeze(error: str) -> bool:
@@ -115,7 +131,7 @@ class Blocker:
 
     def __init__(
         self,
-        managers: Mapping[str, Manager],
+        managers: Mapping[str, ManagerPort],
         config: Config,
         log: FilteringBoundLogger,
         *,
@@ -138,10 +154,7 @@ class Blocker:
         self.boot_id = boot_id(config.proc)
         self.records: dict[str, Record] = {}
         self._generation: int | None = None
-        self._stop_sent: dict[str, float] = {}
-        # Escalation of a pending stop: (stage, since): 0 stop sent, 1 SIGKILL, 2 cgroup killed.
-        self._stage: dict[str, tuple[int, float]] = {}
-        self._hold_until: dict[str, float] = {}  # a stop that survived every kill: retry later
+        self._stopping: dict[str, Stopping] = {}  # the stops this guard sent, and how far
         self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
         self._braked: dict[str, UnitRef] = {}  # frozen by brake(), not (yet) to be blocked
         self.proc = ProcFS(config.proc)
@@ -212,14 +225,13 @@ class Blocker:
             else:
                 # Blocked before, and running again (it started before its mask was back).
                 record.note(f"running again: {action.reason}: {action.detail}")
-                if record.step in (Step.BLOCKED, Step.VERIFY):
-                    if record.mask_path and not self._mask_present(record):
-                        # Unmasked by hand while no guard watched: the mask goes back first.
-                        if self._move(record, Step.MASK):
-                            record.mask_made = True
-                            record.note("mask gone: laying it again")
-                    else:
-                        self._move(record, Step.SETTLE)
+                back = running_again(
+                    record.step, not record.mask_path or self._mask_present(record)
+                )
+                if back is not None and self._move(record, back) and back == Step.MASK:
+                    # Unmasked by hand while no guard watched: the mask goes back first.
+                    record.mask_made = True
+                    record.note("mask gone: laying it again")
             self.records[key] = record
             if action.unit.is_container:
                 if cgroups.get(action.unit):
@@ -248,11 +260,12 @@ class Blocker:
             manager = self.managers.get(record.manager)
             if manager is None:
                 continue  # its manager is not running: nothing can start the unit
+            stopping = self._stopping.get(key)
             if record.step == Step.BLOCKED:
                 if record.mask_path and not self._mask_present(record):
                     due.append(record)  # renewed in _run, once it is sure not released
-            elif record.step == Step.SETTLE and key in self._stop_sent:
-                if now >= self._hold_until.get(key, 0.0):
+            elif record.step == Step.SETTLE and stopping is not None:
+                if stopping.due(now):
                     due.append(record)  # a stop in progress: looked at on every pass
             elif now >= self._retry_at.get(key, 0.0):
                 due.append(record)
@@ -358,8 +371,8 @@ class Blocker:
         return any(
             (
                 r.step == Step.SETTLE
-                and str(r.ref) in self._stop_sent
-                and now >= self._hold_until.get(str(r.ref), 0.0)
+                and str(r.ref) in self._stopping
+                and self._stopping[str(r.ref)].due(now)
             )
             or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
             for r in self.records.values()
@@ -382,18 +395,18 @@ class Blocker:
                 )
             batch = [r for r in batch if not self._released_meanwhile(r)]
             for record in batch:
-                if record.step == Step.BLOCKED and self._move(record, Step.MASK):
+                back = mask_gone(record.step)
+                if back is not None and self._move(record, back):
                     record.mask_made = True
                     record.note("mask gone (reboot or manager restart): laying it again")
-                    self._stop_sent.pop(str(record.ref), None)  # that stop was for an old run
-                    self._stage.pop(str(record.ref), None)
+                    self._stopping.pop(str(record.ref), None)  # that stop was for an old run
                     self._event(
                         EventKind.BLOCK_RENEWED, record, f"laying the mask on {record.ref} again"
                     )
             for record in batch:
                 if record.step != Step.SETTLE:
                     self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
-                if record.step == Step.STOP and str(record.ref) not in self._stop_sent:
+                if record.step == Step.STOP and str(record.ref) not in self._stopping:
                     self._request_stop(record)
                 if record.step == Step.PLAN:
                     self._guarded(record, self._plan)
@@ -433,7 +446,7 @@ class Blocker:
             self._on_disk.discard(key)
         return gone
 
-    def _guarded(self, record: Record, step: Callable[[Record, Manager], None]) -> None:
+    def _guarded(self, record: Record, step: Callable[[Record, ManagerPort], None]) -> None:
         manager = self.managers.get(record.manager)
         try:
             if manager is None:
@@ -469,9 +482,7 @@ class Blocker:
             self._kill_cgroup(record, str(e))
             self._problem(record, f"stop: {e}")
             return
-        self._stop_sent[key] = self.clock()
-        self._stage.pop(key, None)
-        self._hold_until.pop(key, None)
+        self._stopping[key] = Stopping.at(self.clock())
         tell(
             self.log,
             Event.of(
@@ -492,9 +503,9 @@ class Blocker:
             # SIGTERM would end nothing: the stop would wait out its timeout, thawed and
             # allocating. Killed now, the frozen processes never run another instruction.
             self._kill_unit(record, "it ignores SIGTERM (seen while frozen)")
-            self._stage[key] = (1, self.clock())
+            self._stopping[key] = self._stopping[key].killed(self.clock())
 
-    def _freeze(self, record: Record, manager: Manager) -> bool:
+    def _freeze(self, record: Record, manager: ManagerPort) -> bool:
         """Freeze the unit before its stop: allocation halts at once. False where it cannot."""
         if self._braked.pop(str(record.ref), None) is not None:
             record.note("frozen (FreezeUnit, by the brake before the decision)")
@@ -537,7 +548,7 @@ class Blocker:
         except UnitFileError:
             return False  # not reachable safely: laying it again names the problem
 
-    def _plan(self, record: Record, manager: Manager) -> None:
+    def _plan(self, record: Record, manager: ManagerPort) -> None:
         # Where the mask goes is ours to say; the manager only has to read it from there.
         control = mask_dir(record.manager, self.user_runtime)
         if control not in {os.path.normpath(d) for d in manager.unit_path_dirs}:
@@ -570,7 +581,7 @@ class Blocker:
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
         self._move(record, Step.DISABLE)
 
-    def _mask(self, record: Record, _manager: Manager) -> None:  # a _guarded() step
+    def _mask(self, record: Record, _manager: ManagerPort) -> None:  # a _guarded() step
         expected = os.path.join(mask_dir(record.manager, self.user_runtime), record.unit)
         if record.mask_path != expected:  # a record from before the guard chose it itself
             raise UnitFileError(f"{record.mask_path}: not where a mask goes ({expected})")
@@ -582,7 +593,7 @@ class Blocker:
         """A record in 'settle' with no stop sent by this guard: resumed after a restart of
         the guard, or a renewed mask. Stop it if it runs; the settle pass says if not."""
         for record in batch:
-            if str(record.ref) not in self._stop_sent and self._running(record):
+            if str(record.ref) not in self._stopping and self._running(record):
                 self._request_stop(record)
 
     def _available(self) -> tuple[int, int] | None:
@@ -615,43 +626,35 @@ class Blocker:
             return []
         memory = self._available()
         cfg = self.config
+        now = self.clock()
         for key, record in pending.items():
             now = self.clock()
-            sent = self._stop_sent.get(key, now)
-            stage, since = self._stage.get(key, (0, sent))
-            short = ""
-            if memory is not None and memory[0] < memory[1]:
-                short = (
-                    f"MemAvailable {format_size(memory[0])} below the reserve "
-                    f"{format_size(memory[1])} {now - sent:.2f}s after the stop"
-                )
-            if stage == 0 and (now - since >= cfg.stop_timeout or short):
-                why = short or f"it did not stop within {cfg.stop_timeout:g}s"
+            stopping = self._stopping.get(key) or Stopping.at(now)
+            after, what, why = escalate(stopping, now, memory, cfg.stop_timeout, cfg.kill_timeout)
+            if what is None:
+                continue
+            self._stopping[key] = after
+            if what == Escalation.KILL_UNIT:
                 self._kill_unit(record, why)
-                self._stage[key] = (1, now)
-            elif stage == 1 and (
-                now - since >= cfg.kill_timeout or (short and now - since >= KILL_GRACE)
-            ):
-                why = short or f"still running {now - sent:.1f}s after the stop"
+            elif what == Escalation.KILL_CGROUP:
                 self._kill_cgroup(record, why)
-                self._stage[key] = (2, now)
-            elif stage == 2 and now - since >= cfg.kill_timeout:
-                self._problem(record, "still running after stop, SIGKILL and cgroup kill")
-                self._stage.pop(key, None)  # the next try escalates again from SIGKILL
-                self._hold_until[key] = now + RETRY_AFTER
-        return [r for k, r in pending.items() if now >= self._hold_until.get(k, 0.0)]
+            else:
+                self._problem(record, why)
+        return [
+            r for k, r in pending.items() if k not in self._stopping or self._stopping[k].due(now)
+        ]
 
     def _settled(self, record: Record) -> None:
         key = str(record.ref)
         if not self._move(record, Step.VERIFY):
             return
-        self._stage.pop(key, None)
-        self._hold_until.pop(key, None)
-        if key not in self._stop_sent:
+        stopping = self._stopping.get(key)
+        if stopping is None:
             record.note("not running")  # a renewed mask: nothing to stop
             self._save(record)
             return
-        waited = self.clock() - self._stop_sent[key]
+        self._stopping[key] = stopping.settled()
+        waited = self.clock() - stopping.sent
         record.note(f"stopped after {waited:.2f}s")
         tell(
             self.log,
@@ -723,7 +726,7 @@ class Blocker:
             ),
         )
 
-    def _disable(self, record: Record, manager: Manager) -> None:
+    def _disable(self, record: Record, manager: ManagerPort) -> None:
         if any(not lr.removed for lr in record.links):
             manager.disable_unit_files(record.unit)
         who = self._owner(record)
@@ -838,7 +841,7 @@ class Blocker:
                 seen_running=True,  # every block is of a container seen running
             ),
         )
-        self._stop_sent[key] = self.clock()
+        self._stopping[key] = Stopping.at(self.clock())
         if self.clock() < self._silent_engines.get(path, 0.0):
             # Its engine did not answer a moment ago (dockerd at boot restarts containers
             # before its API serves): stopped from the kernel's side now, not in seconds.
@@ -920,7 +923,8 @@ class Blocker:
         key = str(record.ref)
         if key in self._killed:
             return
-        waited = self.clock() - self._stop_sent.get(key, self.clock())
+        sent = self._stopping[key].sent if key in self._stopping else self.clock()
+        waited = self.clock() - sent
         if not self.pending.answered(key) and waited >= self.engine_timeout:
             self._kill_container(record, f"its engine did not answer within {waited:.1f}s")
             return
@@ -952,7 +956,8 @@ class Blocker:
             if record.problem != said:
                 self._save(record)  # a retry that fails the same way writes nothing
             return
-        waited = self.clock() - self._stop_sent.pop(key, self.clock())
+        stopping = self._stopping.pop(key, None)
+        waited = self.clock() - (stopping.sent if stopping else self.clock())
         if not self._move(record, Step.BLOCKED):
             return
         record.problem = ""
@@ -984,7 +989,7 @@ class Blocker:
     # --- bookkeeping ----------------------------------------------------------
 
     def _move(self, record: Record, to: Step) -> bool:
-        """Every step change goes through here (records.TRANSITIONS says which may happen).
+        """Every step change goes through here (core.block.TRANSITIONS says which may happen).
         One it does not allow is a bug: reported as block-failed and refused, the record
         staying where it was, rather than raised: an exception would end the guard's loop,
         and the record, resumed after each restart, would end it again."""

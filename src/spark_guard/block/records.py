@@ -18,72 +18,18 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from ..core.block import STEPS, Step, moved
 from ..core.snapshot import CONTAINER, UnitRef, manager_uid, valid_id, valid_name
 from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
 
-
-class Step(StrEnum):
-    """A block's steps, in order (blocker.py's docstring says what each does); a record
-    always names the next one. The values are what the records on disk say."""
-
-    STOP = "stop"
-    PLAN = "plan"
-    DISABLE = "disable"
-    MASK = "mask"
-    SETTLE = "settle"
-    VERIFY = "verify"
-    BLOCKED = "blocked"
-
-
-STEPS = tuple(Step)
-
-# Every step change a block may make, and only these: Record.move() refuses any other.
-TRANSITIONS: dict[Step, frozenset[Step]] = {
-    Step.STOP: frozenset({Step.PLAN}),
-    Step.PLAN: frozenset({Step.DISABLE}),
-    Step.DISABLE: frozenset({Step.MASK}),
-    Step.MASK: frozenset({Step.SETTLE}),
-    Step.SETTLE: frozenset({Step.VERIFY}),
-    Step.VERIFY: frozenset(
-        {
-            Step.BLOCKED,
-            # Rewind: active again before the mask took (verify finds it running, or a
-            # decision asks to stop it again).
-            Step.SETTLE,
-            # Rewind: a decision asks to stop it again and its mask is gone (unmasked by hand).
-            Step.MASK,
-        }
-    ),
-    Step.BLOCKED: frozenset(
-        {
-            # Rewind: its mask vanished (reboot, manager restart, by hand): laid again.
-            Step.MASK,
-            # Rewind: a decision asks to stop it again while the mask still stands (it
-            # started before the mask was back).
-            Step.SETTLE,
-        }
-    ),
-}
-# A container's block (block/containers.py) has two steps: the stop, with its restart
-# policy set to "no", done by the engine in one go off the loop; then blocked.
-CONTAINER_TRANSITIONS: dict[Step, frozenset[Step]] = {
-    Step.STOP: frozenset({Step.BLOCKED}),
-    # Rewind: running again (started by hand, or its policy changed back): stopped again.
-    Step.BLOCKED: frozenset({Step.STOP}),
-}
 FORMAT = 1
 
 
 class RecordError(RuntimeError):
     """A record file that cannot be read or parsed; str() names the file."""
-
-
-class StepError(RuntimeError):
-    """A step change TRANSITIONS does not allow; str() names the unit and both steps."""
 
 
 @dataclass
@@ -152,12 +98,9 @@ class Record:
         self.history.append((utc_now(), what))
 
     def move(self, to: Step) -> None:
-        """Go on to step `to`: the one way a block changes step (StepError if TRANSITIONS
-        does not allow it; the step is then left as it was)."""
-        table = CONTAINER_TRANSITIONS if self.manager == CONTAINER else TRANSITIONS
-        if to not in table.get(Step(self.step), frozenset()):
-            raise StepError(f"{self.ref}: no step change from {self.step} to {to}")
-        self.step = to
+        """Go on to step `to`: the one way a block changes step (core.block.StepError if
+        its table does not allow it; the step is then left as it was)."""
+        self.step = moved(str(self.ref), self.step, to, container=self.manager == CONTAINER)
 
     def to_json(self) -> str:
         data = asdict(self)

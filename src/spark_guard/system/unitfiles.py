@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.snapshot import SYSTEM, manager_uid
@@ -235,7 +236,7 @@ def restore_link(link: Link, who: Owner) -> bool:
         raise UnitFileError(_why(e)) from None
 
 
-def shadowing_file(dirs: tuple[str, ...], before: str, name: str, who: Owner) -> str | None:
+def shadowing_file(dirs: Sequence[str], before: str, name: str, who: Owner) -> str | None:
     """A file named `name` in a directory that outranks `before` (a mask cannot beat it).
 
     Looked at with the owner's rights; a directory that is not theirs or root's

@@ -18,7 +18,7 @@ import sys
 from .. import config as config_mod
 from .. import log as log_mod
 from ..block.blocker import Blocker
-from ..block.records import Step
+from ..core.block import Step
 from ..core.classify import is_protected
 from ..core.quantities import format_size
 from ..core.snapshot import CONTAINER, Action, Decision, UnitRef

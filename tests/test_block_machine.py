@@ -1,0 +1,129 @@
+"""The block machine (core.block) as transcripts, h11's way: plain values, no files, no
+manager. Each transcript is what an admin would read in a stubborn loader's record: the
+time of each look, the memory seen, and what the guard did at it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from spark_guard.core.block import (
+    KILL_GRACE,
+    RETRY_AFTER,
+    Escalation,
+    Stage,
+    Step,
+    StepError,
+    Stopping,
+    escalate,
+    mask_gone,
+    moved,
+    running_again,
+)
+
+GiB = 1 << 30
+STOP_TIMEOUT = 10.0  # guard.stop_timeout
+KILL_TIMEOUT = 5.0  # guard.kill_timeout
+PLENTY = (40 * GiB, 8 * GiB)  # (the judged figure, the reserve)
+SHORT = (6 * GiB, 8 * GiB)
+
+
+def transcript(looks: Sequence[tuple[float, tuple[int, int] | None]]) -> list[tuple[float, str]]:
+    """Run a stop sent at t=0 through one look per (time, memory); what each look did."""
+    stopping = Stopping.at(0.0)
+    said = []
+    for now, memory in looks:
+        if not stopping.due(now):
+            said.append((now, "resting"))
+            continue
+        stopping, what, why = escalate(stopping, now, memory, STOP_TIMEOUT, KILL_TIMEOUT)
+        said.append((now, f"{what}: {why}" if what else "waits"))
+    return said
+
+
+def test_a_loader_that_ignores_the_stop_is_killed_on_time_then_its_cgroup_then_retried():
+    looks = [(1.0, PLENTY), (9.9, PLENTY), (10.0, PLENTY), (14.9, PLENTY), (15.0, PLENTY)]
+    looks += [(19.9, PLENTY), (20.0, PLENTY), (24.9, PLENTY), (25.0, PLENTY)]
+    assert transcript(looks) == [
+        (1.0, "waits"),
+        (9.9, "waits"),
+        (10.0, "kill-unit: it did not stop within 10s"),
+        (14.9, "waits"),
+        (15.0, "kill-cgroup: still running 15.0s after the stop"),
+        (19.9, "waits"),
+        (20.0, "give-up: still running after stop, SIGKILL and cgroup kill"),
+        (24.9, "resting"),  # RETRY_AFTER of rest, then the escalation begins again
+        (25.0, "kill-unit: it did not stop within 10s"),
+    ]
+    assert RETRY_AFTER == 5.0
+
+
+def test_below_the_reserve_the_waiting_is_skipped():
+    looks = [(0.1, SHORT), (0.3, SHORT), (0.1 + KILL_GRACE, SHORT), (0.7, SHORT)]
+    said = transcript(looks)
+    assert said[0] == (
+        0.1,
+        "kill-unit: MemAvailable 6.0GiB below the reserve 8.0GiB 0.10s after the stop",
+    )
+    assert said[1] == (0.3, "waits")  # SIGKILL gets KILL_GRACE to work
+    assert said[2][1].startswith("kill-cgroup: MemAvailable 6.0GiB below the reserve")
+    assert said[3] == (0.7, "waits")
+
+
+def test_memory_back_above_the_reserve_returns_to_the_timeouts():
+    said = transcript([(0.1, SHORT), (3.0, PLENTY), (5.1, PLENTY)])
+    assert [s for _, s in said][1:] == ["waits", "kill-cgroup: still running 5.1s after the stop"]
+
+
+def test_without_a_figure_the_timeouts_alone_decide():
+    assert transcript([(9.0, None), (10.0, None)])[-1] == (
+        10.0,
+        "kill-unit: it did not stop within 10s",
+    )
+
+
+def test_a_frozen_loader_that_ignores_sigterm_starts_at_the_kill():
+    stopping = Stopping.at(0.0).killed(0.0)
+    assert stopping.stage == Stage.KILLED
+    after, what, _ = escalate(stopping, KILL_TIMEOUT, PLENTY, STOP_TIMEOUT, KILL_TIMEOUT)
+    assert what == Escalation.KILL_CGROUP and after.stage == Stage.CGROUP_KILLED
+
+
+def test_a_settled_stop_escalates_again_from_its_stop_if_it_runs_again():
+    stopping = Stopping.at(0.0).killed(2.0).settled()
+    assert (stopping.stage, stopping.since, stopping.hold_until) == (Stage.SENT, 0.0, 0.0)
+    _, what, _ = escalate(stopping, 30.0, PLENTY, STOP_TIMEOUT, KILL_TIMEOUT)
+    assert what == Escalation.KILL_UNIT
+
+
+@pytest.mark.parametrize(
+    ("step", "mask_present", "back"),
+    [
+        (Step.BLOCKED, True, Step.SETTLE),  # started before its mask was back
+        (Step.BLOCKED, False, Step.MASK),  # unmasked by hand: the mask first
+        (Step.VERIFY, True, Step.SETTLE),
+        (Step.VERIFY, False, Step.MASK),
+        (Step.PLAN, False, None),  # not that far yet: the block goes on as it is
+        (Step.SETTLE, True, None),
+    ],
+)
+def test_a_unit_running_again_rewinds_by_the_table(step, mask_present, back):
+    assert running_again(step, mask_present) == back
+    if back is not None:
+        assert moved("u", step, back) == back
+
+
+def test_a_vanished_mask_is_laid_again_only_once_blocked():
+    assert mask_gone(Step.BLOCKED) == Step.MASK
+    assert mask_gone(Step.SETTLE) is None
+    assert moved("u", Step.BLOCKED, Step.MASK) == Step.MASK
+
+
+def test_units_and_containers_have_tables_of_their_own():
+    with pytest.raises(StepError, match=r"^u: no step change from stop to blocked$"):
+        moved("u", Step.STOP, Step.BLOCKED)
+    assert moved("container:x", Step.STOP, Step.BLOCKED, container=True) == Step.BLOCKED
+    with pytest.raises(StepError):
+        moved("container:x", Step.STOP, Step.PLAN, container=True)
+    assert moved("u", "verify", Step.BLOCKED) == Step.BLOCKED  # a record's str step reads too
