@@ -23,14 +23,50 @@ from pathlib import Path
 
 from lab.harness import CGROUP_ROOTS, _kill_and_remove
 
-# Debian 12 from the host's Debian mirror; Ubuntu 24.04 (DGX OS's base) from Ubuntu's,
-# its archive key taken from the ubuntu-keyring package there, checked against this digest.
-UBUNTU = "http://archive.ubuntu.com/ubuntu"
+# Debian 12 from the host's own Debian mirror (its apt sources, as mmdebstrap takes them
+# when no mirror is named); Ubuntu 24.04 (DGX OS's base) from the mirror debootstrap names
+# for it on this machine's architecture (archive.ubuntu.com, or the ports mirror off
+# amd64), with its archive key from the ubuntu-keyring package there, checked against this
+# digest. The code names no package host.
 UBUNTU_KEYRING = (
-    f"{UBUNTU}/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb",
+    "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb",
     "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8",
 )
-SUITES = {"bookworm": ("main", None), "noble": ("main,universe", UBUNTU)}
+SUITES = {"bookworm": ("main", False), "noble": ("main,universe", True)}
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
+# debootstrap's scripts say their mirror with a call to default_mirror; sourced with it
+# defined as `echo`, and the rest of its vocabulary as no-ops, one says it and nothing else.
+_SAY_MIRROR = (
+    'default_mirror() { echo "$1"; }; mirror_style() { :; }; download_style() { :; }; '
+    "finddebs_style() { :; }; variants() { :; }; keyring() { :; }; "
+    'doing_variant() { false; }; info() { :; }; . "$0"'
+)
+
+
+def ubuntu_mirror(suite: str) -> str:
+    """The mirror debootstrap uses for Ubuntu `suite` on this machine's architecture: its
+    script for the suite, or, where this debootstrap predates the suite, the script all of
+    Ubuntu's suites share (gutsy), as mmdebstrap does."""
+    arch = subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    script = DEBOOTSTRAP_SCRIPTS / suite
+    if not script.exists():
+        script = DEBOOTSTRAP_SCRIPTS / "gutsy"
+    if not script.exists():
+        raise RuntimeError(f"{script}: no debootstrap script to name {suite}'s mirror")
+    said = subprocess.run(
+        ["sh", "-c", _SAY_MIRROR, str(script)],
+        env={"ARCH": arch, "SUITE": suite, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    mirror = said.stdout.split()[-1] if said.returncode == 0 and said.stdout.split() else ""
+    if not mirror.startswith(("http://", "https://")):
+        raise RuntimeError(f"{script}: names no mirror for {suite} on {arch}")
+    return mirror
+
+
 PACKAGES = (
     "apt",  # in Debian's minbase anyway; Ubuntu's leaves it out
     "systemd",
@@ -46,11 +82,12 @@ PACKAGES = (
 CACHE = Path("/var/tmp/spark-guard-tests")
 
 
-def _ubuntu_keyring() -> Path:
+def _ubuntu_keyring(mirror: str) -> Path:
     keyring = CACHE / "ubuntu-archive-keyring.gpg"
     if keyring.exists():
         return keyring
-    url, digest = UBUNTU_KEYRING
+    path, digest = UBUNTU_KEYRING
+    url = f"{mirror}/{path}"
     with urllib.request.urlopen(url, timeout=60) as r:
         deb = r.read()
     if hashlib.sha256(deb).hexdigest() != digest:
@@ -64,7 +101,7 @@ def _ubuntu_keyring() -> Path:
 
 def rootfs(suite: str = "bookworm", extra: tuple[str, ...] = ()) -> Path:
     """The cached rootfs of `suite` (plus `extra` packages), built on first use (20-50 s)."""
-    components, mirror = SUITES[suite]
+    components, ubuntu = SUITES[suite]
     packages = PACKAGES + extra
     key = hashlib.sha256(f"{suite} {' '.join(packages)}".encode()).hexdigest()[:12]
     image = CACHE / f"{suite}-{key}"
@@ -72,7 +109,8 @@ def rootfs(suite: str = "bookworm", extra: tuple[str, ...] = ()) -> Path:
         return image
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f"{image.name}.", dir=CACHE))
-    keyring = [f"--keyring={_ubuntu_keyring()}"] if mirror == UBUNTU else []
+    mirror = ubuntu_mirror(suite) if ubuntu else None
+    keyring = [f"--keyring={_ubuntu_keyring(mirror)}"] if mirror else []
     try:
         subprocess.run(
             [
