@@ -1,4 +1,4 @@
-"""atheris (libFuzzer) on the GGUF header reader: anything but a GgufError is a finding.
+"""atheris (libFuzzer) on the GGUF header reader: anything but a ModelFileError is a finding.
 
 Run by tests/test_gguf.py with a bounded number of runs; by hand for longer:
     .venv/bin/python tests/fuzz_gguf.py -runs=1000000 [corpus dir]
@@ -13,7 +13,8 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from spark_guard.foresight.gguf import GgufError, read_header
+    from spark_guard.foresight.gguf import read_header
+from spark_guard.foresight.modelfile import ModelFileError
 
 FD, PATH = tempfile.mkstemp(suffix=".gguf")
 
@@ -21,7 +22,7 @@ FD, PATH = tempfile.mkstemp(suffix=".gguf")
 def one_input(data: bytes) -> None:
     os.ftruncate(FD, 0)
     os.pwrite(FD, data, 0)
-    with contextlib.suppress(GgufError):  # anything else is a crash libFuzzer reports
+    with contextlib.suppress(ModelFileError):  # anything else is a crash libFuzzer reports
         read_header(PATH)
 
 

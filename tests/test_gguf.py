@@ -22,13 +22,12 @@ from lab import synth, testdata
 from spark_guard.foresight import gguf as ours
 from spark_guard.foresight.gguf import (
     GGML_TYPES,
-    GgufError,
-    GgufTimeout,
-    HeaderCache,
     SkippedArray,
+    header_cache,
     read_header,
     read_model,
 )
+from spark_guard.foresight.modelfile import ModelFileError, ModelTimeout
 from tests import data
 
 
@@ -144,7 +143,7 @@ def test_a_missing_shard_is_named(synthetic):
     aside = first.parent / "aside"
     gone.rename(aside)
     try:
-        with pytest.raises(GgufError, match=r"DeepSeek-V3-00003-of-00003\.gguf: cannot open"):
+        with pytest.raises(ModelFileError, match=r"DeepSeek-V3-00003-of-00003\.gguf: cannot open"):
             read_model(str(first))
     finally:
         aside.rename(gone)
@@ -221,7 +220,7 @@ def read_bytes(tmp_path: Path, data: bytes) -> object:
 def test_hostile_headers_get_one_clear_line_and_cost_nothing(tmp_path, data, problem):
     tracemalloc.start()
     try:
-        with pytest.raises(GgufError) as err:
+        with pytest.raises(ModelFileError) as err:
             read_bytes(tmp_path, data)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -235,7 +234,7 @@ def test_hostile_headers_get_one_clear_line_and_cost_nothing(tmp_path, data, pro
 def test_a_truncated_real_header_fails_cleanly_at_every_length(tmp_path):
     full = data.smollm2().read_bytes()[: read_header(str(data.smollm2())).data_offset]
     for cut in range(0, len(full), max(1, len(full) // 97)):
-        with pytest.raises(GgufError):
+        with pytest.raises(ModelFileError):
             read_bytes(tmp_path, full[:cut])
 
 
@@ -270,7 +269,8 @@ def sparse(tmp_path: Path, data: bytes, name: str = "sparse.gguf", size: int = T
 # Run in a fresh interpreter: its peak RSS (VmHWM) before and after the read, and the time.
 MEASURE = """
 import re, sys, time
-from spark_guard.foresight.gguf import GgufError, read_header
+from spark_guard.foresight.gguf import read_header
+from spark_guard.foresight.modelfile import ModelFileError
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
 before = hwm()
@@ -278,7 +278,7 @@ t = time.monotonic()
 try:
     read_header(sys.argv[1])
     print("parsed")
-except GgufError as e:
+except ModelFileError as e:
     print(e)
 print(time.monotonic() - t)
 print(hwm() - before)
@@ -331,7 +331,7 @@ def test_bytes_skipped_count_against_the_header_cap(tmp_path):
 
 def test_a_long_tensor_name_is_refused(tmp_path):
     body = struct.pack("<Q", 300) + b"n" * 300 + struct.pack("<I", 1) + b"\0" * 64
-    with pytest.raises(GgufError, match="tensor name longer than 256 bytes"):
+    with pytest.raises(ModelFileError, match="tensor name longer than 256 bytes"):
         read_bytes(tmp_path, header(1, 0, body))
 
 
@@ -339,15 +339,15 @@ def test_metadata_kept_in_memory_is_capped(tmp_path):
     # 17 string values of 64 KiB (each kept: a chat template is that size at most) pass 1 MiB.
     value = b"t" * 2**16
     body = b"".join(kv_string(f"k{i:02d}", len(value), value) for i in range(17))
-    with pytest.raises(GgufError, match="more than 1048576 bytes of metadata to keep"):
+    with pytest.raises(ModelFileError, match="more than 1048576 bytes of metadata to keep"):
         read_bytes(tmp_path, header(0, 17, body))
 
 
 def test_a_read_past_its_deadline_ends_itself(tmp_path):
     path = sparse(tmp_path, header(0, 1, kv_string("k", 4, b"four")), size=4096)
-    with pytest.raises(GgufTimeout, match=r"header read past its deadline"):
+    with pytest.raises(ModelTimeout, match=r"header read past its deadline"):
         read_header(str(path), deadline=time.monotonic() - 1)
-    with pytest.raises(GgufTimeout):
+    with pytest.raises(ModelTimeout):
         read_model(str(path), deadline=time.monotonic() - 1)
 
 
@@ -373,11 +373,11 @@ def _within(seconds: float, fn, *args):
 def test_a_fifo_or_a_device_is_not_opened_for_reading(tmp_path):
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)  # no writer: a plain open() would wait forever
-    with pytest.raises(GgufError, match=rf"^{fifo}: not a regular file$"):
+    with pytest.raises(ModelFileError, match=rf"^{fifo}: not a regular file$"):
         _within(5, read_model, str(fifo))
     zero = tmp_path / "zero.gguf"
     zero.symlink_to("/dev/zero")  # would stream zeros without end
-    with pytest.raises(GgufError, match=rf"^{zero}: not a regular file$"):
+    with pytest.raises(ModelFileError, match=rf"^{zero}: not a regular file$"):
         _within(5, read_model, str(zero))
     assert isinstance(_within(5, read_header, str(data.smollm2())), ours.Header)
 
@@ -390,10 +390,10 @@ def test_a_symlinked_model_is_read_as_a_hugging_face_cache_links_it(tmp_path):
 
 
 def test_a_bad_file_is_not_parsed_again_until_it_changes(tmp_path):
-    cache = HeaderCache()
+    cache = header_cache()
     bad = header(2**60, 0) + bytes(64)
     path = sparse(tmp_path, bad, size=len(bad))
-    with pytest.raises(GgufError, match="tensor count"):
+    with pytest.raises(ModelFileError, match="tensor count"):
         read_model(str(path), cache=cache)
     # Sound bytes behind the same identity (size, mtime, inode): the cached answer stands.
     st = path.stat()
@@ -401,14 +401,14 @@ def test_a_bad_file_is_not_parsed_again_until_it_changes(tmp_path):
     with open(path, "r+b") as f:
         f.write(good)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with pytest.raises(GgufError, match="tensor count"):
+    with pytest.raises(ModelFileError, match="tensor count"):
         read_model(str(path), cache=cache)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # now it changed
     assert read_model(str(path), cache=cache).tensors == ()
 
 
 def test_the_header_cache_is_bounded_by_what_it_holds(tmp_path):
-    cache = HeaderCache(max_cost=200_000)
+    cache = header_cache(max_cost=200_000)
     head = data.smollm2().read_bytes()[: 2**21]  # 272 tensors: ~150 kB of Python each
     for i in range(50):
         p = tmp_path / f"m{i}.gguf"
@@ -443,7 +443,7 @@ def test_fuzzed_headers_parse_or_fail_with_gguf_error(tmp_path, seed_header, dat
             del blob[at:]
             if not blob:
                 blob = bytearray(b"G")
-    with contextlib.suppress(GgufError):  # anything else fails the test
+    with contextlib.suppress(ModelFileError):  # anything else fails the test
         read_bytes(tmp_path, bytes(blob))
 
 

@@ -25,8 +25,9 @@ from spark_guard.core.argv.loadspec import Settings, SpecError
 from spark_guard.core.quantities import format_size
 from spark_guard.foresight import lmstudio
 from spark_guard.foresight.estimate import estimate
-from spark_guard.foresight.gguf import GgufError, GgufTimeout, read_model
+from spark_guard.foresight.gguf import read_model
 from spark_guard.foresight.lmstudio import resolve
+from spark_guard.foresight.modelfile import ModelFileError, ModelTimeout
 from spark_guard.foresight.predict import PENDING, Prediction, Predictor
 
 MEM_TOTAL = 128 * 2**30
@@ -266,7 +267,8 @@ def test_an_absolute_path_a_projector_and_exact(home: Path):
     assert absolute.model == str(models / QWEN / QWEN_FILE) and absolute.rule == "path"
     gemma = found("gemma-3-27b-it", home)
     assert gemma.mmproj == str(models / "unsloth" / "gemma-3-27b-it-GGUF" / "mmproj-F16.gguf")
-    with pytest.raises(GgufError, match=r"--exact takes a model's path publisher/repo/file\.gguf"):
+    taken = r"--exact takes a model's path publisher/repo/file\.gguf"
+    with pytest.raises(ModelFileError, match=taken):
         found("qwen3-30b-a3b", home, "--exact")
 
 
@@ -296,37 +298,39 @@ def test_a_moved_downloads_folder_the_home_pointer_and_older_installs(tmp_path: 
     # What lms itself falls back from: no downloadsFolder, one that is not a string.
     for settings in ("{}", '{"downloadsFolder": 7}', "not json", "[" * 100_000):
         (h / ".lmstudio" / "settings.json").write_text(settings)
-        with pytest.raises(GgufError, match=f"{h}/.lmstudio/models: cannot open: No such file"):
+        gone = f"{h}/.lmstudio/models: cannot open: No such file"
+        with pytest.raises(ModelFileError, match=gone):
             found("moved", h)
     # And what it would not: a relative folder, '..', a relative pointer.
     (h / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": "models"}))
-    with pytest.raises(GgufError, match="downloadsFolder: 'models': not an absolute path"):
+    with pytest.raises(ModelFileError, match="downloadsFolder: 'models': not an absolute path"):
         found("moved", h)
     (h / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": "/a/../b"}))
-    with pytest.raises(GgufError, match=r"'\.\.' is not followed"):
+    with pytest.raises(ModelFileError, match=r"'\.\.' is not followed"):
         found("moved", h)
     (h2 / ".lmstudio-home-pointer").write_text("lmstudio")
-    with pytest.raises(GgufError, match="lmstudio-home-pointer: 'lmstudio': not an absolute path"):
+    relative = "lmstudio-home-pointer: 'lmstudio': not an absolute path"
+    with pytest.raises(ModelFileError, match=relative):
         found("there", h2)
 
 
 def test_an_ambiguous_key_is_unknown_and_names_its_candidates_capped(tmp_path: Path, home: Path):
     for publisher in "abcdefg":
         tiny(tmp_path / ".lmstudio" / "models" / publisher / "same-GGUF", "same-Q4_K_M")
-    with pytest.raises(GgufError) as e:
+    with pytest.raises(ModelFileError) as e:
         found("same", tmp_path)
     assert str(e.value) == (
         "model key 'same' matches 7 models (by name): a/same-GGUF, b/same-GGUF, c/same-GGUF,"
         " d/same-GGUF, e/same-GGUF and 2 more; which one lms loads is not known"
     )
     with pytest.raises(
-        GgufError, match=r"holds 2 GGUF models \(Multi-Q4_K_M\.gguf, Multi-Q8_0\.gguf\)"
+        ModelFileError, match=r"holds 2 GGUF models \(Multi-Q4_K_M\.gguf, Multi-Q8_0\.gguf\)"
     ):
         found("lmstudio-community/multi", home)
-    with pytest.raises(GgufError, match=r"matches 2 models \(by lms's fuzzy match\): "):
+    with pytest.raises(ModelFileError, match=r"matches 2 models \(by lms's fuzzy match\): "):
         found("3b", home)  # qwen3-30b-a3b and gemma-3-27b-it
     with pytest.raises(
-        GgufError, match=r"model key 'nothing-like-it': no GGUF model in .* matches"
+        ModelFileError, match=r"model key 'nothing-like-it': no GGUF model in .* matches"
     ):
         found("nothing-like-it", home)
     # The MLX folder of the hub's second source has no GGUF: not a candidate.
@@ -347,7 +351,7 @@ def test_an_ambiguous_key_is_unknown_and_names_its_candidates_capped(tmp_path: P
     ],
 )
 def test_hostile_keys_are_refused(home: Path, key: str, said: str):
-    with pytest.raises(GgufError, match=f"^(model key )?'.*{said}|{said}"):
+    with pytest.raises(ModelFileError, match=f"^(model key )?'.*{said}|{said}"):
         found(key, home)
 
 
@@ -382,7 +386,7 @@ def test_fifos_and_huge_files_are_refused_at_once(tmp_path: Path):
 def test_a_search_past_its_deadline_ends(home: Path):
     load = client_load(["lms", "load", "qwen3-30b-a3b"])
     assert load is not None
-    with pytest.raises(GgufTimeout, match="LM Studio's folders read past the deadline"):
+    with pytest.raises(ModelTimeout, match="LM Studio's folders read past the deadline"):
         resolve(load, str(home), deadline=time.monotonic() - 1)
 
 
@@ -392,7 +396,7 @@ def test_a_folder_too_big_to_search_is_said_so(tmp_path: Path):
     many.mkdir(parents=True)
     for i in range(lmstudio.MAX_ENTRIES + 1):
         (many / f"r{i}").mkdir()
-    with pytest.raises(GgufError, match=f"{many}: over {lmstudio.MAX_ENTRIES} entries"):
+    with pytest.raises(ModelFileError, match=f"{many}: over {lmstudio.MAX_ENTRIES} entries"):
         found("r1", tmp_path)
 
 

@@ -28,20 +28,14 @@ from spark_guard.core.argv.loadspec import parse
 from spark_guard.core.classify import CommandLine
 from spark_guard.core.quantities import format_size
 from spark_guard.foresight import safetensors as st
+from spark_guard.foresight.modelfile import ModelFileError, ModelTimeout
 from spark_guard.foresight.predict import (
     PENDING,
     Prediction,
     Predictor,
     sglang_prediction,
 )
-from spark_guard.foresight.safetensors import (
-    SafetensorsError,
-    SafetensorsTimeout,
-    ShardCache,
-    parse_config,
-    read_header,
-    read_model,
-)
+from spark_guard.foresight.safetensors import parse_config, read_header, read_model, shard_cache
 
 GiB = 1 << 30
 MEM_TOTAL = 128 * GiB
@@ -201,7 +195,7 @@ def hostile(tmp_path: Path, head: bytes, data: int = 64, *, raw: bytes | None = 
         path.write_bytes(raw)
     tracemalloc.start()
     try:
-        with pytest.raises(SafetensorsError) as err:
+        with pytest.raises(ModelFileError) as err:
             read_header(str(path))
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -282,7 +276,7 @@ def test_the_length_and_the_file_size(tmp_path):
 def test_a_truncated_header_fails_cleanly_at_every_length(tmp_path):
     full = header_bytes(llama_like(2), {"format": "pt"})
     for cut in range(0, len(full), 7):
-        with pytest.raises(SafetensorsError):
+        with pytest.raises(ModelFileError):
             read_header(str(write(tmp_path / "cut.safetensors", [], header=full[:cut])))
 
 
@@ -291,14 +285,15 @@ def test_the_tensor_cap(tmp_path, monkeypatch):
     ok = [(f"t{i}", "U8", [1]) for i in range(100)]
     assert read_header(str(write(tmp_path / "ok.safetensors", ok))).tensors == 100
     over = write(tmp_path / "over.safetensors", [*ok, ("t100", "U8", [1])])
-    with pytest.raises(SafetensorsError, match=r"header: more than 100 tensors$"):
+    with pytest.raises(ModelFileError, match=r"header: more than 100 tensors$"):
         read_header(str(over))
 
 
 # Run in a fresh interpreter: its peak RSS (VmHWM) before and after the read, and the time.
 MEASURE = """
 import re, sys, time
-from spark_guard.foresight.safetensors import SafetensorsError, read_header
+from spark_guard.foresight.safetensors import read_header
+from spark_guard.foresight.modelfile import ModelFileError
 def hwm():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
 before = hwm()
@@ -306,7 +301,7 @@ t = time.monotonic()
 try:
     read_header(sys.argv[1])
     print("parsed")
-except SafetensorsError as e:
+except ModelFileError as e:
     print(e)
 print(time.monotonic() - t)
 print(hwm() - before)
@@ -356,9 +351,9 @@ def test_a_header_of_99_mb_streams_in_bounded_memory(tmp_path):
 
 def test_a_read_past_its_deadline_ends_itself(tmp_path):
     path = write(tmp_path / "m" / "model.safetensors", llama_like(1))
-    with pytest.raises(SafetensorsTimeout, match="read past its deadline"):
+    with pytest.raises(ModelTimeout, match="read past its deadline"):
         read_header(str(path), deadline=time.monotonic() - 1)
-    with pytest.raises(SafetensorsTimeout):
+    with pytest.raises(ModelTimeout):
         read_model(str(path.parent), deadline=time.monotonic() - 1, config=False)
 
 
@@ -396,7 +391,7 @@ def test_a_directory_without_an_index_is_its_safetensors_files(tmp_path):
     assert read_model(str(d / "b.safetensors")).tensor_bytes == 18
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SafetensorsError, match=r"no model\.safetensors\.index\.json and no"):
+    with pytest.raises(ModelFileError, match=r"no model\.safetensors\.index\.json and no"):
         read_model(str(empty))
 
 
@@ -423,7 +418,7 @@ def test_a_shard_name_in_an_index_must_be_a_plain_name(tmp_path, name):
     index["weight_map"]["lm_head.weight"] = name
     (d / st.INDEX_NAME).write_text(json.dumps(index))
     write(tmp_path / "secret.safetensors", [("s", "F32", [1 << 30])])
-    with pytest.raises(SafetensorsError) as err:
+    with pytest.raises(ModelFileError) as err:
         read_model(str(d))
     message = str(err.value)
     assert message.startswith(f"{d}/{st.INDEX_NAME}: weight_map: ") and "\n" not in message
@@ -443,14 +438,14 @@ def test_a_shard_name_in_an_index_must_be_a_plain_name(tmp_path, name):
 def test_a_bad_index_is_named(tmp_path, index, problem):
     d = model_dir(tmp_path / "m", llama_like(1), shards=2)
     (d / st.INDEX_NAME).write_text(json.dumps(index))
-    with pytest.raises(SafetensorsError, match=problem):
+    with pytest.raises(ModelFileError, match=problem):
         read_model(str(d))
 
 
 def test_a_missing_shard_is_named(tmp_path):
     d = model_dir(tmp_path / "m", llama_like(1), shards=2)
     (d / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(SafetensorsError, match=r"model-00002-of-00002.safetensors: cannot open"):
+    with pytest.raises(ModelFileError, match=r"model-00002-of-00002.safetensors: cannot open"):
         read_model(str(d))
 
 
@@ -477,27 +472,27 @@ def test_a_fifo_or_a_device_anywhere_in_a_model_is_not_opened_for_reading(tmp_pa
     # No writer: a plain open() of any of these FIFOs would wait forever.
     fifo = tmp_path / "fifo-model"
     os.mkfifo(fifo)
-    with pytest.raises(SafetensorsError, match=rf"^{fifo}: not a regular file or a directory$"):
+    with pytest.raises(ModelFileError, match=rf"^{fifo}: not a regular file or a directory$"):
         _within(5, read_model, str(fifo))
     for name in ("model-00001-of-00002.safetensors", st.INDEX_NAME, "config.json"):
         d = model_dir(tmp_path / name, llama_like(1), shards=2)
         (d / name).unlink(missing_ok=True)
         os.mkfifo(d / name)
-        with pytest.raises(SafetensorsError, match=rf"^{d}/{name}: not a regular file$"):
+        with pytest.raises(ModelFileError, match=rf"^{d}/{name}: not a regular file$"):
             _within(5, read_model, str(d))
     d = model_dir(tmp_path / "zero", llama_like(1), shards=2)
     (d / "model-00001-of-00002.safetensors").unlink()
     (d / "model-00001-of-00002.safetensors").symlink_to("/dev/zero")
-    with pytest.raises(SafetensorsError, match=r"model-00001-of-00002\.safetensors: not a regular"):
+    with pytest.raises(ModelFileError, match=r"model-00001-of-00002\.safetensors: not a regular"):
         _within(5, read_model, str(d))
 
 
 def test_a_bad_shard_is_not_parsed_again_until_it_changes(tmp_path):
-    cache = ShardCache()
+    cache = shard_cache()
     bad = header_bytes([("w", "F16", [4])]).replace(b'"F16"', b'"Q99"')
     path = write(tmp_path / "model.safetensors", [], header=bad, data=8)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    with pytest.raises(SafetensorsError, match="unknown dtype 'Q99'"):
+    with pytest.raises(ModelFileError, match="unknown dtype 'Q99'"):
         read_model(str(tmp_path), cache=cache)
     st0 = path.stat()
     good = bad.replace(b'"Q99"', b'"F16"')
@@ -505,7 +500,7 @@ def test_a_bad_shard_is_not_parsed_again_until_it_changes(tmp_path):
         f.seek(8)
         f.write(good)
     os.utime(path, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # the same identity
-    with pytest.raises(SafetensorsError, match="unknown dtype 'Q99'"):
+    with pytest.raises(ModelFileError, match="unknown dtype 'Q99'"):
         read_model(str(tmp_path), cache=cache)
     os.utime(path, ns=(st0.st_atime_ns, st0.st_mtime_ns + 1))  # now it changed
     assert read_model(str(tmp_path), cache=cache).tensor_bytes == 8
@@ -600,7 +595,7 @@ def test_sliding_hybrid_and_mla_layers_are_said_to_be_upper_bounds():
     ],
 )
 def test_a_bad_config_is_one_line_naming_the_key(data, problem):
-    with pytest.raises(SafetensorsError) as err:
+    with pytest.raises(ModelFileError) as err:
         parse_config(data, "/m/config.json")
     assert str(err.value).startswith("/m/config.json: ") and "\n" not in str(err.value)
     assert problem in str(err.value)
@@ -609,7 +604,7 @@ def test_a_bad_config_is_one_line_naming_the_key(data, problem):
 def test_a_config_json_over_its_cap_is_refused(tmp_path):
     d = model_dir(tmp_path / "m", llama_like(1))
     (d / "config.json").write_text(json.dumps({**LLAMA_8B, "pad": "x" * st.MAX_CONFIG}))
-    with pytest.raises(SafetensorsError, match=r"config.json: over the limit of 1048576 bytes"):
+    with pytest.raises(ModelFileError, match=r"config.json: over the limit of 1048576 bytes"):
         read_model(str(d))
 
 

@@ -25,7 +25,7 @@ from ..core.argv import ollama as ollama_argv
 from ..core.argv.loadspec import SpecError
 from ..core.snapshot import SYSTEM, manager_uid, server_managers
 from . import lmstudio, ollama
-from .gguf import GgufOpenError
+from .modelfile import ModelOpenError
 from .predict import PENDING, Prediction, Predictor
 
 
@@ -63,7 +63,7 @@ def identity(predictor: Predictor, manager: str, user: str, *, wait: bool) -> Id
         try:
             entry = pwd.getpwuid(key) if isinstance(key, int) else pwd.getpwnam(key)
         except KeyError:
-            raise GgufOpenError(f"user {key}", OSError(2, "no such user")) from None
+            raise ModelOpenError(f"user {key}", OSError(2, "no such user")) from None
         return Identity(entry.pw_uid, entry.pw_dir)
 
     got = predictor.run(f"passwd entry of {key}", None, job, wait=wait)

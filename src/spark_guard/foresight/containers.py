@@ -40,23 +40,16 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import replace
 
 from ..system import safefs
 from ..system.engine import Container
-from .gguf import (
-    GgufError,
-    GgufOpenError,
-    HeaderCache,
-    Model,
-    read_model,
-)
+from .gguf import HeaderCache, Model, read_model
+from .modelfile import ModelFileError, ModelOpenError
 from .predict import Held, Prediction, Predictor
 from .safetensors import Model as SafetensorsModel
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_NAME = "{host} (a container's mount)"  # the Predictor.run name of a read: its own kind
 
 
@@ -109,34 +102,18 @@ def host_path(mounts: Sequence[tuple[str, str]], inside: str) -> str:
 # --- the read, on the Predictor's worker thread ---------------------------------------------
 
 
-def _is_symlink(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _symlink(host: str, name: str) -> GgufError:
-    return GgufError(f"{host}: {name!r} is a symlink, not followed in a container's mount")
+def _symlink(host: str, name: str) -> ModelFileError:
+    return ModelFileError(f"{host}: {name!r} is a symlink, not followed in a container's mount")
 
 
 def _open_parent(host: str) -> int:
-    """An fd of `host`'s directory, walked from / with no symlink followed (none at all)."""
-    fd = os.open("/", _DIR_FLAGS)
+    """An fd of `host`'s directory, walked from / with no symlink followed (safefs.open_dir)."""
     try:
-        for part in _components(host)[:-1]:
-            try:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                if _is_symlink(part, fd):
-                    raise _symlink(host, part) from None
-                raise GgufOpenError(host, e) from None
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        return safefs.open_dir(os.path.dirname(host))
+    except safefs.UnsafePath as e:
+        raise _symlink(host, str(e.filename)) from None
+    except OSError as e:
+        raise ModelOpenError(host, e) from None
 
 
 def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]:
@@ -145,16 +122,16 @@ def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]
     try:
         return safefs.open_regular(name, dir_fd=dir_fd, nofollow=True, shown=shown)
     except safefs.UnsafePath as e:
-        raise GgufError(e.strerror) from None
+        raise ModelFileError(e.strerror) from None
     except OSError as e:
         if e.errno == errno.ELOOP:  # a symlink, or swapped for one since the stat
             raise _symlink(shown, name) from None
-        raise GgufOpenError(shown, e) from None
+        raise ModelOpenError(shown, e) from None
 
 
 def read_mounted(host: str, *, deadline: float, cache: HeaderCache | None = None) -> Model:
     """The GGUF model at `host` (all its shards, which sit beside it), as gguf.read_model
-    reads one, but reached without following any symlink; GgufError for the first problem,
+    reads one, but reached without following any symlink; ModelFileError for the first problem,
     naming its file. With the caller's rights: the Predictor's worker, the guard's (root)."""
     dir_fd = _open_parent(host)
     try:

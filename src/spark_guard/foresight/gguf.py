@@ -6,7 +6,7 @@ aligned tensor data. Only the header is read, through a small buffer with
 pread (no mmap: the guard mlockall()s itself, and a mapping of a 100 GB
 file must never be part of what it locks).
 
-Hostile input gets a GgufError naming the file, the offset and the problem,
+Hostile input gets a ModelFileError naming the file, the offset and the problem,
 never a crash, a hang or a large allocation: every count is checked
 against the bytes left in the file before anything is read for it, strings
 longer than the file are refused, arrays nest at most MAX_DEPTH deep, and
@@ -29,13 +29,19 @@ from __future__ import annotations
 import os
 import re
 import struct
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..system import safefs
+from .modelfile import (
+    IdentityCache,
+    ModelFileError,
+    ModelTimeout,
+    ModelUnreadable,
+    identity,
+    open_regular,
+)
 
 MAGIC = b"GGUF"
 MAX_DEPTH = 4  # arrays of arrays of ... deeper than this are refused
@@ -122,31 +128,6 @@ _STRING, _ARRAY = 8, 9
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
-class GgufError(ValueError):
-    """Not a readable GGUF header; str() is 'FILE: problem'."""
-
-
-class GgufUnreadable(GgufError):
-    """The file could not be read (an I/O error): nothing said about what is in it."""
-
-
-class GgufTimeout(GgufError):
-    """The read went past its deadline."""
-
-
-class GgufOpenError(GgufUnreadable):
-    """The file could not be opened at all (missing, no permission, ...): `errno` says why.
-
-    Kept apart so that a caller reading for someone else can give one answer for
-    every reason, and so tell no one which paths exist where they cannot look.
-    """
-
-    def __init__(self, path: str, err: OSError) -> None:
-        super().__init__(f"{path}: cannot open: {err.strerror}")
-        self.path = path
-        self.errno: int | None = err.errno
-
-
 @dataclass(frozen=True)
 class SkippedArray:
     """An array too long to keep: its element type and length."""
@@ -220,8 +201,8 @@ class _Reader:
     _buf: bytes = b""
     _buf_at: int = 0
 
-    def fail(self, problem: str) -> GgufError:
-        return GgufError(f"{self.path}: at byte {self.pos}: {problem}")
+    def fail(self, problem: str) -> ModelFileError:
+        return ModelFileError(f"{self.path}: at byte {self.pos}: {problem}")
 
     def left(self) -> int:
         return self.size - self.pos
@@ -229,7 +210,7 @@ class _Reader:
     def tick(self) -> None:
         """Called as the read goes on: past the deadline, it ends here."""
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise GgufTimeout(f"{self.path}: at byte {self.pos}: header read past its deadline")
+            raise ModelTimeout(f"{self.path}: at byte {self.pos}: header read past its deadline")
 
     def keep(self, n: int) -> None:
         self.kept += n
@@ -365,27 +346,13 @@ class _Reader:
                 self.value(_ARRAY, depth + 1)
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """An fd for a regular file and its stat (safefs.open_regular: a FIFO, device or
-    directory is refused, a FIFO's open never waits), as a GgufError naming the file."""
-    try:
-        return safefs.open_regular(path)
-    except safefs.UnsafePath as e:
-        raise GgufError(e.strerror) from None
-    except OSError as e:
-        raise GgufOpenError(path, e) from None
-
-
-identity = safefs.identity  # what says a file is still the one read
-
-
 def read_header(
     path: str,
     *,
     deadline: float | None = None,
     opened: tuple[int, os.stat_result] | None = None,
 ) -> Header:
-    """One GGUF file's header; GgufError for anything that is not a sound one.
+    """One GGUF file's header; ModelFileError for anything that is not a sound one.
 
     `deadline` (time.monotonic()) defaults to READ_SECONDS from now. `opened`: an
     fd from open_regular() (not closed here) and its stat, for a caller that
@@ -398,7 +365,7 @@ def read_header(
         r = _Reader(path, fd, st.st_size, deadline)
         return _parse(r)
     except OSError as e:
-        raise GgufUnreadable(f"{path}: cannot read: {e.strerror}") from None
+        raise ModelUnreadable(f"{path}: cannot read: {e.strerror}") from None
     finally:
         if opened is None:
             os.close(fd)
@@ -406,17 +373,17 @@ def read_header(
 
 def _parse(r: _Reader) -> Header:
     if r.size < 4 or r.take(4) != MAGIC:
-        raise GgufError(f"{r.path}: not a GGUF file (no GGUF magic)")
+        raise ModelFileError(f"{r.path}: not a GGUF file (no GGUF magic)")
     if r.size < 24:  # magic, version, tensor count, metadata count
-        raise GgufError(f"{r.path}: truncated: {r.size} bytes, a GGUF header needs 24")
+        raise ModelFileError(f"{r.path}: truncated: {r.size} bytes, a GGUF header needs 24")
     raw = r.take(4)
     version = struct.unpack("<I", raw)[0]
     if version not in (2, 3) and struct.unpack(">I", raw)[0] in (2, 3):
         r.endian, version = ">", struct.unpack(">I", raw)[0]
     if version == 1:
-        raise GgufError(f"{r.path}: GGUF version 1 is not supported (convert it again)")
+        raise ModelFileError(f"{r.path}: GGUF version 1 is not supported (convert it again)")
     if version not in (2, 3):
-        raise GgufError(f"{r.path}: unknown GGUF version {version}")
+        raise ModelFileError(f"{r.path}: unknown GGUF version {version}")
     n_tensors = r.count("tensor", 8 + 4 + 8 + 4 + 8, MAX_TENSORS)
     n_kv = r.count("metadata", 8 + 1 + 4 + 1, MAX_METADATA)
     metadata: dict[str, Any] = {}
@@ -444,7 +411,7 @@ def _parse(r: _Reader) -> Header:
         tensors.append(tensor)
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise GgufError(f"{r.path}: general.alignment {alignment!r} is not a power of two")
+        raise ModelFileError(f"{r.path}: general.alignment {alignment!r} is not a power of two")
     data_offset = -(-r.pos // alignment) * alignment
     cost = r.kept + 512 * len(tensors)  # a Tensor, its name and dims: a few hundred bytes
     return Header(
@@ -481,46 +448,18 @@ class Model:
         return str(self.metadata.get("general.architecture", ""))
 
 
-Ident = tuple[int, int, int, int]
+HeaderCache = IdentityCache["Header | ModelFileError"]
 
 
-def _cost(item: Header | GgufError) -> int:
+def _cost(item: Header | ModelFileError) -> int:
     return max(item.cost, 1) if isinstance(item, Header) else 256 + len(str(item))
 
 
-class HeaderCache:
-    """Headers, and the problems of files that are not sound ones, by path and identity.
-
-    Bounded by what the entries hold (Header.cost), not by their number: a hostile
-    header costs far more than a real one. A file that failed is not parsed again
-    until it changes. Safe to share between threads.
-    """
-
-    def __init__(self, max_cost: int = 16 << 20) -> None:
-        self.max_cost = max_cost
-        self._items: dict[tuple[str, Ident], Header | GgufError] = {}
-        self._cost = 0
-        self._lock = threading.Lock()
-
-    def get(self, path: str, ident: Ident) -> Header | GgufError | None:
-        with self._lock:
-            item = self._items.pop((path, ident), None)
-            if item is not None:
-                self._items[(path, ident)] = item  # most recently used last
-            return item
-
-    def put(self, path: str, ident: Ident, item: Header | GgufError) -> None:
-        cost = _cost(item)
-        if cost > self.max_cost:
-            return
-        with self._lock:
-            # The same path at another identity is a file that changed: drop what it was.
-            for key in [k for k in self._items if k[0] == path]:
-                self._cost -= _cost(self._items.pop(key))
-            while self._items and self._cost + cost > self.max_cost:
-                self._cost -= _cost(self._items.pop(next(iter(self._items))))
-            self._items[(path, ident)] = item
-            self._cost += cost
+def header_cache(max_cost: int = 16 << 20) -> HeaderCache:
+    """Headers, and the problems of files that are not sound ones, by path and identity:
+    bounded by what the entries hold (Header.cost), not by their number, since a hostile
+    header costs far more than a real one."""
+    return IdentityCache(max_cost, _cost)
 
 
 def read_model(
@@ -530,7 +469,7 @@ def read_model(
     cache: HeaderCache | None = None,
     opener: Callable[[str], tuple[int, os.stat_result]] | None = None,
 ) -> Model:
-    """A model, all its shards; GgufError for the first problem, naming its file.
+    """A model, all its shards; ModelFileError for the first problem, naming its file.
 
     `deadline` (time.monotonic()) is for all shards together, READ_SECONDS from now
     by default. With `cache`, a shard whose identity (device, inode, size, mtime) is
@@ -542,26 +481,27 @@ def read_model(
         deadline = time.monotonic() + READ_SECONDS
     paths = shard_paths(path)
     if len(paths) > MAX_SHARDS:
-        raise GgufError(f"{path}: split into {len(paths)} files (at most {MAX_SHARDS})")
+        raise ModelFileError(f"{path}: split into {len(paths)} files (at most {MAX_SHARDS})")
     headers = []
     n_tensors = 0
     for p in paths:
         if time.monotonic() > deadline:
-            raise GgufTimeout(f"{p}: header read past its deadline")
+            raise ModelTimeout(f"{p}: header read past its deadline")
         fd, st = (opener or open_regular)(p)
         try:
             ident = identity(st)
             h = cache.get(p, ident) if cache is not None else None
-            if isinstance(h, GgufError):
-                raise GgufError(str(h)) from None  # a fresh one: a re-raise grows its traceback
+            if isinstance(h, ModelFileError):
+                # A fresh one: a re-raise grows its traceback.
+                raise ModelFileError(str(h)) from None
             if h is None:
                 try:
                     h = read_header(p, deadline=deadline, opened=(fd, st))
-                except (GgufUnreadable, GgufTimeout):
+                except (ModelUnreadable, ModelTimeout):
                     raise  # may read fine later: not remembered
-                except GgufError as e:
+                except ModelFileError as e:
                     if cache is not None:
-                        cache.put(p, ident, GgufError(str(e)))  # the same until it changes
+                        cache.put(p, ident, ModelFileError(str(e)))  # the same until it changes
                     raise
                 if cache is not None:
                     cache.put(p, ident, h)
@@ -569,12 +509,14 @@ def read_model(
             os.close(fd)
         n_tensors += len(h.tensors)
         if n_tensors > MAX_TENSORS:
-            raise GgufError(f"{p}: the model's shards hold over {MAX_TENSORS} tensors")
+            raise ModelFileError(f"{p}: the model's shards hold over {MAX_TENSORS} tensors")
         headers.append(h)
     first = headers[0]
     declared = first.get("split.count")
     if declared is not None and declared != len(paths):
-        raise GgufError(f"{paths[0]}: split.count says {declared} shards, the name {len(paths)}")
+        raise ModelFileError(
+            f"{paths[0]}: split.count says {declared} shards, the name {len(paths)}"
+        )
     tensors = tuple(t for h in headers for t in h.tensors)
     return Model(
         path=paths[0],

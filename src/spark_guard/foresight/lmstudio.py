@@ -22,7 +22,7 @@ module finds the model a load names and says what it will hold:
         `wait=False` never blocks (a pending Prediction until the answers are there).
     resolve(load, home, env=None, deadline=None) -> Found
         predict's job, with the caller's rights: where LM Studio keeps the model,
-        which file, and the per-model load config. GgufError (one line) if it cannot.
+        which file, and the per-model load config. ModelFileError (one line) if it cannot.
 
 Where LM Studio looks (lmstudio-js, lms-common-server findLMStudioHome, and lms
 src/modelsFolder.ts): its home is $LMSTUDIO_HOME, else the path in
@@ -54,7 +54,8 @@ from ..core.quantities import format_size
 from ..core.text import quoted
 from ..system.safefs import UnsafePath, read_regular
 from .estimate import CACHE_TYPES
-from .gguf import READ_SECONDS, GgufError, GgufOpenError, GgufTimeout, GgufUnreadable
+from .gguf import READ_SECONDS
+from .modelfile import ModelFileError, ModelOpenError, ModelTimeout, ModelUnreadable
 from .predict import PENDING, Prediction, Predictor
 
 # LM Studio's load defaults, from its config schema (lmstudio-js,
@@ -149,17 +150,17 @@ class Found:
 
 def _tick(deadline: float, where: str) -> None:
     if time.monotonic() > deadline:
-        raise GgufTimeout(f"{where}: LM Studio's folders read past the deadline")
+        raise ModelTimeout(f"{where}: LM Studio's folders read past the deadline")
 
 
 def _absolute(raw: str, where: str) -> str:
     """A folder named in a user's file or environment: absolute, plain, bounded."""
     if len(raw) > MAX_PATH or "\0" in raw or "\n" in raw:
-        raise GgufError(f"{where}: {quoted(raw)}: not a path")
+        raise ModelFileError(f"{where}: {quoted(raw)}: not a path")
     if not os.path.isabs(raw):
-        raise GgufError(f"{where}: {quoted(raw)}: not an absolute path")
+        raise ModelFileError(f"{where}: {quoted(raw)}: not an absolute path")
     if ".." in raw.split("/"):
-        raise GgufError(f"{where}: {quoted(raw)}: '..' is not followed")
+        raise ModelFileError(f"{where}: {quoted(raw)}: '..' is not followed")
     return os.path.normpath(raw)
 
 
@@ -169,11 +170,11 @@ def _read_text(path: str, limit: int) -> str | None:
     try:
         data = read_regular(path, limit + 1)
     except UnsafePath:
-        raise GgufError(f"{path}: not a regular file") from None
+        raise ModelFileError(f"{path}: not a regular file") from None
     except OSError:
         return None
     if len(data) > limit:
-        raise GgufError(f"{path}: over {limit} bytes (LM Studio's own are a few kB)")
+        raise ModelFileError(f"{path}: over {limit} bytes (LM Studio's own are a few kB)")
     return data.decode("utf-8", errors="replace")
 
 
@@ -218,21 +219,25 @@ def models_folder(lm_home: str) -> tuple[str, str]:
 
 def _component(part: str, key: str) -> str:
     if part in ("", ".") or len(part) > MAX_NAME:
-        raise GgufError(f"model key {quoted(key)}: {quoted(part)} is not a folder or file name")
+        raise ModelFileError(
+            f"model key {quoted(key)}: {quoted(part)} is not a folder or file name"
+        )
     if part == "..":
-        raise GgufError(f"model key {quoted(key)}: '..' is not followed")
+        raise ModelFileError(f"model key {quoted(key)}: '..' is not followed")
     return part
 
 
 def _check_key(key: str) -> str:
     if len(key) > MAX_KEY or "\0" in key:
-        raise GgufError(f"model key {quoted(key)}: not a model key (over {MAX_KEY} characters?)")
+        raise ModelFileError(
+            f"model key {quoted(key)}: not a model key (over {MAX_KEY} characters?)"
+        )
     if "$" in key or "`" in key:
-        raise GgufError(f"model key {quoted(key)}: it comes from the shell, not known here")
+        raise ModelFileError(f"model key {quoted(key)}: it comes from the shell, not known here")
     if not key.strip():
-        raise GgufError("model key '': empty")
+        raise ModelFileError("model key '': empty")
     if ".." in key.split("/"):
-        raise GgufError(f"model key {quoted(key)}: '..' is not followed")
+        raise ModelFileError(f"model key {quoted(key)}: '..' is not followed")
     return key.strip()
 
 
@@ -244,7 +249,7 @@ class _Folders:
         self._cache: dict[str, list[tuple[str, bool]]] = {}
 
     def entries(self, path: str, *, root: bool = False) -> list[tuple[str, bool]]:
-        """(name, is a directory) of `path`; [] if it cannot be listed, or GgufOpenError for
+        """(name, is a directory) of `path`; [] if it cannot be listed, or ModelOpenError for
         the models folder itself (`root`), which then cannot be opened whatever the reason."""
         if path in self._cache:
             return self._cache[path]
@@ -254,7 +259,7 @@ class _Folders:
             fd = os.open(path, flags)
         except OSError as e:
             if root:
-                raise GgufOpenError(path, e) from None
+                raise ModelOpenError(path, e) from None
             self._cache[path] = []
             return []
         out: list[tuple[str, bool]] = []
@@ -262,7 +267,7 @@ class _Folders:
             with os.scandir(fd) as it:
                 for n, entry in enumerate(it):
                     if n >= MAX_ENTRIES:
-                        raise GgufError(f"{path}: over {MAX_ENTRIES} entries: not searched")
+                        raise ModelFileError(f"{path}: over {MAX_ENTRIES} entries: not searched")
                     if n % 256 == 255:
                         _tick(self.deadline, path)
                     try:
@@ -271,7 +276,7 @@ class _Folders:
                         is_dir = False
                     out.append((entry.name, is_dir))
         except OSError as e:
-            raise GgufUnreadable(f"{path}: cannot list: {e.strerror}") from None
+            raise ModelUnreadable(f"{path}: cannot list: {e.strerror}") from None
         finally:
             os.close(fd)
         out.sort()  # one order, whatever the filesystem's
@@ -359,7 +364,7 @@ def resolve(
     if deadline is None:
         deadline = time.monotonic() + READ_SECONDS
     if load.key is None:
-        raise GgufError("lms load without a model key: it asks which model, on a terminal")
+        raise ModelFileError("lms load without a model key: it asks which model, on a terminal")
     key = _check_key(load.key)
     lm_home, home_from = lmstudio_home(home, env)
     folder, folder_from = models_folder(lm_home)
@@ -386,7 +391,7 @@ def resolve(
         models = [f for f in files.models if variant.lower() in f.lower()] if variant else []
         models = models or list(files.models)
         if len(models) != 1:
-            raise GgufError(
+            raise ModelFileError(
                 f"{where} holds {len(models)} GGUF models ({_named(models)}): which one lms"
                 " loads for the key is not known (LM Studio's choice is not documented);"
                 " the key can name the file, or a quantization after '@'"
@@ -416,14 +421,14 @@ def _path_key(key: str, folder: str, exact: bool) -> tuple[str, str, str]:
     if os.path.isabs(key):
         inside = folder.rstrip("/") + "/"
         if not os.path.normpath(key).startswith(inside):
-            raise GgufError(
+            raise ModelFileError(
                 f"{quoted(key)}: not in LM Studio's models folder {folder} (lms loads from there)"
             )
         rel = os.path.normpath(key)[len(inside) :]
     parts = rel.split("/")
     if len(parts) != 3 or not parts[2].lower().endswith(".gguf"):
         why = "--exact takes a model's path" if exact else "a model's path is"
-        raise GgufError(f"model key {quoted(key)}: {why} publisher/repo/file.gguf")
+        raise ModelFileError(f"model key {quoted(key)}: {why} publisher/repo/file.gguf")
     publisher, repo, name = (_component(p, key) for p in parts)
     return publisher, repo, name
 
@@ -434,7 +439,9 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
     sources, its last component, then lms's own fuzzy match. Several: no answer."""
     parts = key.split("/")
     if len(parts) > 2:
-        raise GgufError(f"model key {quoted(key)}: neither publisher/repo nor a path to a .gguf")
+        raise ModelFileError(
+            f"model key {quoted(key)}: neither publisher/repo nor a path to a .gguf"
+        )
     for p in parts:
         _component(p, key)
     dirs: list[_Dir] = []
@@ -445,7 +452,9 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
             if repo_is_dir and not repo.startswith("."):
                 dirs.append(_Dir(publisher, repo))
                 if len(dirs) > MAX_MODEL_DIRS:
-                    raise GgufError(f"{folder}: over {MAX_MODEL_DIRS} model folders: not searched")
+                    raise ModelFileError(
+                        f"{folder}: over {MAX_MODEL_DIRS} model folders: not searched"
+                    )
     wanted = key.lower()
     rules: list[tuple[str, list[_Dir]]] = [("by name", [d for d in dirs if wanted in d.names()])]
     if len(parts) == 2:
@@ -473,7 +482,9 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
         if not found:
             continue
         if len(found) > MAX_LISTED:
-            raise GgufError(f"model key {quoted(key)} matches {len(found)} model folders ({rule})")
+            raise ModelFileError(
+                f"model key {quoted(key)} matches {len(found)} model folders ({rule})"
+            )
         with_models = [
             d
             for d in found
@@ -482,11 +493,11 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
         if len(with_models) == 1:
             return with_models[0], rule
         if len(with_models) > 1:
-            raise GgufError(
+            raise ModelFileError(
                 f"model key {quoted(key)} matches {len(with_models)} models ({rule}):"
                 f" {_named(with_models)}; which one lms loads is not known"
             )
-    raise GgufError(f"model key {quoted(key)}: no GGUF model in {folder} matches it")
+    raise ModelFileError(f"model key {quoted(key)}: no GGUF model in {folder} matches it")
 
 
 def _largest(where: str, names: Sequence[str]) -> str:

@@ -69,15 +69,8 @@ from ..core.quantities import format_size
 from ..core.text import quoted
 from ..system.safefs import UnsafePath, read_regular
 from .estimate import CACHE_TYPES, Estimate, EstimateError, estimate, projector_compute_bytes
-from .gguf import (
-    READ_SECONDS,
-    GgufError,
-    GgufOpenError,
-    GgufTimeout,
-    HeaderCache,
-    Model,
-    read_model,
-)
+from .gguf import READ_SECONDS, HeaderCache, Model, read_model
+from .modelfile import ModelFileError, ModelOpenError, ModelTimeout
 from .predict import PENDING, Prediction, Predictor
 
 GiB = 1 << 30
@@ -121,8 +114,8 @@ MAX_PARAMS = 64 << 10  # a params blob: a few hundred bytes (stop words, tempera
 MAX_PARAMS_LAYERS = 16
 
 
-class OllamaFileError(GgufError):
-    """A manifest or params blob that is not a sound one: 'FILE: problem'. A GgufError, so
+class OllamaFileError(ModelFileError):
+    """A manifest or params blob that is not a sound one: 'FILE: problem'. A ModelFileError, so
     the Predictor's reader answers it as it answers any bad model file."""
 
 
@@ -165,7 +158,7 @@ def _read_json(path: str, limit: int, what: str) -> Any:
     except UnsafePath:
         raise OllamaFileError(f"{path}: not a regular file") from None
     except OSError as e:
-        raise GgufOpenError(path, e) from None
+        raise ModelOpenError(path, e) from None
     if len(data) > limit:
         raise OllamaFileError(f"{path}: {what} over {limit} bytes")
     try:
@@ -176,14 +169,14 @@ def _read_json(path: str, limit: int, what: str) -> Any:
 
 def _tick(path: str, deadline: float) -> None:
     if time.monotonic() > deadline:
-        raise GgufTimeout(f"{path}: model read past its deadline")
+        raise ModelTimeout(f"{path}: model read past its deadline")
 
 
 def read(
     manifest_path: str, *, deadline: float | None = None, cache: HeaderCache | None = None
 ) -> OllamaModel:
-    """The manifest and what it names, with the caller's file rights; a GgufError (an
-    OllamaFileError, GgufOpenError, GgufTimeout) for the first problem, naming its file."""
+    """The manifest and what it names, with the caller's file rights; a ModelFileError (an
+    OllamaFileError, ModelOpenError, ModelTimeout) for the first problem, naming its file."""
     if deadline is None:
         deadline = time.monotonic() + READ_SECONDS
     blobs = os.path.join(_models_of(manifest_path), "blobs")

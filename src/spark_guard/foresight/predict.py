@@ -59,15 +59,8 @@ from .estimate import (
     estimate,
     projector_compute_bytes,
 )
-from .gguf import (
-    READ_SECONDS,
-    GgufError,
-    GgufOpenError,
-    GgufTimeout,
-    HeaderCache,
-    Model,
-    read_model,
-)
+from .gguf import READ_SECONDS, HeaderCache, Model, header_cache, read_model
+from .modelfile import ModelFileError, ModelOpenError, ModelTimeout
 
 PENDING = "reading the model header"
 FRESH = 5.0  # seconds a model read stays the answer before the file is looked at again
@@ -316,7 +309,7 @@ def _read(
             return _load(r, headers, shards), "", False
         with as_user(r.owner, _gid_of(r.owner)):
             return _load(r, headers, shards), "", False
-    except (GgufOpenError, safetensors.SafetensorsOpenError) as e:
+    except ModelOpenError as e:
         if r.owner is None:  # the caller's own rights: it may know what it could find out
             return None, f"{e.path}: {os.strerror(e.errno or 0)}", False
         # Read for someone else: one answer for every reason the open failed (ENOENT,
@@ -326,9 +319,9 @@ def _read(
             f"{e.path}: cannot open the model (missing, or unreadable to {r.reader()})",
             False,
         )
-    except (GgufTimeout, safetensors.SafetensorsTimeout):
+    except ModelTimeout:
         return None, f"{r.path}: model read timed out after {r.budget:g}s", True
-    except (GgufError, safetensors.SafetensorsError) as e:
+    except ModelFileError as e:
         return None, str(e), False
     except Exception as e:  # a worker must never die of a file
         return None, f"{r.path}: cannot read the model: {e}", False
@@ -346,8 +339,8 @@ class Predictor:
         self.budget = budget
         self.on_ready = on_ready
         self._ready_lock = threading.Lock()
-        self.headers = HeaderCache(8 << 20)  # ~25 DeepSeek-V3 headers
-        self.shards = safetensors.ShardCache()  # a few hundred bytes each
+        self.headers = header_cache(8 << 20)  # ~25 DeepSeek-V3 headers
+        self.shards = safetensors.shard_cache()  # a few hundred bytes each
         self._reads: dict[tuple[str, str, int | None], _Read] = {}
         self._pool = _Pool(self.headers, self._ready, self.shards)
 
@@ -372,7 +365,7 @@ class Predictor:
         """Any other read of a user's files (an LM Studio model key's folders, ...), done
         the way a model header is read: `job(deadline)` runs on the worker thread with
         `owner`'s file rights and returns what it found (with a `cost`), or raises a
-        GgufError (GgufOpenError: one answer whatever the reason, as for a model; GgufTimeout
+        ModelFileError (ModelOpenError: one answer whatever the reason, as for a model; ModelTimeout
         past the deadline). Answers are kept by `name` and owner, as model reads are by path.
         The answer, or why there is none, or None while it is pending (`wait=False`)."""
         return self._model(name, owner, wait, kind="job", job=job)

@@ -14,7 +14,7 @@ over the distinct shards' headers. A model directory (what vLLM, SGLang and
 TGI are given) resolves to its index, or else to its `*.safetensors` files.
 `config.json` beside them gives the attention shape for the KV cache.
 
-Hostile input gets a SafetensorsError naming the file and the problem, one
+Hostile input gets a ModelFileError naming the file and the problem, one
 line, never a crash, a hang or a large allocation. The JSON is never parsed
 whole: it is read CHUNK bytes at a time, and each tensor's entry is decoded
 alone (json's C scanner, one small value at a time) and summed, so memory
@@ -38,14 +38,21 @@ import os
 import re
 import stat
 import struct
-import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..system import safefs
+from .modelfile import (
+    IdentityCache,
+    ModelFileError,
+    ModelOpenError,
+    ModelTimeout,
+    ModelUnreadable,
+    identity,
+    open_regular,
+)
 
 # Absolute caps. The reference implementation (huggingface/safetensors) refuses headers over
 # 100,000,000 bytes; the same cap here means no file it would open is refused for its header's
@@ -117,31 +124,6 @@ _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstri
 _decoder = json.JSONDecoder()
 
 
-class SafetensorsError(ValueError):
-    """Not a readable safetensors model; str() is 'FILE: problem', one line."""
-
-
-class SafetensorsUnreadable(SafetensorsError):
-    """A file could not be read (an I/O error): nothing said about what is in it."""
-
-
-class SafetensorsTimeout(SafetensorsError):
-    """The read went past its deadline."""
-
-
-class SafetensorsOpenError(SafetensorsUnreadable):
-    """A file or directory could not be opened at all (missing, no permission, ...).
-
-    As gguf.GgufOpenError: kept apart so that a caller reading for someone else can
-    give one answer for every reason, and so tell no one which paths exist.
-    """
-
-    def __init__(self, path: str, err: OSError) -> None:
-        super().__init__(f"{path}: cannot open: {err.strerror}")
-        self.path = path
-        self.errno: int | None = err.errno
-
-
 def _shown(name: str, limit: int = 80) -> str:
     """A user's name (a tensor's, a file's, a dtype) quoted for a one-line message."""
     return repr(name if len(name) <= limit else name[:limit] + "...")
@@ -194,31 +176,14 @@ def _open(path: str, *, dir_fd: int | None = None, shown: str | None = None) -> 
     try:
         return os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as e:
-        raise SafetensorsOpenError(shown or path, e) from None
+        raise ModelOpenError(shown or path, e) from None
 
 
 def _fstat(fd: int, shown: str) -> os.stat_result:
     try:
         return os.fstat(fd)
     except OSError as e:
-        raise SafetensorsUnreadable(f"{shown}: cannot read: {e.strerror}") from None
-
-
-def open_regular(
-    name: str, *, dir_fd: int | None = None, shown: str | None = None
-) -> tuple[int, os.stat_result]:
-    """An fd for a regular file and its stat (safefs.open_regular: a FIFO, device or
-    directory is refused, a FIFO's open never waits), as a SafetensorsError naming it."""
-    shown = shown or name
-    try:
-        return safefs.open_regular(name, dir_fd=dir_fd, shown=shown)
-    except safefs.UnsafePath as e:
-        raise SafetensorsError(e.strerror) from None
-    except OSError as e:
-        raise SafetensorsOpenError(shown, e) from None
-
-
-identity = safefs.identity  # what says a file is still the one read
+        raise ModelUnreadable(f"{shown}: cannot read: {e.strerror}") from None
 
 
 # --- a JSON document read a chunk at a time ---------------------------------------------
@@ -246,13 +211,13 @@ class _Stream:
         self.eof = length <= 0
         self._utf8 = codecs.getincrementaldecoder("utf-8")("strict")
 
-    def fail(self, problem: str) -> SafetensorsError:
+    def fail(self, problem: str) -> ModelFileError:
         where = f"{self.path}: {self.what}: " if self.what else f"{self.path}: "
-        return SafetensorsError(where + problem)
+        return ModelFileError(where + problem)
 
     def tick(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise SafetensorsTimeout(f"{self.path}: read past its deadline")
+            raise ModelTimeout(f"{self.path}: read past its deadline")
 
     def more(self) -> bool:
         """The next chunk into the window; False at the end of the range."""
@@ -376,7 +341,7 @@ class _Stream:
 def _tensor(s: _Stream, name: str, entry: Any, data_len: int) -> tuple[int, int, int]:
     """(bytes, begin, end) of one tensor's entry, checked."""
 
-    def bad(problem: str) -> SafetensorsError:
+    def bad(problem: str) -> ModelFileError:
         return s.fail(f"tensor {_shown(name)}: {problem}")
 
     if not isinstance(entry, dict):
@@ -424,21 +389,21 @@ def _overlap(begins: array[int], ends: array[int]) -> bool:
 
 def _parse(path: str, fd: int, size: int, deadline: float | None) -> Shard:
     if size < 8:
-        raise SafetensorsError(f"{path}: not a safetensors file ({size} bytes)")
+        raise ModelFileError(f"{path}: not a safetensors file ({size} bytes)")
     raw = os.pread(fd, 8, 0)
     if len(raw) != 8:
-        raise SafetensorsError(f"{path}: file shrank while being read")
+        raise ModelFileError(f"{path}: file shrank while being read")
     (n,) = struct.unpack("<Q", raw)
     if n > MAX_HEADER:
-        raise SafetensorsError(f"{path}: header of {n} bytes is over the limit of {MAX_HEADER}")
+        raise ModelFileError(f"{path}: header of {n} bytes is over the limit of {MAX_HEADER}")
     if n > size - 8:
-        raise SafetensorsError(
+        raise ModelFileError(
             f"{path}: header of {n} bytes runs past the end of the file ({size} bytes)"
         )
     data_len = size - 8 - n
     s = _Stream(path, fd, 8, n, deadline, "header")
     if s.first() != "{":
-        raise SafetensorsError(f"{path}: not a safetensors file (its header is not a JSON object)")
+        raise ModelFileError(f"{path}: not a safetensors file (its header is not a JSON object)")
     count = total = 0
     begins, ends = array("Q"), array("Q")
     ordered, last_end = True, 0
@@ -463,7 +428,7 @@ def _parse(path: str, fd: int, size: int, deadline: float | None) -> Shard:
             last_end = max(last_end, end)
     s.finish()
     if not ordered and _overlap(begins, ends):
-        raise SafetensorsError(f"{path}: header: tensors' data_offsets overlap")
+        raise ModelFileError(f"{path}: header: tensors' data_offsets overlap")
     return Shard(path, count, total, n, size)
 
 
@@ -473,7 +438,7 @@ def read_header(
     deadline: float | None = None,
     opened: tuple[int, os.stat_result] | None = None,
 ) -> Shard:
-    """One safetensors file's header, summed; SafetensorsError for anything unsound.
+    """One safetensors file's header, summed; ModelFileError for anything unsound.
 
     `deadline` (time.monotonic()) defaults to READ_SECONDS from now. `opened`: an
     fd from open_regular() (not closed here) and its stat.
@@ -484,7 +449,7 @@ def read_header(
     try:
         return _parse(path, fd, st.st_size, deadline)
     except OSError as e:
-        raise SafetensorsUnreadable(f"{path}: cannot read: {e.strerror}") from None
+        raise ModelUnreadable(f"{path}: cannot read: {e.strerror}") from None
     finally:
         if opened is None:
             os.close(fd)
@@ -496,7 +461,7 @@ def read_header(
 def _plain_name(name: Any, index: str) -> str:
     """A shard's file name from an index: a user's text, so one plain name in the directory."""
     if not isinstance(name, str):
-        raise SafetensorsError(f"{index}: weight_map: a file name that is not a string")
+        raise ModelFileError(f"{index}: weight_map: a file name that is not a string")
     if (
         not name
         or "/" in name
@@ -504,7 +469,7 @@ def _plain_name(name: Any, index: str) -> str:
         or name in (".", "..")
         or len(name.encode("utf-8", "replace")) > MAX_SHARD_NAME
     ):
-        raise SafetensorsError(
+        raise ModelFileError(
             f"{index}: weight_map: {_shown(name)} is not a file name in the model's directory"
         )
     return name
@@ -513,7 +478,7 @@ def _plain_name(name: Any, index: str) -> str:
 def _read_index(shown: str, fd: int, size: int, deadline: float | None) -> list[str]:
     """The distinct shard names of an index's weight_map, in the order first named."""
     if size > MAX_INDEX:
-        raise SafetensorsError(f"{shown}: {size} bytes, over the limit of {MAX_INDEX}")
+        raise ModelFileError(f"{shown}: {size} bytes, over the limit of {MAX_INDEX}")
     s = _Stream(shown, fd, 0, size, deadline, "")
     names: dict[str, None] = {}
     seen_map = False
@@ -538,9 +503,9 @@ def _read_index(shown: str, fd: int, size: int, deadline: float | None) -> list[
                     raise s.fail(f"weight_map names more than {MAX_SHARDS} files")
     s.finish()
     if not seen_map:
-        raise SafetensorsError(f"{shown}: no weight_map")
+        raise ModelFileError(f"{shown}: no weight_map")
     if not names:
-        raise SafetensorsError(f"{shown}: weight_map names no file")
+        raise ModelFileError(f"{shown}: weight_map names no file")
     return list(names)
 
 
@@ -549,20 +514,20 @@ def _read_index(shown: str, fd: int, size: int, deadline: float | None) -> list[
 
 def _whole(cfg: str, key: str, value: Any, cap: int) -> int:
     if type(value) is not int or not 0 < value <= cap:
-        raise SafetensorsError(f"{cfg}: {key} {value!r:.40}: not a whole number in [1, {cap}]")
+        raise ModelFileError(f"{cfg}: {key} {value!r:.40}: not a whole number in [1, {cap}]")
     return value
 
 
 def parse_config(data: bytes, path: str) -> ModelConfig:
-    """config.json's attention shape; SafetensorsError naming the key for what does not fit."""
+    """config.json's attention shape; ModelFileError naming the key for what does not fit."""
     try:
         doc = json.loads(data)
     except RecursionError:
-        raise SafetensorsError(f"{path}: values nested too deeply") from None
+        raise ModelFileError(f"{path}: values nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
-        raise SafetensorsError(f"{path}: not valid JSON ({str(e)[:80]})") from None
+        raise ModelFileError(f"{path}: not valid JSON ({str(e)[:80]})") from None
     if not isinstance(doc, dict):
-        raise SafetensorsError(f"{path}: not a JSON object")
+        raise ModelFileError(f"{path}: not a JSON object")
     text = doc.get("text_config")
     scopes = [text, doc] if isinstance(text, dict) else [doc]
 
@@ -574,7 +539,7 @@ def parse_config(data: bytes, path: str) -> ModelConfig:
 
     notes: list[str] = []
     if get("num_hidden_layers") is None or get("num_attention_heads") is None:
-        raise SafetensorsError(f"{path}: no num_hidden_layers and num_attention_heads")
+        raise ModelFileError(f"{path}: no num_hidden_layers and num_attention_heads")
     layers = _whole(path, "num_hidden_layers", get("num_hidden_layers"), 1 << 12)
     heads = _whole(path, "num_attention_heads", get("num_attention_heads"), 1 << 14)
     kv_raw = get("num_key_value_heads")
@@ -585,9 +550,9 @@ def parse_config(data: bytes, path: str) -> ModelConfig:
         hidden = _whole(path, "hidden_size", get("hidden_size"), 1 << 20)
         head_dim = hidden // heads
         if head_dim < 1:
-            raise SafetensorsError(f"{path}: hidden_size {hidden} < num_attention_heads {heads}")
+            raise ModelFileError(f"{path}: hidden_size {hidden} < num_attention_heads {heads}")
     else:
-        raise SafetensorsError(f"{path}: no head_dim or hidden_size")
+        raise ModelFileError(f"{path}: no head_dim or hidden_size")
     mpe_raw = get("max_position_embeddings")
     mpe = None if mpe_raw is None else _whole(path, "max_position_embeddings", mpe_raw, 1 << 30)
     dtype = get("torch_dtype") or get("dtype")
@@ -608,7 +573,7 @@ def parse_config(data: bytes, path: str) -> ModelConfig:
 def _read_config(dir_fd: int, directory: str, deadline: float | None) -> ModelConfig:
     shown = os.path.join(directory, CONFIG_NAME)
     if deadline is not None and time.monotonic() > deadline:
-        raise SafetensorsTimeout(f"{shown}: read past its deadline")
+        raise ModelTimeout(f"{shown}: read past its deadline")
     fd, _ = open_regular(CONFIG_NAME, dir_fd=dir_fd, shown=shown)
     try:
         data = b""
@@ -618,45 +583,24 @@ def _read_config(dir_fd: int, directory: str, deadline: float | None) -> ModelCo
                 break
             data += chunk
     except OSError as e:
-        raise SafetensorsUnreadable(f"{shown}: cannot read: {e.strerror}") from None
+        raise ModelUnreadable(f"{shown}: cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG:
-        raise SafetensorsError(f"{shown}: over the limit of {MAX_CONFIG} bytes")
+        raise ModelFileError(f"{shown}: over the limit of {MAX_CONFIG} bytes")
     return parse_config(data, shown)
 
 
 # --- a model: a directory, an index, or one file ----------------------------------------
 
-Ident = tuple[int, int, int, int]
+
+ShardCache = IdentityCache["Shard | ModelFileError"]
 
 
-class ShardCache:
-    """Shards (and the problems of files that are not sound ones) by path and identity.
-
-    A Shard is a few hundred bytes: bounded by count. A file that failed is not parsed
-    again until it changes. Safe to share between threads.
-    """
-
-    def __init__(self, max_items: int = 4096) -> None:
-        self.max_items = max_items
-        self._items: dict[tuple[str, Ident], Shard | SafetensorsError] = {}
-        self._lock = threading.Lock()
-
-    def get(self, path: str, ident: Ident) -> Shard | SafetensorsError | None:
-        with self._lock:
-            item = self._items.pop((path, ident), None)
-            if item is not None:
-                self._items[(path, ident)] = item  # most recently used last
-            return item
-
-    def put(self, path: str, ident: Ident, item: Shard | SafetensorsError) -> None:
-        with self._lock:
-            for key in [k for k in self._items if k[0] == path]:
-                del self._items[key]  # the same path at another identity: it changed
-            while len(self._items) >= self.max_items:
-                del self._items[next(iter(self._items))]
-            self._items[(path, ident)] = item
+def shard_cache(max_items: int = 4096) -> ShardCache:
+    """Shards (and the problems of files that are not sound ones) by path and identity:
+    a Shard is a few hundred bytes, so bounded by count."""
+    return IdentityCache(max_items)
 
 
 def _list(path: str, dir_fd: int, deadline: float | None) -> tuple[str | None, list[str]]:
@@ -666,17 +610,17 @@ def _list(path: str, dir_fd: int, deadline: float | None) -> tuple[str | None, l
         with os.scandir(dir_fd) as entries:
             for i, entry in enumerate(entries, 1):
                 if i > MAX_DIR_ENTRIES:
-                    raise SafetensorsError(f"{path}: more than {MAX_DIR_ENTRIES} directory entries")
+                    raise ModelFileError(f"{path}: more than {MAX_DIR_ENTRIES} directory entries")
                 if not i % 1024 and deadline is not None and time.monotonic() > deadline:
-                    raise SafetensorsTimeout(f"{path}: read past its deadline")
+                    raise ModelTimeout(f"{path}: read past its deadline")
                 if entry.name == INDEX_NAME:
                     index = entry.name
                 elif entry.name.endswith(SUFFIX):
                     files.append(entry.name)
     except OSError as e:
-        raise SafetensorsUnreadable(f"{path}: cannot list: {e.strerror}") from None
+        raise ModelUnreadable(f"{path}: cannot list: {e.strerror}") from None
     if len(files) > MAX_SHARDS and index is None:
-        raise SafetensorsError(f"{path}: more than {MAX_SHARDS} {SUFFIX} files")
+        raise ModelFileError(f"{path}: more than {MAX_SHARDS} {SUFFIX} files")
     return index, sorted(files)
 
 
@@ -685,22 +629,22 @@ def _shard(
 ) -> Shard:
     shown = os.path.join(directory, name)
     if time.monotonic() > deadline:
-        raise SafetensorsTimeout(f"{shown}: read past its deadline")
+        raise ModelTimeout(f"{shown}: read past its deadline")
     fd, st = open_regular(name, dir_fd=dir_fd, shown=shown)
     try:
         ident = identity(st)
         got = cache.get(shown, ident) if cache is not None else None
-        if isinstance(got, SafetensorsError):
-            raise SafetensorsError(str(got)) from None  # a fresh one: no traceback growing
+        if isinstance(got, ModelFileError):
+            raise ModelFileError(str(got)) from None  # a fresh one: no traceback growing
         if got is not None:
             return got
         try:
             shard = read_header(shown, deadline=deadline, opened=(fd, st))
-        except (SafetensorsUnreadable, SafetensorsTimeout):
+        except (ModelUnreadable, ModelTimeout):
             raise  # may read fine later: not remembered
-        except SafetensorsError as e:
+        except ModelFileError as e:
             if cache is not None:
-                cache.put(shown, ident, SafetensorsError(str(e)))
+                cache.put(shown, ident, ModelFileError(str(e)))
             raise
         if cache is not None:
             cache.put(shown, ident, shard)
@@ -717,11 +661,11 @@ def _resolve(path: str, deadline: float) -> tuple[str, int, str | None, list[str
         if stat.S_ISDIR(st.st_mode):
             index, names = _list(path, fd, deadline)
             if index is None and not names:
-                raise SafetensorsError(f"{path}: no {INDEX_NAME} and no *{SUFFIX} file")
+                raise ModelFileError(f"{path}: no {INDEX_NAME} and no *{SUFFIX} file")
             fd, dir_fd = -1, fd
             return path, dir_fd, index, names
         if not stat.S_ISREG(st.st_mode):
-            raise SafetensorsError(f"{path}: not a regular file or a directory")
+            raise ModelFileError(f"{path}: not a regular file or a directory")
     finally:
         if fd >= 0:
             os.close(fd)
@@ -730,7 +674,7 @@ def _resolve(path: str, deadline: float) -> tuple[str, int, str | None, list[str
     dir_fd = _open(directory)
     try:
         if not stat.S_ISDIR(_fstat(dir_fd, directory).st_mode):
-            raise SafetensorsError(f"{directory}: not a directory")
+            raise ModelFileError(f"{directory}: not a directory")
     except BaseException:
         os.close(dir_fd)
         raise
@@ -750,7 +694,7 @@ def read_model(
     config: bool = True,
 ) -> Model:
     """A model: a directory, its index, or one .safetensors file; every shard's weights
-    and (with `config`) config.json's attention shape. SafetensorsError for the first
+    and (with `config`) config.json's attention shape. ModelFileError for the first
     problem, naming its file.
 
     `deadline` (time.monotonic()) is for everything together, READ_SECONDS from now by
@@ -768,7 +712,7 @@ def read_model(
             try:
                 names = _read_index(shown, ifd, ist.st_size, deadline)
             except OSError as e:
-                raise SafetensorsUnreadable(f"{shown}: cannot read: {e.strerror}") from None
+                raise ModelUnreadable(f"{shown}: cannot read: {e.strerror}") from None
             finally:
                 os.close(ifd)
         shards = []
@@ -777,7 +721,7 @@ def read_model(
             shard = _shard(dir_fd, directory, name, deadline, cache)
             tensors += shard.tensors
             if tensors > MAX_MODEL_TENSORS:
-                raise SafetensorsError(
+                raise ModelFileError(
                     f"{shard.path}: the model holds over {MAX_MODEL_TENSORS} tensors"
                 )
             shards.append(shard)
