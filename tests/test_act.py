@@ -9,7 +9,7 @@ from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import RecordStore
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, Memory, Snapshot, UnitRef
+from spark_guard.core.snapshot import Action, Decision, Memory, Phase, Reason, Snapshot, UnitRef
 from spark_guard.core.step import GuardState, Outcome, take
 
 UNIT = UnitRef("system", "llama-ds4-0731.service")
@@ -17,8 +17,8 @@ SNAPSHOT = Snapshot(now=5.0, memory=Memory(16 * 2**30, 2**30))
 
 
 def decision(since: float) -> Decision:
-    a = Action("stop", UNIT, "footprint", "expects 115GiB", {"mem_available": 1}, since=since)
-    return Decision("strict", 8, (), (a,))
+    a = Action("stop", UNIT, Reason.FOOTPRINT, "expects 115GiB", {"mem_available": 1}, since=since)
+    return Decision(Phase.STRICT, 8, (), (a,))
 
 
 def blocker(tmp_path) -> Blocker:

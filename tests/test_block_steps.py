@@ -23,7 +23,7 @@ from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
 from spark_guard.core.block import STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, UnitRef, manager_uid
+from spark_guard.core.snapshot import Action, Decision, Phase, Reason, UnitRef, manager_uid
 from spark_guard.system.managers import ManagerError, UnitState
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir
@@ -164,8 +164,8 @@ def rig(tmp_path, monkeypatch):
 
 
 def stop_decision() -> tuple[list[Action], Decision]:
-    action = Action("stop", REF, "footprint", "expects 115GiB", {"mem_available": 1})
-    return [action], Decision("strict", 8, (), (action,))
+    action = Action("stop", REF, Reason.FOOTPRINT, "expects 115GiB", {"mem_available": 1})
+    return [action], Decision(Phase.STRICT, 8, (), (action,))
 
 
 S = Step

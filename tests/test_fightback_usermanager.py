@@ -20,7 +20,7 @@ from lab.guardunit import PY, guard_manager
 from spark_guard import log
 from spark_guard.block.blocker import QUICK_SETTLE, Blocker
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, UnitRef
+from spark_guard.core.snapshot import Action, Decision, Phase, Reason, UnitRef
 from spark_guard.system.managers import Manager
 
 pytestmark = pytest.mark.systemd
@@ -71,11 +71,11 @@ def test_a_pending_stop_is_a_state_and_memory_below_the_reserve_escalates_it(um,
     log.configure("console")
     blocker = Blocker({"user:0": manager}, config, log.get_logger())
     ref = UnitRef("user:0", unit)
-    action = Action("stop", ref, "trend", "test", {})
+    action = Action("stop", ref, Reason.TREND, "test", {})
     try:
         with capture_logs() as events:
             began = time.monotonic()
-            blocker.block([action], Decision("strict", 200 * MiB, (), (action,)))
+            blocker.block([action], Decision(Phase.STRICT, 200 * MiB, (), (action,)))
             took = time.monotonic() - began
             # It did not stop: block() came back after its first look, not at the timeouts.
             assert took < QUICK_SETTLE + 1.0, took

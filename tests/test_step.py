@@ -16,6 +16,7 @@ from spark_guard.core.snapshot import (
     Decision,
     Foreseen,
     Memory,
+    Reason,
     RescueGroup,
     SeenUnit,
     Snapshot,
@@ -130,7 +131,9 @@ def test_an_action_is_not_repeated_within_repeat_after_but_a_restart_is_acted_on
     unit = UnitRef("system", "llama-ds4-0731.service")
 
     def decision(since):
-        a = Action("stop", unit, "footprint", "expects 115GiB", {"mem_available": 1}, since=since)
+        a = Action(
+            "stop", unit, Reason.FOOTPRINT, "expects 115GiB", {"mem_available": 1}, since=since
+        )
         return Decision(STRICT, 8, (), (a,))
 
     config, state, runs = Config(), GuardState(), []

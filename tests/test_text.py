@@ -22,7 +22,17 @@ from spark_guard.block import banner
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record, RecordStore
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, Loader, Memory, SeenUnit, Snapshot, UnitRef
+from spark_guard.core.snapshot import (
+    Action,
+    Decision,
+    Loader,
+    Memory,
+    Phase,
+    Reason,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+)
 from spark_guard.core.text import printable
 from spark_guard.foresight.estimate import Estimate, Term
 from spark_guard.foresight.predict import Prediction
@@ -291,9 +301,9 @@ def test_dump_shows_loaders_and_actions_inert(capsys):
     ref = UnitRef("user:1000", "x\x1b[2J.service")
     seen = SeenUnit(ref, pids=(1,))
     loader = Loader(seen, (f"model-arg:{EVIL}",), (EVIL,), None)
-    action = Action("stop", ref, "duplicate", f"{EVIL} is already loaded by a.service")
+    action = Action("stop", ref, Reason.DUPLICATE, f"{EVIL} is already loaded by a.service")
     snapshot = Snapshot(now=1.0, memory=Memory(100 * GiB, 50 * GiB), units=(seen,))
-    dump_cli._print(snapshot, Decision("strict", 8 * GiB, (loader,), (action,)))
+    dump_cli._print(snapshot, Decision(Phase.STRICT, 8 * GiB, (loader,), (action,)))
     out = capsys.readouterr().out
     assert inert(out) and out.count(EVIL_SHOWN) == 2
     assert "would stop user:1000:x\\x1b[2J.service: duplicate: " in out

@@ -17,7 +17,16 @@ from fnmatch import fnmatchcase
 from .argv.loadspec import SpecError, parse
 from .argv.servers import client_kind, server_kind
 from .config import Config
-from .snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Loader, SeenUnit, UnitRef
+from .snapshot import (
+    ARGV_MAX_ARGS,
+    ARGV_MAX_BYTES,
+    MODEL_SUFFIXES,
+    FootprintFrom,
+    Loader,
+    SeenUnit,
+    ServerKind,
+    UnitRef,
+)
 from .text import printable
 
 _MODEL_FLAGS = {"-m", "--model", "--model-path", "--mmproj", "-md", "--model-draft"}
@@ -144,8 +153,8 @@ class CommandLine(tuple[str, ...]):
     loads: str | None
     programs: tuple[tuple[str, bool], ...]
     # A server that loads on request (servers.py): the kind it runs, or the kind it asks.
-    serves: str | None
-    asks: str | None
+    serves: ServerKind | None
+    asks: ServerKind | None
 
     def __new__(cls, argv: Iterable[str]) -> CommandLine:
         args = bounded(argv)
@@ -236,8 +245,8 @@ def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) 
         evidence.append(f"mapped:{printable(seen.mapped_models[0], SHOWN_PATH_MAX)}")
     # A server that loads on request, or a client that asks one (a curl preload is
     # nothing but this): servers.py.
-    serves = next((line.serves for line in lines if line.serves), "")
-    asks = next((line.asks for line in lines if line.asks), "")
+    serves = next((line.serves for line in lines if line.serves), ServerKind.NONE)
+    asks = next((line.asks for line in lines if line.asks), ServerKind.NONE)
     if serves:
         evidence.append(f"serves:{serves}")
     if asks:
@@ -253,6 +262,12 @@ def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) 
     # The admin's figure wins over the estimate; neither: footprint unknown, the trend guards.
     expected = expected_footprint(ref, config)
     # A server that loads on request, or a client that asks one (servers.py).
-    source = "config" if expected is not None else "" if seen.predicted is None else "estimate"
+    source = (
+        FootprintFrom.CONFIG
+        if expected is not None
+        else FootprintFrom.UNKNOWN
+        if seen.predicted is None
+        else FootprintFrom.ESTIMATE
+    )
     expected = expected if expected is not None else seen.predicted
     return Loader(seen, tuple(evidence), models, expected, source, serves=serves, asks=asks)

@@ -13,6 +13,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
 from .quantities import GiB, parse_duration, parse_size
@@ -82,6 +83,14 @@ DEFAULT_PROTECTED = (
 DEFAULT_RESCUE = ("ssh.service|ssh.socket|sshd.service",)
 
 
+class Steady(StrEnum):
+    """[budget] steady: what the guard does once boot is over."""
+
+    GUARD = "guard"  # go on stopping what threatens the reserve, as at boot
+    WARN = "warn"  # say what it would stop, and stop nothing
+    OFF = "off"  # neither: the guard acts at boot only
+
+
 @dataclass(frozen=True)
 class Config:
     """Plain settings; defaults here are the built-in protection."""
@@ -89,7 +98,7 @@ class Config:
     # [budget]
     reserve: int = 8 * GiB
     reserve_percent: float = 7.0
-    steady: str = "guard"
+    steady: Steady = Steady.GUARD
     # [memory]: unified memory (docs/unified-memory.md)
     unified: str = "auto"  # auto (NVML says), yes, no
     # MemFree kept above this on unified memory by making room: the field's 8 GiB on a
@@ -227,7 +236,7 @@ def _textfile(v: object) -> str:
 SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("budget", "reserve"): ("reserve", parse_size),
     ("budget", "reserve_percent"): ("reserve_percent", _percent),
-    ("budget", "steady"): ("steady", _enum("guard", "warn", "off")),
+    ("budget", "steady"): ("steady", lambda v: Steady(_enum(*Steady)(v))),
     ("memory", "unified"): ("unified", _enum("auto", "yes", "no")),
     ("memory", "floor"): ("floor", parse_size),
     ("memory", "floor_percent"): ("floor_percent", _percent),

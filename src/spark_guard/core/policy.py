@@ -19,16 +19,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from .classify import SHOWN_PATH_MAX, classify, loaded_models
-from .config import Config
+from .config import Config, Steady
 from .quantities import format_size
 from .snapshot import (
     SYSTEM,
     Action,
     ActionKind,
     Decision,
+    FootprintFrom,
     Loader,
     Memory,
     Phase,
+    Reason,
     Snapshot,
     UnitRef,
     judged,
@@ -36,8 +38,8 @@ from .snapshot import (
 )
 from .text import printable
 
-STRICT: Phase = "strict"
-STEADY: Phase = "steady"
+STRICT = Phase.STRICT
+STEADY = Phase.STEADY
 
 # Below this fall rate (bytes/s) a slope is noise, not a loader at work.
 _SLOPE_NOISE = 16 * 1024**2
@@ -195,12 +197,15 @@ def charge_clients(
                 loader = replace(
                     loader,
                     expected=max(loader.expected or 0, base + sum(asked)),
-                    expected_from="clients",
+                    expected_from=FootprintFrom.CLIENTS,
                 )
             loader = replace(loader, clients=tuple(c.ref for c in clients))
         elif loader.ref in charged_to:
             loader = replace(
-                loader, expected=None, expected_from="", charged_to=charged_to[loader.ref]
+                loader,
+                expected=None,
+                expected_from=FootprintFrom.UNKNOWN,
+                charged_to=charged_to[loader.ref],
             )
         out.append(loader)
     return tuple(out)
@@ -224,7 +229,9 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         # No room is made for it: the model's page cache takes MemFree beside its GPU copy.
         loaders = tuple(
             replace(ld, expected=ld.expected + ld.seen.page_cache)
-            if ld.expected is not None and ld.expected_from == "estimate" and ld.seen.page_cache
+            if ld.expected is not None
+            and ld.expected_from == FootprintFrom.ESTIMATE
+            and ld.seen.page_cache
             else ld
             for ld in loaders
         )
@@ -234,11 +241,11 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     figure = "device headroom" if rule.unified else "MemAvailable"
     actions: dict[str, Action] = {}
 
-    def act(loader: Loader, reason: str, detail: str, **extra: float) -> None:
+    def act(loader: Loader, reason: Reason, detail: str, **extra: float) -> None:
         key = str(loader.ref)
         if key not in actions:
             kind: ActionKind = "stop"
-            if current_phase == STEADY and config.steady == "warn":
+            if current_phase == STEADY and config.steady == Steady.WARN:
                 kind = "warn"
             if loader.clients:
                 detail += "; the load asked by " + ", ".join(printable(c) for c in loader.clients)
@@ -255,7 +262,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     def decision(acts: tuple[Action, ...]) -> Decision:
         return Decision(current_phase, reserve, loaders, acts, rate, rule, available, floor)
 
-    if current_phase == STEADY and config.steady == "off":
+    if current_phase == STEADY and config.steady == Steady.OFF:
         return decision(())
 
     # The same model loaded twice: root's unit (system, or root's user manager) keeps it
@@ -269,7 +276,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 over = first.ref.manager in _ROOTS and loader.ref.manager not in _ROOTS
                 act(
                     loader,
-                    "duplicate",
+                    Reason.DUPLICATE,
                     f"{printable(model, SHOWN_PATH_MAX)} is already loaded by "
                     f"{printable(first.ref)}"
                     + ("; root's unit keeps it over a user's copy" if over else ""),
@@ -281,7 +288,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             assert loader.expected is not None  # admit() judges only known footprints
             act(
                 loader,
-                "footprint",
+                Reason.FOOTPRINT,
                 f"expects {format_size(loader.expected)}, would leave "
                 f"{format_size(left)} {'of device headroom' if rule.unified else 'available'}"
                 f" (reserve {format_size(reserve)})",
@@ -297,7 +304,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 if loader.seen.growth > 0 and not foreseen:
                     act(
                         loader,
-                        "trend",
+                        Reason.TREND,
                         f"{figure} falling {format_size(-rate)}/s, "
                         f"{format_size(projected)} in {config.trend_horizon:g}s "
                         f"(reserve {format_size(reserve)}); unit growing "
@@ -332,7 +339,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 continue
             act(
                 loader,
-                "reserve",
+                Reason.RESERVE,
                 f"{figure} {format_size(available)} is below the reserve "
                 f"{format_size(reserve)}; unit holds {format_size(loader.seen.used)}",
             )
@@ -453,7 +460,7 @@ def brake(
     it does not block is thawed. None where the decision could not stop anything (the
     steady phase with `steady` other than 'guard').
     """
-    if last.phase == STEADY and config.steady != "guard":
+    if last.phase == STEADY and config.steady != Steady.GUARD:
         return ()
     reserve = config.reserve_for(memory.total)
     available = judged(memory, last.rule)

@@ -38,9 +38,42 @@ def valid_id(cid: str) -> bool:
     return _CONTAINER_ID.fullmatch(cid) is not None
 
 
-# The guard's two phases (policy.phase), and what an Action asks for. A Decision made by
-# `spark-guard rescue` (the same block, by the admin's hand) has the phase "rescue".
-Phase = Literal["strict", "steady"]
+class Phase(StrEnum):
+    """The guard's two phases (policy.phase); a Decision made by `spark-guard rescue` (the
+    same block, by the admin's hand) has the phase RESCUE."""
+
+    STRICT = "strict"  # boot, until the rescue units have been up for the grace period
+    STEADY = "steady"
+    RESCUE = "rescue"
+
+
+class Reason(StrEnum):
+    """Why an Action names a unit (the journal's SG_REASON, a record's reason)."""
+
+    FOOTPRINT = "footprint"  # its expected footprint does not fit above the reserve
+    TREND = "trend"  # it grows while the judged figure falls toward the reserve
+    RESERVE = "reserve"  # the figure is below the reserve: the deficit is freed
+    DUPLICATE = "duplicate"  # a second loader of a model one already holds
+    RESCUE = "rescue"  # the admin's `spark-guard rescue`
+
+
+class FootprintFrom(StrEnum):
+    """Where a loader's expected footprint comes from."""
+
+    CONFIG = "config"  # [loaders.footprint]: the admin's figure wins
+    ESTIMATE = "estimate"  # foresight's, from the model and the settings
+    CLIENTS = "clients"  # what the clients charged to a server ask it to load
+    UNKNOWN = ""  # neither: the trend guards it
+
+
+class ServerKind(StrEnum):
+    """A server that loads models on request (argv/servers.py), or none."""
+
+    LMSTUDIO = "lmstudio"
+    OLLAMA = "ollama"
+    NONE = ""
+
+
 ActionKind = Literal["stop", "warn"]
 
 # A loader takes tens of seconds per start, so restarts closer than this are a
@@ -321,13 +354,11 @@ class Loader:
     evidence: tuple[str, ...]
     models: tuple[str, ...]
     expected: int | None
-    # Where `expected` comes from: "config", "estimate", "clients" (what the clients
-    # charged to it ask it to load), or "" (footprint unknown).
-    expected_from: str = ""
-    # A server that loads on request (argv/servers.py: "lmstudio", "ollama"): the
-    # kind it runs, or, for a client (`lms load`, `ollama run`), the kind it asks.
-    serves: str = ""
-    asks: str = ""
+    expected_from: FootprintFrom = FootprintFrom.UNKNOWN
+    # A server that loads on request: the kind it runs, or, for a client (`lms load`,
+    # `ollama run`), the kind it asks.
+    serves: ServerKind = ServerKind.NONE
+    asks: ServerKind = ServerKind.NONE
     # A client's load is charged to its server (policy.charge_clients): the server's
     # unit, and on the server the clients charged to it.
     charged_to: UnitRef | None = None
@@ -344,7 +375,7 @@ class Action:
 
     kind: ActionKind
     unit: UnitRef
-    reason: str
+    reason: Reason
     detail: str
     figures: dict[str, int | float] = field(default_factory=dict, compare=False)
     # When this run of the unit became active: a restart is a new run to act on.
@@ -355,7 +386,7 @@ class Action:
 
 @dataclass(frozen=True)
 class Decision:
-    phase: Phase | Literal["rescue"]
+    phase: Phase
     reserve: int
     loaders: tuple[Loader, ...]
     actions: tuple[Action, ...]

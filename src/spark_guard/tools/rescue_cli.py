@@ -21,7 +21,7 @@ from ..block.blocker import Blocker
 from ..core.block import Step
 from ..core.classify import is_protected
 from ..core.quantities import format_size
-from ..core.snapshot import CONTAINER, Action, Decision, UnitRef
+from ..core.snapshot import CONTAINER, Action, Decision, Phase, Reason, UnitRef
 from ..core.text import printable as p
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
             for i in boxes.loaders
             if i.container in running
         }
-        actions = tuple(Action("stop", u.ref, "rescue", why, figures) for u in loaders) + tuple(
-            Action("stop", ref, "rescue", why, figures) for ref in engines
-        )
+        actions = tuple(
+            Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders
+        ) + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
         blocker = Blocker(managers, config, log)
         blocker.advance()  # load what is already recorded: a unit blocked before stays as it is
         todo = tuple(
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if todo:
             blocker.block(
-                todo, Decision("rescue", config.reserve_for(memory.total), (), todo), engines
+                todo, Decision(Phase.RESCUE, config.reserve_for(memory.total), (), todo), engines
             )
             blocker.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
         ok = _report(loaders, managers, proc, blocker, running)

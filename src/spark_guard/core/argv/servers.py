@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..snapshot import ServerKind
 from . import lmstudio, ollama
 from .loadspec import SpecError
 
-LMSTUDIO = "lmstudio"
-OLLAMA = "ollama"
+LMSTUDIO = ServerKind.LMSTUDIO
+OLLAMA = ServerKind.OLLAMA
 
 
-def server_kind(argv: Sequence[str]) -> str | None:
+def server_kind(argv: Sequence[str]) -> ServerKind | None:
     """The server this command line runs: LM Studio's (lmstudio.server: `llmster`, `lms
     daemon up`, `lms server start`, the app as a service) or Ollama's (`ollama serve`,
     ollama.server_settings); None for anything else."""
@@ -36,7 +37,7 @@ def server_kind(argv: Sequence[str]) -> str | None:
     return None
 
 
-def client_kind(argv: Sequence[str]) -> str | None:
+def client_kind(argv: Sequence[str]) -> ServerKind | None:
     """The server this command line asks to load a model here: `lms load` asks LM
     Studio's (not with --estimate-only, nor --host elsewhere), `ollama run` and a
     curl/wget to its API that loads a model ask Ollama's (ollama.client_load)."""
