@@ -16,6 +16,7 @@ from spark_guard.core.block import (
     Step,
     StepError,
     Stopping,
+    container_stuck,
     escalate,
     mask_gone,
     moved,
@@ -127,3 +128,20 @@ def test_units_and_containers_have_tables_of_their_own():
     with pytest.raises(StepError):
         moved("container:x", Step.STOP, Step.PLAN, container=True)
     assert moved("u", "verify", Step.BLOCKED) == Step.BLOCKED  # a record's str step reads too
+
+
+def test_a_container_block_waits_on_its_engine_then_kills_from_the_kernel_side():
+    stopping = Stopping.at(0.0)
+    # The engine took the call: its stop is its to do, however long it takes, while
+    # memory holds.
+    assert container_stuck(stopping, 30.0, True, 10.0, PLENTY) == ""
+    # Silent past its timeout (dockerd restarting containers before its API serves).
+    assert container_stuck(stopping, 9.9, False, 10.0, PLENTY) == ""
+    assert container_stuck(stopping, 10.0, False, 10.0, PLENTY) == (
+        "its engine did not answer within 10.0s"
+    )
+    # Below the reserve, nothing waits, answered or not.
+    assert container_stuck(stopping, 0.5, True, 10.0, SHORT) == (
+        "MemAvailable 6.0GiB below the reserve 8.0GiB 0.50s after the stop"
+    )
+    assert container_stuck(stopping, 0.5, True, 10.0, None) == ""

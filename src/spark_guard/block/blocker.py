@@ -56,13 +56,13 @@ from ..core.block import (
     Step,
     StepError,
     Stopping,
+    container_stuck,
     escalate,
     mask_gone,
     running_again,
 )
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
-from ..core.quantities import format_size
 from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..system import cgroupfs
 from ..system.engine import Engine
@@ -80,6 +80,7 @@ from ..system.unitfiles import (
 )
 from . import banner
 from . import containers as container_block
+from .containers import EnginePort
 from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class Blocker:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         tick: Callable[[], None] = lambda: None,
+        engine: Callable[[str, float], EnginePort] = lambda path, t: Engine(path, timeout=t),
     ) -> None:
         self.managers = managers
         self.config = config
@@ -146,6 +148,8 @@ class Blocker:
         self.sleep = sleep
         # Called while waiting for units to stop (the daemon sends WATCHDOG=1).
         self.tick = tick
+        # An engine's API at a socket path, with a timeout: the port a container's block uses.
+        self.engine = engine
         # Paths keep their start-up values across a reload, like the sensor's.
         self.store = RecordStore(config.state)
         self.motd, self.issue = config.motd, config.issue
@@ -829,7 +833,7 @@ class Blocker:
         self._killed.discard(key)
         self._engine_of[key] = path
         timeout = max(1, round(self.config.stop_timeout))
-        engine_api = Engine(path, timeout=self.engine_timeout)
+        engine_api = self.engine(path, self.engine_timeout)
         self.pending.start(
             key,
             lambda: container_block.block(
@@ -890,12 +894,12 @@ class Blocker:
                 and now >= self._retry_at.get(key, 0.0)
             ):
                 self._retry_at[key] = now + CONTAINER_RECHECK
-                engine_api = Engine(record.container.engine, timeout=self.engine_timeout)
+                engine_api = self.engine(record.container.engine, self.engine_timeout)
                 self.pending.start(key, functools.partial(self._renew, engine_api, record))
         if changed:
             self._publish()
 
-    def _renew(self, engine: Engine, record: Record) -> None:
+    def _renew(self, engine: EnginePort, record: Record) -> None:
         """In the block's thread: its policy set back by hand is set to `no` again (the
         next boot would start it); one started by hand is the sensor's to judge."""
         changed = container_block.holds(engine, record)
@@ -923,18 +927,12 @@ class Blocker:
         key = str(record.ref)
         if key in self._killed:
             return
-        sent = self._stopping[key].sent if key in self._stopping else self.clock()
-        waited = self.clock() - sent
-        if not self.pending.answered(key) and waited >= self.engine_timeout:
-            self._kill_container(record, f"its engine did not answer within {waited:.1f}s")
-            return
-        memory = self._available()
-        if memory is not None and memory[0] < memory[1]:
-            self._kill_container(
-                record,
-                f"MemAvailable {format_size(memory[0])} below the reserve "
-                f"{format_size(memory[1])} {waited:.2f}s after the stop",
-            )
+        now = self.clock()
+        stopping = self._stopping.get(key) or Stopping.at(now)
+        answered = self.pending.answered(key)
+        why = container_stuck(stopping, now, answered, self.engine_timeout, self._available())
+        if why:
+            self._kill_container(record, why)
 
     def _kill_container(self, record: Record, why: str) -> None:
         self._killed.add(str(record.ref))

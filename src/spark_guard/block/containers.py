@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..core.text import printable
-from ..system.engine import Container, Engine, EngineError
+from ..system.engine import Container, EngineError
 from .records import ContainerState, Record
 
 KIND = "container"
@@ -43,6 +44,18 @@ NO_UPDATE = (
 )
 
 
+class EnginePort(Protocol):
+    """What a container's block asks of its engine (system.engine.Engine speaks it over
+    the engine's API socket)."""
+
+    @property
+    def path(self) -> str: ...
+    def inspect(self, ref: str) -> Container: ...
+    def stop(self, ref: str, t: int = 10) -> bool: ...
+    def start(self, ref: str) -> bool: ...
+    def update_restart(self, ref: str, name: str, max_retries: int = 0) -> None: ...
+
+
 class ContainerBlockError(RuntimeError):
     """A block or a release that did not hold; str() names the container and the reason."""
 
@@ -52,7 +65,7 @@ def _fail(name: str, what: str) -> ContainerBlockError:
 
 
 def block(
-    engine: Engine,
+    engine: EnginePort,
     record: Record,
     stop_timeout: int = STOP_TIMEOUT,
     remember: Callable[[Record], None] | None = None,
@@ -109,7 +122,7 @@ def block(
     return after
 
 
-def holds(engine: Engine, record: Record) -> str:
+def holds(engine: EnginePort, record: Record) -> str:
     """ "" if the block still holds (policy `no`, not running); else what changed."""
     assert record.container is not None
     try:
@@ -125,7 +138,7 @@ def holds(engine: Engine, record: Record) -> str:
     return ""
 
 
-def release(engine: Engine, record: Record, *, start: bool = True) -> Container:
+def release(engine: EnginePort, record: Record, *, start: bool = True) -> Container:
     """Put back the exact restart policy of `record`'s container and start it if it was
     running before the block (and `start`); the container as it then is.
     ContainerBlockError if it is gone (a container of the same name made since is not

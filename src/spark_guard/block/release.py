@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..core.events import Event, EventKind
-from ..core.snapshot import SYSTEM, parse_ref
+from ..core.snapshot import SYSTEM, USER_PREFIX, parse_ref
 from ..system.engine import TIMEOUT, Engine
 from ..system.managers import ManagerError, ManagerNotRunning, connect_to
 from ..system.unitfiles import (
@@ -67,7 +67,7 @@ def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) 
         exact = [r for r in records if r.ref == ref]
         # A bare name: whichever manager it is blocked on, if only one.
         by_unit = exact or (
-            [] if name.startswith("user:") else [r for r in records if r.unit == ref.name]
+            [] if name.startswith(USER_PREFIX) else [r for r in records if r.unit == ref.name]
         )
         if not by_unit:
             raise ReleaseError(f"{name}: not blocked by spark-guard (no record in {store.blocked})")

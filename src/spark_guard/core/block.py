@@ -183,3 +183,25 @@ def escalate(
         rest = replace(stopping.settled(), hold_until=now + RETRY_AFTER)
         return rest, Escalation.GIVE_UP, "still running after stop, SIGKILL and cgroup kill"
     return stopping, None, ""
+
+
+def container_stuck(
+    stopping: Stopping,
+    now: float,
+    answered: bool,
+    engine_timeout: float,
+    memory: tuple[int, int] | None,
+) -> str:
+    """Why a container whose block is under way (the engine's stop waits, off the loop)
+    is to be killed from the kernel's side now, as a unit is when its manager does not
+    answer: its engine has not answered within its timeout, or the judged figure is below
+    the reserve. "" to let the engine do it."""
+    waited = now - stopping.sent
+    if not answered and waited >= engine_timeout:
+        return f"its engine did not answer within {waited:.1f}s"
+    if memory is not None and memory[0] < memory[1]:
+        return (
+            f"MemAvailable {format_size(memory[0])} below the reserve "
+            f"{format_size(memory[1])} {waited:.2f}s after the stop"
+        )
+    return ""
