@@ -35,6 +35,7 @@ from .snapshot import (
     UnitRef,
     judged,
     server_managers,
+    user_manager,
 )
 from .text import printable
 
@@ -79,7 +80,7 @@ def _start_order(loader: Loader) -> tuple[float, str]:
 
 
 # Managers whose units are root's: PID 1 and root's own user manager.
-_ROOTS = (SYSTEM, "user:0")
+_ROOTS = (SYSTEM, user_manager(0))
 
 
 def _keep_order(loader: Loader) -> tuple[bool, float, str]:

@@ -100,7 +100,22 @@ def server_managers(client_manager: str, runs_as: int | None) -> list[str]:
     another user's for a user's client: her unit cannot get someone else's server refused."""
     if client_manager != SYSTEM:
         return [client_manager]
-    return [client_manager, f"user:{runs_as or 0}"]
+    return [client_manager, user_manager(runs_as or 0)]
+
+
+USER_PREFIX = "user:"
+
+
+def user_manager(uid: int) -> str:
+    """The key of user `uid`'s manager: 'user:UID'. Manager keys are made here and read by
+    manager_uid() and is_user_manager(), nowhere else."""
+    return f"{USER_PREFIX}{uid}"
+
+
+def is_user_manager(key: str) -> bool:
+    """Whether `key` names a user's manager ('user:UID'), not PID 1 nor an engine."""
+    kind, _, uid = key.partition(":")
+    return kind + ":" == USER_PREFIX and uid.isdigit()
 
 
 def manager_uid(key: str) -> int:
@@ -164,9 +179,9 @@ def parse_ref(text: str, default_manager: str) -> UnitRef:
     if text.startswith(CONTAINER_PREFIX):
         return UnitRef(CONTAINER, text[len(CONTAINER_PREFIX) :])
     name = text if "." in text.rsplit(":", 1)[-1] else f"{text}.service"
-    if name.startswith("user:") and name.count(":") >= 2:
+    if name.startswith(USER_PREFIX) and name.count(":") >= 2:
         _, uid, unit = name.split(":", 2)
-        return UnitRef(f"user:{uid}", unit)
+        return UnitRef(USER_PREFIX + uid, unit)
     return UnitRef(default_manager, name)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.snapshot import SYSTEM, manager_uid, valid_unit_name
+from ..core.snapshot import SYSTEM, manager_uid, user_manager, valid_unit_name
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
 
@@ -549,8 +549,8 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
         glob.glob(os.path.join(glob.escape(user_runtime), "*", "systemd", "private"))
     ):
         uid = sock[len(user_runtime) :].strip("/").split("/", 1)[0]
-        if uid.isdigit():
-            found[f"user:{uid}"] = sock
+        if uid.isascii() and uid.isdigit():
+            found[user_manager(int(uid))] = sock
     return found
 
 
@@ -599,7 +599,7 @@ def cgroup_within(cgroup: str, root: str) -> bool:
 
 def command_manager() -> str:
     """Whose units a bare name means on a command line: root's are PID 1's, a user's their own."""
-    return SYSTEM if os.geteuid() == 0 else f"user:{os.geteuid()}"
+    return SYSTEM if os.geteuid() == 0 else user_manager(os.geteuid())
 
 
 def unit_cgroup(cgroup: str, unit: str) -> str:

@@ -26,7 +26,7 @@ from ..containers import loader_evidence
 from ..core.classify import classify
 from ..core.config import Config
 from ..core.quantities import parse_duration, parse_size
-from ..core.snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref
+from ..core.snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref, user_manager
 from ..core.text import printable
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
@@ -247,7 +247,7 @@ class _UserFiles:
 
 
 def _from_files(user: pwd.struct_passwd, config: Config, inv: Inventory) -> None:
-    key = f"user:{user.pw_uid}"
+    key = user_manager(user.pw_uid)
     files = _UserFiles(user, inv)
     enabled: set[str] = set()
     sources: dict[str, str] = {}
@@ -311,7 +311,7 @@ def lingering(linger_dir: str, running: Iterable[str]) -> list[Linger]:
             uid = pwd.getpwnam(name).pw_uid
         except KeyError:
             continue
-        out.append(Linger(name, uid, f"user:{uid}" in keys))
+        out.append(Linger(name, uid, user_manager(uid) in keys))
     return out
 
 

@@ -34,7 +34,7 @@ from ..core.classify import classify, command_line, expected_footprint
 from ..core.config import Config
 from ..core.policy import charge_clients
 from ..core.quantities import format_size
-from ..core.snapshot import Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
+from ..core.snapshot import USER_PREFIX, Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
 from ..core.text import printable as p
 from ..foresight.clients import ServerUnit, predict_client
 from ..foresight.estimate import Estimate
@@ -73,7 +73,7 @@ def _settings(args: argparse.Namespace, base: Settings) -> Settings:
 def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
     # Run by a user, a bare name is one of the user's own units.
     ref = parse_ref(target, command_manager())
-    if own_unit is not None and own_unit.name == ref.name and not target.startswith("user:"):
+    if own_unit is not None and own_unit.name == ref.name and not target.startswith(USER_PREFIX):
         return own_unit  # ExecStartPre= of that very unit: whichever manager runs it
     return ref
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ...core.snapshot import USER_PREFIX
+
 # systemd's catalog: "Automatic restarting of a unit has been scheduled" and
 # "A process of this unit has been killed by the OOM killer".
 RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
@@ -61,7 +63,7 @@ def parse_entry(entry: dict[str, object]) -> LogLine | None:
     ):
         value = entry.get(key)
         if isinstance(value, str) and value:
-            unit = f"user:{uid}:{value}" if user and uid else value
+            unit = f"{USER_PREFIX}{uid}:{value}" if user and uid else value
             break
     try:
         at = int(str(entry.get("__REALTIME_TIMESTAMP", "0"))) / 1e6
