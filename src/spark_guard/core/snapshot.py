@@ -108,14 +108,8 @@ USER_PREFIX = "user:"
 
 def user_manager(uid: int) -> str:
     """The key of user `uid`'s manager: 'user:UID'. Manager keys are made here and read by
-    manager_uid() and is_user_manager(), nowhere else."""
+    manager_uid(), nowhere else."""
     return f"{USER_PREFIX}{uid}"
-
-
-def is_user_manager(key: str) -> bool:
-    """Whether `key` names a user's manager ('user:UID'), not PID 1 nor an engine."""
-    kind, _, uid = key.partition(":")
-    return kind + ":" == USER_PREFIX and uid.isdigit()
 
 
 def manager_uid(key: str) -> int:
