@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.text import quoted
 from .modelfile import (
     IdentityCache,
     ModelFileError,
@@ -122,11 +123,6 @@ _WS = re.compile(r"[ \t\n\r]*")
 # json's own string scanner (C): (text, index after the opening quote, strict) -> (str, end).
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _decoder = json.JSONDecoder()
-
-
-def _shown(name: str, limit: int = 80) -> str:
-    """A user's name (a tensor's, a file's, a dtype) quoted for a one-line message."""
-    return repr(name if len(name) <= limit else name[:limit] + "...")
 
 
 @dataclass(frozen=True)
@@ -342,13 +338,13 @@ def _tensor(s: _Stream, name: str, entry: Any, data_len: int) -> tuple[int, int,
     """(bytes, begin, end) of one tensor's entry, checked."""
 
     def bad(problem: str) -> ModelFileError:
-        return s.fail(f"tensor {_shown(name)}: {problem}")
+        return s.fail(f"tensor {quoted(name, 80)}: {problem}")
 
     if not isinstance(entry, dict):
         raise bad("not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        shown = _shown(dtype, 24) if isinstance(dtype, str) else repr(dtype)[:24]
+        shown = quoted(dtype, 24) if isinstance(dtype, str) else repr(dtype)[:24]
         raise bad(f"unknown dtype {shown}")
     if not isinstance(shape, list) or len(shape) > MAX_RANK:
         raise bad(f"shape {shape!r:.120} is not a list of at most {MAX_RANK} dimensions")
@@ -470,7 +466,7 @@ def _plain_name(name: Any, index: str) -> str:
         or len(name.encode("utf-8", "replace")) > MAX_SHARD_NAME
     ):
         raise ModelFileError(
-            f"{index}: weight_map: {_shown(name)} is not a file name in the model's directory"
+            f"{index}: weight_map: {quoted(name, 80)} is not a file name in the model's directory"
         )
     return name
 
@@ -563,7 +559,7 @@ def parse_config(data: bytes, path: str) -> ModelConfig:
     if get("sliding_window") is not None and get("use_sliding_window") is not False:
         kinds.add("sliding_attention")
     if kinds:
-        shown = ", ".join(sorted(_shown(k, 24) for k in kinds)[:4])
+        shown = ", ".join(sorted(quoted(k, 24) for k in kinds)[:4])
         notes.append(f"layers of {shown} counted as full attention (an upper bound)")
     if get("kv_lora_rank") is not None:
         notes.append("MLA (kv_lora_rank): KV by the config's plain head counts")
