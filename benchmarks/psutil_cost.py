@@ -48,7 +48,7 @@ from spark_guard.system.procfs import ProcFS
 
 GONE = (psutil.NoSuchProcess, psutil.AccessDenied)
 GUARD_IMPORTS = (
-    "import spark_guard.daemon, sdnotify, systemd.journal; from spark_guard import log;"
+    "import spark_guard.daemon, sdnotify; from spark_guard import log;"
     " log.configure('journal'); from spark_guard.system.managers import _dbuslib; _dbuslib()"
 )
 REPORT = (

@@ -102,7 +102,7 @@ def test_code_location_is_the_real_caller(entries):
     lines = (SRC / "daemon.py").read_text().splitlines()
     at = int(started["CODE_LINE"]) - 1  # the line of the call that builds the event
     assert "Event" in lines[at] and "EventKind.GUARD_STARTED" in " ".join(lines[at : at + 2])
-    assert started["CODE_FUNC"] == "run"
+    assert started["CODE_FUNC"] == "_pass"  # a pass of the loop
     # Built by the GPU reader and relayed by the sensor: the journal names the reader.
     gpu = by_event(rows, "gpu-accounting-off")
     assert gpu["CODE_FILE"].endswith("spark_guard/system/gpu.py")

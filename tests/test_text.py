@@ -12,6 +12,7 @@ import argparse
 import io
 import json
 import re
+import socket
 from typing import Any
 
 import pytest
@@ -44,6 +45,7 @@ from spark_guard.tools.doctor.judge import Report
 from spark_guard.tools.findings import Finding, Severity
 from spark_guard.tools.inventory import Inventory, Linger, UnitInfo
 from spark_guard.tools.preflight import Verdict
+from tests.journal_wire import decode
 
 GiB = 1024**3
 # What an attacker puts in a model path: clear the screen, go home, overwrite the line,
@@ -113,10 +115,12 @@ def test_console_log_line_is_one_inert_capped_line():
     assert "more chars]" in out
 
 
-def test_journal_fields_and_message_are_inert_and_capped():
-    sent: list[tuple[str, dict[str, str]]] = []
-    sink = log.JournalSink()
-    sink._send = lambda message, **fields: sent.append((message, fields))  # journald itself
+def test_journal_fields_and_message_are_inert_and_capped(tmp_path):
+    # What journald would receive: the datagram on a socket standing in for its own.
+    path = str(tmp_path / "journal.socket")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(path)
+    sink = log.JournalSink(path)
     event = {
         "event": "unit-blocked",
         "level": "warning",
@@ -129,8 +133,9 @@ def test_journal_fields_and_message_are_inert_and_capped():
     }
     with pytest.raises(structlog.DropEvent):
         sink(None, "warning", log.make_printable(None, "warning", event))
-    [(message, fields)] = sent
-    assert message == f"blocked: {EVIL_SHOWN}"
+    fields = decode(receiver.recv(1 << 20))
+    receiver.close()
+    assert fields["MESSAGE"] == f"blocked: {EVIL_SHOWN}"
     assert fields["SG_DETAIL"] == EVIL_SHOWN
     assert fields["SG_MODELS"].startswith(EVIL_SHOWN + ",/srv/aaa")
     assert len(fields["SG_MODELS"]) <= log.FIELD_LIMIT

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import structlog
 
-from .core.events import MESSAGE_IDS, Callsite
+from . import journal
+from .core.events import MESSAGE_IDS, Callsite, EventKind
 from .core.text import printable
 
 if TYPE_CHECKING:
@@ -68,14 +69,15 @@ def _field_value(value: Any) -> str:
 
 
 class JournalSink:
-    """Final processor: sends the event to journald and drops it from stdout."""
+    """Final processor: sends the event to journald, never waiting (journal.py), and drops
+    it from stdout. What journald could not take is counted and said once it reads again."""
 
     _META = ("event", "level", "msg", "message_id", "pathname", "lineno", "func_name")
 
-    def __init__(self) -> None:
-        from systemd import journal
-
-        self._send = journal.send
+    def __init__(self, path: str = journal.SOCKET) -> None:
+        if not journal.available(path):
+            raise FileNotFoundError(f"no journald socket at {path}")
+        self._journal = journal.JournalSocket(path)
 
     def __call__(self, _logger: Any, _name: str, event: EventDict) -> str:
         kind = str(event.get("event", ""))
@@ -84,18 +86,37 @@ class JournalSink:
             for key, value in event.items()
             if key not in self._META and value is not None
         }
-        self._send(
-            str(event.get("msg") or kind),
-            MESSAGE_ID=event.get("message_id"),
-            CODE_FILE=event.get("pathname"),
-            CODE_LINE=event.get("lineno"),
-            CODE_FUNC=event.get("func_name"),
-            PRIORITY=str(PRIORITY.get(str(event.get("level")), 6)),
-            SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER,
-            SG_EVENT=kind,
-            **fields,
+        sent = self._journal.send(
+            {
+                "MESSAGE": str(event.get("msg") or kind),
+                "MESSAGE_ID": event.get("message_id"),
+                "CODE_FILE": event.get("pathname"),
+                "CODE_LINE": event.get("lineno"),
+                "CODE_FUNC": event.get("func_name"),
+                "PRIORITY": str(PRIORITY.get(str(event.get("level")), 6)),
+                "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
+                "SG_EVENT": kind,
+                **fields,
+            }
         )
+        if sent and self._journal.dropped:
+            self._say_dropped(self._journal.take_dropped())
         raise structlog.DropEvent
+
+    def _say_dropped(self, n: int) -> None:
+        # Said by the way out itself: it is what the events could not get through.
+        kind = EventKind.JOURNAL_DROPPED
+        self._journal.send(
+            {
+                "MESSAGE": f"journald did not take {n} entries (stopped, or stalled); "
+                "the guard went on without them",
+                "MESSAGE_ID": MESSAGE_IDS[kind],
+                "PRIORITY": str(PRIORITY["warning"]),
+                "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
+                "SG_EVENT": kind.value,
+                "SG_DROPPED": str(n),
+            }
+        )
 
 
 def render_line(_logger: Any, _name: str, event: EventDict) -> str:
@@ -127,18 +148,23 @@ def journal_connected(stream: TextIO) -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def configure(mode: str = "auto", stream: TextIO | None = None, level: str = "info") -> str:
+def configure(
+    mode: str = "auto",
+    stream: TextIO | None = None,
+    level: str = "info",
+    journal_socket: str = journal.SOCKET,
+) -> str:
     """Set up the pipeline; returns the sink chosen ('journal' or 'console')."""
     out = stream or sys.stderr
     sink: Any = render_line
     chosen = "console"
     if mode == "journal" or (mode == "auto" and journal_connected(out)):
         try:
-            sink = JournalSink()
+            sink = JournalSink(journal_socket)
             chosen = "journal"
-        except ImportError:
+        except OSError as e:
             if mode == "journal":
-                raise
+                print(f"spark-guard: {e}; logging to stderr", file=out)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
