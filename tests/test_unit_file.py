@@ -49,3 +49,13 @@ def test_ordered_before_every_default_dependency_service_and_not_after_dbus():
     assert s["Service.Type"] == ["notify"]
     assert s["Service.WatchdogSec"] and s["Service.ExecReload"]
     assert int(s["Service.OOMScoreAdjust"][0]) < 0
+
+
+def test_the_guard_is_never_failed_for_good_and_never_waited_on_long():
+    s = unit_settings()
+    # No start limit: after any number of restarts the guard comes back.
+    assert s["Unit.StartLimitIntervalSec"] == ["0"] and s["Service.Restart"] == ["always"]
+    # A guard stuck in the kernel (an NVML call in D state) is given up on in seconds,
+    # not the default 90 s, so its restart is not held behind it.
+    for key in ("Service.TimeoutStopSec", "Service.TimeoutAbortSec"):
+        assert s[key][0].endswith("s") and 0 < int(s[key][0][:-1]) <= 10, key

@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -93,6 +94,7 @@ class Guard:
         watchdog_usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self._watchdog_every = watchdog_usec / 3e6 if watchdog_usec else 1.0
         self._interval = 0.0  # the last wait between passes
+        self._failures_said: dict[str, float] = {}  # a failed pass's error -> said again from
         self._stop = False
         self._reload = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -166,58 +168,102 @@ class Guard:
         snapshot: Snapshot | None = None
         pressure = False
         while not self._stop:
-            if self._reload:
-                self._reload = False
-                self.reload()
-            now = time.monotonic()
-            memory = self._memory()
-            # Room for the GPU first (unified memory): a write handed to a thread, never a
-            # wait; then the brake: a loader about to take the headroom below the reserve
-            # is frozen now, not after the full look (0.1-0.5 s) that decides on it.
-            self._make_room(memory, snapshot, decision, now)
-            braked = self._brake(memory, snapshot, decision, now)
-            if (
-                pressure
-                or self._force_full
-                or braked
-                or self._full_look_due(memory, snapshot, decision, now)
-            ):
-                self._force_full = False
-                if now >= next_refresh:
-                    self.sensor.refresh_managers(wait=0)  # connections come in off the loop
-                    next_refresh = now + 2.0
-                decision, snapshot = self.look()
-            if self.blocker.braked:
-                self.blocker.release_brakes()  # what the decision did not block goes on
-            if not ready and snapshot is not None:
-                ready = True
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.GUARD_STARTED,
-                        "info",
-                        dry_run=self.dry_run,
-                        managers=sorted(self.sensor.managers),
-                        gpu=snapshot.gpu_accounting,
-                        msg="spark-guard watching"
-                        + (" (dry run: deciding, not acting)" if self.dry_run else ""),
-                    ),
+            try:
+                ready, next_refresh, decision, snapshot, pressure = self._pass(
+                    ready, next_refresh, decision, snapshot, pressure
                 )
-                self.notifier.notify("READY=1")
-            self._watchdog(now)
-            interval = poll_interval(
-                decision, snapshot, self.config, memory, spent=time.monotonic() - now
-            )
-            if self.blocker.settling:
-                # A stop in progress is a state the loop looks at (advance(), in look()),
-                # not a wait inside it: back within poll.min, to escalate on memory or time.
-                interval = min(interval, self.config.poll_min)
-            self._interval = interval
-            pressure = self._wait(interval)
+            except Exception as e:
+                # The guard never dies of a pass: a restart would meet the same fault, and
+                # the machine would be unguarded meanwhile. Ready even so: boot waits on it.
+                self._pass_failed(e)
+                if not ready:
+                    ready = True
+                    self.notifier.notify("READY=1")
+                self._watchdog(time.monotonic())
+                pressure = self._wait(self.config.poll_min)
         self.notifier.notify("STOPPING=1")
         tell(self.log, Event.of(EventKind.GUARD_STOPPING, "info", msg="spark-guard stopping"))
         self.close()
         return 0
+
+    def _pass(
+        self,
+        ready: bool,
+        next_refresh: float,
+        decision: Decision | None,
+        snapshot: Snapshot | None,
+        pressure: bool,
+    ) -> tuple[bool, float, Decision | None, Snapshot | None, bool]:
+        """One pass of the loop: what it carries to the next is handed back."""
+        if self._reload:
+            self._reload = False
+            self.reload()
+        now = time.monotonic()
+        memory = self._memory()
+        # Room for the GPU first (unified memory): a write handed to a thread, never a
+        # wait; then the brake: a loader about to take the headroom below the reserve
+        # is frozen now, not after the full look (0.1-0.5 s) that decides on it.
+        self._make_room(memory, snapshot, decision, now)
+        braked = self._brake(memory, snapshot, decision, now)
+        if (
+            pressure
+            or self._force_full
+            or braked
+            or self._full_look_due(memory, snapshot, decision, now)
+        ):
+            self._force_full = False
+            if now >= next_refresh:
+                self.sensor.refresh_managers(wait=0)  # connections come in off the loop
+                next_refresh = now + 2.0
+            decision, snapshot = self.look()
+        if self.blocker.braked:
+            self.blocker.release_brakes()  # what the decision did not block goes on
+        if not ready and snapshot is not None:
+            ready = True
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.GUARD_STARTED,
+                    "info",
+                    dry_run=self.dry_run,
+                    managers=sorted(self.sensor.managers),
+                    gpu=snapshot.gpu_accounting,
+                    msg="spark-guard watching"
+                    + (" (dry run: deciding, not acting)" if self.dry_run else ""),
+                ),
+            )
+            self.notifier.notify("READY=1")
+        self._watchdog(now)
+        interval = poll_interval(
+            decision, snapshot, self.config, memory, spent=time.monotonic() - now
+        )
+        if self.blocker.settling:
+            # A stop in progress is a state the loop looks at (advance(), in look()),
+            # not a wait inside it: back within poll.min, to escalate on memory or time.
+            interval = min(interval, self.config.poll_min)
+        self._interval = interval
+        pressure = self._wait(interval)
+        return ready, next_refresh, decision, snapshot, pressure
+
+    def _pass_failed(self, error: Exception) -> None:
+        """A pass that raised: said as one event with its traceback, the same error at most
+        once a minute, and the loop goes on."""
+        text = f"{type(error).__name__}: {error}"
+        now = time.monotonic()
+        if now < self._failures_said.get(text, 0.0):
+            return
+        self._failures_said[text] = now + 60.0
+        where = "".join(traceback.format_exception(error)[-8:])
+        tell(
+            self.log,
+            Event.of(
+                EventKind.PASS_FAILED,
+                "error",
+                error=text,
+                traceback=where,
+                msg=f"a pass of the loop failed, going on: {text}",
+            ),
+        )
 
     def look(self) -> tuple[Decision | None, Snapshot | None]:
         """A full look: sense -> step -> act; never raises for a bad reading."""

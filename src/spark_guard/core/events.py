@@ -61,6 +61,8 @@ class EventKind(StrEnum):
     STATE_UNWRITTEN = "state-unwritten"
     ROOM_MADE = "room-made"
     ROOM_FAILED = "room-failed"
+    JOURNAL_DROPPED = "journal-dropped"
+    PASS_FAILED = "pass-failed"
 
 
 @dataclass(frozen=True)
@@ -159,4 +161,6 @@ MESSAGE_IDS: dict[EventKind, str] = {
     EventKind.STATE_UNWRITTEN: "4bdea0cfb6d6492e82c9984b50394eed",
     EventKind.ROOM_MADE: "687c3cf5d15744ea932bb082c17fed2a",
     EventKind.ROOM_FAILED: "41e7b70ba971400ca7fa5fe322aaeea5",
+    EventKind.PASS_FAILED: "dcf65e5c5ce941838f7f5b993c7aacc3",
+    EventKind.JOURNAL_DROPPED: "4f9f087323724d6b96f01fb5e457e25c",
 }
