@@ -135,3 +135,46 @@ def test_the_login_note_says_what_why_and_how_to_undo_and_goes_when_empty(tmp_pa
     assert "llama\\\\x2dds4.service" in Path(issue).read_text()
     banner.publish([], motd, issue)
     assert not os.path.exists(motd) and not os.path.exists(issue)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda d: d.update(unit=["llama.service"]), "unit: list, not str"),
+        (lambda d: d.update(mask_made="yes"), "mask_made: str, not bool"),
+        (lambda d: d.update(links=[{"path": 1, "target": "/x", "uid": 0, "gid": 0}]), "links.path"),
+        (lambda d: d.update(links={"path": "/x"}), "links: dict, not a list"),
+        (lambda d: d.update(history=[["t"]]), "history: an entry is not [time, what]"),
+        (lambda d: d.update(figures={"expected": "115GiB"}), "figures.expected: str"),
+        (lambda d: d.update(figures={"expected": True}), "figures.expected: bool"),
+        (lambda d: d.update(clients=[None]), "clients: NoneType, not str"),
+        (lambda d: d.update(container=[]), "container: list, not an object"),
+        (lambda d: d.pop("reason"), "no reason"),
+    ],
+)
+def test_a_record_with_a_field_of_the_wrong_type_is_named_not_raised(tmp_path, edit, named):
+    """A hand edit or a corruption that stays valid JSON: one RecordError naming the file
+    and the field, and the other records still read (never a TypeError in a pass)."""
+    import json
+
+    store = RecordStore(str(tmp_path))
+    store.save(record(unit="good.service"))
+    data = json.loads(record(unit="bad.service", links=[LinkRecord("/l", "/t", 0, 0)]).to_json())
+    edit(data)
+    bad = os.path.join(store.blocked, "bad.service.json")
+    Path(bad).write_text(json.dumps(data))
+    records, errors = store.all()
+    assert [r.unit for r in records] == ["good.service"]
+    (error,) = errors
+    assert str(error).startswith(f"{bad}: unreadable record: ") and named in str(error)
+
+
+def test_fields_of_a_newer_version_are_kept_and_written_back():
+    import json
+
+    data = json.loads(record().to_json())
+    data["undo_hint"] = {"from": "a later spark-guard"}
+    back = Record.from_json(json.dumps(data), "r.json")
+    assert back.unit == "llama.service"
+    assert json.loads(back.to_json())["undo_hint"] == {"from": "a later spark-guard"}
+    assert back.to_json() == Record.from_json(back.to_json(), "r.json").to_json()

@@ -85,6 +85,8 @@ class Record:
     # A container's (manager "container"): the first block's account of it, kept as it was
     # when it is blocked again.
     container: ContainerState | None = None
+    # Fields of a newer version, kept as they were and written back (never read here).
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def ref(self) -> UnitRef:
@@ -104,23 +106,33 @@ class Record:
 
     def to_json(self) -> str:
         data = asdict(self)
+        data = {**data.pop("extra"), **data}
         data["format"] = FORMAT
         data["step"] = str(self.step)  # the plain string, as ever
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Record:
+        """A record as written by to_json(), every field checked for its type: a hand edit
+        or a corruption that stays valid JSON is a RecordError naming the file and the
+        field, never a TypeError later in a pass. Fields this version does not know are
+        kept, unread, and written back."""
         try:
-            data: dict[str, Any] = json.loads(text)
+            data: object = json.loads(text)
             if not isinstance(data, dict):
                 raise ValueError("not an object")
-            if data.pop("format", None) != FORMAT:
+            if data.get("format") != FORMAT:
                 raise ValueError(f"not a format {FORMAT} record")
-            data["links"] = [LinkRecord(**link) for link in data.get("links", [])]
-            data["history"] = [tuple(h) for h in data.get("history", [])]
-            if data.get("container") is not None:
-                data["container"] = ContainerState(**data["container"])
-            record = cls(**data)
+            record = cls(
+                **{name: _field(data, name, kind) for name, kind in _SCALARS.items()},
+                figures=_figures(data.get("figures", {})),
+                links=[_link(x) for x in _list(data, "links")],
+                history=[_entry(x) for x in _list(data, "history")],
+                clients=[_str("clients", x) for x in _list(data, "clients")],
+                container=_container(data.get("container")),
+            )
+            known = {*_SCALARS, "figures", "links", "history", "clients", "container", "format"}
+            record.extra = {k: v for k, v in data.items() if k not in known}
         except (ValueError, TypeError) as e:
             raise RecordError(f"{where}: unreadable record: {e}") from None
         if record.step not in STEPS or not record.unit or not record.manager:
@@ -136,6 +148,86 @@ class Record:
         except ValueError:
             raise RecordError(f"{where}: unreadable record: bad manager") from None
         return record
+
+
+# A record's plain fields and their JSON types (a missing one takes Record's default).
+_SCALARS: dict[str, type] = {
+    "unit": str,
+    "manager": str,
+    "reason": str,
+    "detail": str,
+    "phase": str,
+    "at": str,
+    "boot_id": str,
+    "step": str,
+    "cgroup": str,
+    "mask_path": str,
+    "mask_made": bool,
+    "problem": str,
+}
+_REQUIRED = ("unit", "manager", "reason", "detail", "phase")
+
+
+def _field(data: dict[str, Any], name: str, kind: type) -> Any:
+    if name not in data:
+        if name in _REQUIRED:
+            raise ValueError(f"no {name}")
+        return Record.__dataclass_fields__[name].default
+    return _typed(name, data[name], kind)
+
+
+def _typed(name: str, value: Any, kind: type) -> Any:
+    # bool is an int to Python, not to a record: each is only what it says.
+    if type(value) is not kind and not (kind is float and type(value) is int):
+        raise TypeError(f"{name}: {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _str(name: str, value: Any) -> str:
+    return str(_typed(name, value, str))
+
+
+def _list(data: dict[str, Any], name: str) -> list[Any]:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise TypeError(f"{name}: {type(value).__name__}, not a list")
+    return value
+
+
+def _figures(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise TypeError(f"figures: {type(value).__name__}, not an object")
+    return {_str("figures", k): _typed(f"figures.{k}", v, float) for k, v in value.items()}
+
+
+def _link(value: Any) -> LinkRecord:
+    if not isinstance(value, dict) or set(value) - {"path", "target", "uid", "gid", "removed"}:
+        raise TypeError("links: an entry is not a link")
+    return LinkRecord(
+        path=_typed("links.path", value.get("path"), str),
+        target=_typed("links.target", value.get("target"), str),
+        uid=_typed("links.uid", value.get("uid"), int),
+        gid=_typed("links.gid", value.get("gid"), int),
+        removed=_typed("links.removed", value.get("removed", False), bool),
+    )
+
+
+def _entry(value: Any) -> tuple[str, str]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise TypeError("history: an entry is not [time, what]")
+    return _str("history", value[0]), _str("history", value[1])
+
+
+def _container(value: Any) -> ContainerState | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"container: {type(value).__name__}, not an object")
+    kinds: dict[str, type] = {"id": str, "image": str, "engine": str, "restart": str}
+    kinds |= {"max_retries": int, "was_running": bool}
+    if set(value) != set(kinds):
+        raise TypeError("container: not the fields of a container")
+    return ContainerState(**{k: _typed(f"container.{k}", value[k], v) for k, v in kinds.items()})
 
 
 def _container_ok(record: Record) -> bool:
@@ -165,6 +257,7 @@ def boot_id(proc: str = "/proc") -> str:
 
 class RecordStore:
     def __init__(self, root: str) -> None:
+        self.lock_problem = ""  # why the last lock(wait=...) could not even try
         self.root = root
         self.blocked = os.path.join(root, "blocked")
         self.released = os.path.join(root, "released")
@@ -210,8 +303,21 @@ class RecordStore:
                 errors.append(RecordError(f"{path}: cannot read: {e}"))
         return records, errors
 
-    def save(self, record: Record) -> None:
-        _write_atomic(self.path_of(record.ref), record.to_json())
+    def save(self, record: Record) -> str:
+        """Write the record, atomically. A file in its place that is not a readable record
+        (a hand edit, a corruption, a newer format) is never written over: it is set
+        aside beside it first, under a name that says so; that name is returned ('' if
+        there was none), for the caller to tell the admin."""
+        path = self.path_of(record.ref)
+        aside = ""
+        try:
+            self.load(record.ref)
+        except RecordError:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            aside = f"{path}.unreadable-{stamp}"
+            os.rename(path, aside)  # not *.json: no longer read as a record
+        _write_atomic(path, record.to_json())
+        return aside
 
     def retire(self, record: Record) -> str:
         """Move a released record into released/; returns its new path."""
@@ -229,10 +335,22 @@ class RecordStore:
 
     @contextlib.contextmanager
     def lock(self, wait: float | None = None) -> Iterator[bool]:
-        """Hold the store's lock; with `wait`, give up after that many seconds (yields False)."""
+        """Hold the store's lock; with `wait`, give up after that many seconds (yields False).
+
+        With `wait`, the lock is best effort, as its timeout already says: a lock file
+        that cannot even be made (a read-only or full state directory) yields False too,
+        and `lock_problem` says why; the guard goes on guarding without it."""
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        with own_tree().directory(self.root, create=MAKEDIRS) as dfd:
-            fd = os.open("lock", flags, 0o644, dir_fd=dfd)
+        self.lock_problem = ""
+        try:
+            with own_tree().directory(self.root, create=MAKEDIRS) as dfd:
+                fd = os.open("lock", flags, 0o644, dir_fd=dfd)
+        except OSError as e:
+            if wait is None:
+                raise
+            self.lock_problem = f"cannot lock {self.root}: {e.strerror or e}"
+            yield False
+            return
         try:
             got = False
             deadline = None if wait is None else time.monotonic() + wait
