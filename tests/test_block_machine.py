@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from spark_guard.core.block import (
+    CASCADE,
     KILL_GRACE,
     RETRY_AFTER,
     Escalation,
@@ -16,11 +17,16 @@ from spark_guard.core.block import (
     Step,
     StepError,
     Stopping,
+    Verdict,
+    Work,
     container_stuck,
+    due,
     escalate,
     mask_gone,
     moved,
     running_again,
+    verdict,
+    work_for,
 )
 
 GiB = 1 << 30
@@ -145,3 +151,65 @@ def test_a_container_block_waits_on_its_engine_then_kills_from_the_kernel_side()
         "MemAvailable 6.0GiB below the reserve 8.0GiB 0.50s after the stop"
     )
     assert container_stuck(stopping, 0.5, True, 10.0, None) == ""
+
+
+def test_a_block_runs_up_to_its_mask_in_one_pass():
+    # The executor's cascade, step by step: each work done moves the step, and the next
+    # work follows at once until the stop is awaited (LOOK) or there is nothing to do.
+    step, sent, done = Step.STOP, False, []
+    work = work_for(step, sent)
+    while work in CASCADE:
+        done.append(work)
+        if work == Work.STOP:
+            sent = True
+        step = moved(
+            "u",
+            step,
+            {
+                Work.STOP: Step.PLAN,
+                Work.PLAN: Step.DISABLE,
+                Work.DISABLE: Step.MASK,
+                Work.MASK: Step.SETTLE,
+            }[work],
+        )
+        work = work_for(step, sent)
+    assert done == [Work.STOP, Work.PLAN, Work.DISABLE, Work.MASK]
+    assert (step, work) == (Step.SETTLE, Work.LOOK)
+    assert work_for(Step.VERIFY, True) == Work.VERIFY
+    assert work_for(Step.BLOCKED, True) == Work.NONE
+    # A record left at its stop by a guard that restarted: the stop goes out again.
+    assert work_for(Step.STOP, False) == Work.STOP
+    assert work_for(Step.STOP, True) == Work.NONE  # out, and awaited
+
+
+@pytest.mark.parametrize(
+    ("load", "active", "found"),
+    [
+        ("masked", "inactive", Verdict.BLOCKED),
+        ("masked", "active", Verdict.BLOCKED),  # masked is what holds at the next start
+        ("loaded", "activating", Verdict.RUNNING),  # started again before the mask took
+        ("loaded", "inactive", Verdict.NOT_MASKED),  # a file outranks the mask
+        (None, None, Verdict.NOT_MASKED),  # not listed at all
+    ],
+)
+def test_verify_reads_the_state_back(load, active, found):
+    assert verdict(load, active) == found
+
+
+def test_which_blocks_a_pass_works_on():
+    resting = Stopping.at(0.0)
+    resting = escalate(resting, 10.0, PLENTY, STOP_TIMEOUT, KILL_TIMEOUT)[0]
+    resting = escalate(resting, 15.0, PLENTY, STOP_TIMEOUT, KILL_TIMEOUT)[0]
+    resting = escalate(resting, 20.0, PLENTY, STOP_TIMEOUT, KILL_TIMEOUT)[0]  # gave up
+    # Blocked: only a mask gone brings it back.
+    assert not due(Step.BLOCKED, None, 0.0, 100.0, mask_gone=False)
+    assert due(Step.BLOCKED, None, 0.0, 100.0, mask_gone=True)
+    # A stop in progress: every pass, but not while it rests after a give-up.
+    assert due(Step.SETTLE, Stopping.at(0.0), 50.0, 1.0, mask_gone=False)
+    assert not due(Step.SETTLE, resting, 0.0, 24.0, mask_gone=False)
+    assert due(Step.SETTLE, resting, 0.0, 25.0, mask_gone=False)
+    # Anything else unfinished (a manager that refused the disable): when its retry is due.
+    assert not due(Step.DISABLE, None, 5.0, 4.9, mask_gone=False)
+    assert due(Step.DISABLE, None, 5.0, 5.0, mask_gone=False)
+    # A settle this guard sent no stop for (resumed after a restart): on its retry.
+    assert due(Step.SETTLE, None, 5.0, 5.0, mask_gone=False)

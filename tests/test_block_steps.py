@@ -307,3 +307,67 @@ def test_a_manager_that_fails_a_stop_leaves_the_step_for_later(rig):
     blocker.block(*stop_decision())
     record = blocker.records[str(REF)]
     assert record.step == S.STOP and moves == [] and record.problem == "stop: timed out"
+
+
+def test_a_link_the_record_never_marked_removed_is_put_back_all_the_same(rig, monkeypatch):
+    """A crash between DisableUnitFiles and saving removed=True: the record names the link
+    but not as removed. Release puts back every recorded link that is absent now."""
+    from spark_guard.block import release as release_mod
+
+    blocker, manager, _, _, _, link = rig
+    if UID != 0:
+        gid = os.getegid()
+        monkeypatch.setattr(release_mod, "owner", lambda *_, **__: Owner(UID, gid, own_tree()))
+    target = os.readlink(link)
+    blocker.block(*stop_decision())
+    manager.stopped(UNIT)
+    blocker.advance()
+    store = blocker.store
+    record = store.load(REF)
+    assert record is not None and record.step == S.BLOCKED and not os.path.lexists(link)
+    record.links[0].removed = False  # as the crash left it
+    store.save(record)
+    done = release_mod.release(record, store, "/nonexistent", blocker.config.user_runtime)
+    assert done.restored == [link] and os.readlink(link) == target
+
+
+def test_a_second_guard_planning_after_the_first_disabled_adopts_its_record(rig):
+    """Two guards at once (rescue beside the daemon): the second plans after the first's
+    disable, when the manager lists no link any more and the mask is already there. Its
+    plan adopts the record on disk instead of saving over it with links=[] and
+    mask_made=False, which would leave release nothing to put back and the mask behind."""
+    first, manager, clock, _, mask, link = rig
+    first.block(*stop_decision())
+    manager.stopped(UNIT)
+    first.advance()
+    assert first.store.load(REF).step == S.BLOCKED and manager.unit_file_links(UNIT) == []
+    second = Blocker({KEY: manager}, first.config, log.get_logger(), clock=clock)
+    # Its own record, made before the first one's was on disk.
+    record = Record(unit=UNIT, manager=KEY, reason="rescue", detail="d", phase="rescue")
+    record.step = S.PLAN
+    with second.store.lock():
+        second._guarded(record, second._plan)
+    assert [(lr.path, lr.removed) for lr in record.links] == [(link, True)]
+    assert record.mask_path == mask and record.mask_made
+    saved = second.store.load(REF)
+    assert saved is not None and [lr.removed for lr in saved.links] == [True]
+
+
+def test_a_block_never_writes_over_a_record_it_cannot_read(rig):
+    """The one copy an admin could repair a block's undo from is kept: set aside, named."""
+    blocker, *_ = rig
+    path = blocker.store.path_of(REF)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    broken = '{"format": 1, "unit": "llama.service", "links": [{"path": "/x"'  # cut short
+    with open(path, "w") as f:
+        f.write(broken)
+    with capture_logs() as events:
+        blocker.block(*stop_decision())
+    aside = [n for n in os.listdir(os.path.dirname(path)) if ".unreadable-" in n]
+    assert len(aside) == 1 and aside[0].startswith(os.path.basename(path))
+    with open(os.path.join(os.path.dirname(path), aside[0])) as f:
+        assert f.read() == broken
+    said = [e for e in events if e["event"] == "record-unreadable" and "kept as" in e["msg"]]
+    assert len(said) == 1
+    record = blocker.store.load(REF)
+    assert record is not None and record.reason == "footprint"

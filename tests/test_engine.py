@@ -128,8 +128,9 @@ def test_containers_blocked_stay_down_across_a_dockerd_restart_and_come_back_exa
     records = {name: _record(name) for name in ("llm", "srv", "always-llm")}
     saved: dict[str, str] = {}
 
-    def remember(r: Record) -> None:
+    def remember(r: Record) -> bool:
         saved.setdefault(r.unit, r.to_json())
+        return True
 
     for record in records.values():
         # The record is handed over (to be saved) before anything is changed.

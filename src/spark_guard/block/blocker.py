@@ -30,9 +30,12 @@ Only the first look at a stop waits (QUICK_SETTLE: a loader that honours
 SIGTERM is gone in tens of milliseconds, and the block completes in the same
 call); after that the loop goes on sensing and calls advance() every pass.
 
-The step changes a block may make, the rewinds included, are written down once
-(core.block.TRANSITIONS); every change goes through Blocker._move(), and the
-escalation of a stop is core.block.escalate()'s: this class carries them out.
+This class is the executor of the block machine in core/block.py, which says
+what follows: the work each step does (work_for, up to the mask in one pass),
+the step changes allowed, the rewinds included (TRANSITIONS, moved,
+running_again, mask_gone), a stop's escalation (escalate; container_stuck for a
+container's) and what verify reads (verdict). Every change goes through
+Blocker._move(); this class does the I/O and writes the records.
 
 Each step is saved before the next, so a crash resumes where it stopped. It
 is all D-Bus on the managers' private sockets and syscalls: no fork, no exec,
@@ -51,15 +54,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.block import (
+    CASCADE,
+    FILE_WORK,
     RETRY_AFTER,
+    SETTLED,
     Escalation,
     Step,
     StepError,
     Stopping,
+    Verdict,
+    Work,
     container_stuck,
+    due,
     escalate,
     mask_gone,
     running_again,
+    verdict,
+    work_for,
 )
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
@@ -86,7 +97,6 @@ from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
-SETTLED = ("inactive", "failed")
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
@@ -140,6 +150,7 @@ class Blocker:
         sleep: Callable[[float], None] = time.sleep,
         tick: Callable[[], None] = lambda: None,
         engine: Callable[[str, float], EnginePort] = lambda path, t: Engine(path, timeout=t),
+        lock_wait: float = 1.0,
     ) -> None:
         self.managers = managers
         self.config = config
@@ -150,6 +161,9 @@ class Blocker:
         self.tick = tick
         # An engine's API at a socket path, with a timeout: the port a container's block uses.
         self.engine = engine
+        # How long a pass waits for the store's lock (another guard's pass holds it): the
+        # daemon goes on after a second; a one-shot rescue waits its turn.
+        self.lock_wait = lock_wait
         # Paths keep their start-up values across a reload, like the sensor's.
         self.store = RecordStore(config.state)
         self.motd, self.issue = config.motd, config.issue
@@ -168,6 +182,7 @@ class Blocker:
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
         self._on_disk: set[str] = set()  # records this guard has seen on disk
+        self._unsaved: set[str] = set()  # records whose latest state could not be written
         # Container blocks in flight (each in its own thread: the engine's stop waits).
         self.pending = container_block.Pending()
         self.engine_timeout = config.engine_timeout
@@ -255,7 +270,7 @@ class Blocker:
         """Finish blocks left unfinished, and lay again masks a reboot or restart removed."""
         self._refresh()
         now = self.clock()
-        due = []
+        todo = []
         boxes = []
         for key, record in self.records.items():
             if record.ref.is_container:
@@ -264,17 +279,19 @@ class Blocker:
             manager = self.managers.get(record.manager)
             if manager is None:
                 continue  # its manager is not running: nothing can start the unit
-            stopping = self._stopping.get(key)
-            if record.step == Step.BLOCKED:
-                if record.mask_path and not self._mask_present(record):
-                    due.append(record)  # renewed in _run, once it is sure not released
-            elif record.step == Step.SETTLE and stopping is not None:
-                if stopping.due(now):
-                    due.append(record)  # a stop in progress: looked at on every pass
-            elif now >= self._retry_at.get(key, 0.0):
-                due.append(record)
-        if due:
-            self._run(due)
+            gone = (
+                record.step == Step.BLOCKED
+                and bool(record.mask_path)
+                and not self._mask_present(record)
+            )
+            # A mask gone is laid again in _run, once it is sure the unit was not released;
+            # a record that could not be written is tried again on every pass.
+            if key in self._unsaved or due(
+                record.step, self._stopping.get(key), self._retry_at.get(key, 0.0), now, gone
+            ):
+                todo.append(record)
+        if todo:
+            self._run(todo)
         if boxes:
             self._advance_containers(boxes)
 
@@ -386,7 +403,7 @@ class Blocker:
 
     def _run(self, batch: list[Record], wait: float = 0.0) -> None:
         before = {str(r.ref): (r.step, len(r.history), r.problem) for r in batch}
-        with self.store.lock(wait=1.0) as locked:
+        with self.store.lock(wait=self.lock_wait) as locked:
             if not locked:
                 tell(
                     self.log,
@@ -394,7 +411,11 @@ class Blocker:
                         EventKind.STATE_BUSY,
                         "warning",
                         state=self.store.root,
-                        msg=f"{self.store.root} is locked by another spark-guard; going on",
+                        msg=(
+                            self.store.lock_problem
+                            or f"{self.store.root} is locked by another spark-guard"
+                        )
+                        + "; going on",
                     ),
                 )
             batch = [r for r in batch if not self._released_meanwhile(r)]
@@ -407,17 +428,26 @@ class Blocker:
                     self._event(
                         EventKind.BLOCK_RENEWED, record, f"laying the mask on {record.ref} again"
                     )
+            steps: dict[Work, Callable[[Record], None]] = {
+                Work.STOP: self._request_stop,
+                Work.PLAN: lambda r: self._guarded(r, self._plan),
+                Work.DISABLE: lambda r: self._guarded(r, self._disable),
+                Work.MASK: lambda r: self._guarded(r, self._mask),
+            }
             for record in batch:
                 if record.step != Step.SETTLE:
                     self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
-                if record.step == Step.STOP and str(record.ref) not in self._stopping:
-                    self._request_stop(record)
-                if record.step == Step.PLAN:
-                    self._guarded(record, self._plan)
-                if record.step == Step.DISABLE:
-                    self._guarded(record, self._disable)
-                if record.step == Step.MASK:
-                    self._guarded(record, self._mask)
+                # Up to the mask in one go: each step done lets the next one run now.
+                work = work_for(record.step, str(record.ref) in self._stopping)
+                while work in CASCADE:
+                    unsaved = work in FILE_WORK and str(record.ref) in self._unsaved
+                    if unsaved and not self._save(record):
+                        break  # what it would change is not on record: it waits
+                    step = record.step
+                    steps[work](record)
+                    if record.step == step:
+                        break  # not done (a problem said): the next pass tries again
+                    work = work_for(record.step, str(record.ref) in self._stopping)
             settling = [r for r in batch if r.step == Step.SETTLE]
             self._resume_stops(settling)
             deadline = self.clock() + wait
@@ -571,6 +601,17 @@ class Blocker:
                 continue
             if link is not None:
                 links.append(LinkRecord(link.path, link.target, link.uid, link.gid))
+        # Another guard (a rescue beside the daemon, or this one before a restart) may have
+        # planned and disabled already; its links are gone from the manager's view then.
+        # Its record, re-read under the lock, is adopted: a re-plan never records fewer
+        # links, nor forgets one was removed, nor takes back a mask it made.
+        earlier = self._on_record(record)
+        for lr in [*record.links, *(earlier.links if earlier else [])]:
+            mine = next((x for x in links if x.path == lr.path), None)
+            if mine is None:
+                links.append(LinkRecord(lr.path, lr.target, lr.uid, lr.gid, lr.removed))
+            elif lr.removed:
+                mine.removed = True
         record.links = links
         if not record.cgroup and record.unit.endswith(".service"):
             # Only for the kill of last resort; the snapshot usually had it.
@@ -579,11 +620,20 @@ class Blocker:
         record.mask_path = os.path.join(control, record.unit)
         # A mask someone else laid stays theirs: release leaves it.
         try:
-            record.mask_made = not present(record.mask_path, who)
+            made = not present(record.mask_path, who)
         except UnitFileError:
-            record.mask_made = True  # the way there is not theirs: the mask step says so
+            made = True  # the way there is not theirs: the mask step says so
+        laid = earlier is not None and earlier.mask_made and earlier.mask_path == record.mask_path
+        record.mask_made = made or laid or record.mask_made
         record.note(f"plan: mask {record.mask_path}; links {[lr.path for lr in links]}")
         self._move(record, Step.DISABLE)
+
+    def _on_record(self, record: Record) -> Record | None:
+        """The unit's record as it is on disk now (another guard's, perhaps)."""
+        try:
+            return self.store.load(record.ref)
+        except (RecordError, OSError):
+            return None
 
     def _mask(self, record: Record, _manager: ManagerPort) -> None:  # a _guarded() step
         expected = os.path.join(mask_dir(record.manager, self.user_runtime), record.unit)
@@ -773,9 +823,10 @@ class Blocker:
                 continue
             for r in records:
                 st = states.get(r.unit)
-                if st is not None and st.load_state == "masked":
+                found = verdict(st.load_state if st else None, st.active_state if st else None)
+                if found == Verdict.BLOCKED:
                     self._blocked(r)
-                elif st is not None and st.active_state not in SETTLED:
+                elif found == Verdict.RUNNING and st is not None:
                     # Something started it again before the mask took.
                     if self._move(r, Step.SETTLE):
                         self._problem(r, f"verify: {r.ref} is {st.active_state} again")
@@ -1013,17 +1064,36 @@ class Blocker:
             Event(kind, level, msg, {"unit": str(record.ref), "manager": record.manager, **fields}),
         )
 
-    def _save(self, record: Record) -> None:
+    def _save(self, record: Record) -> bool:
+        """Write the record; False (said once) if it cannot be written now. It is then
+        kept here, tried again every pass, and nothing that changes a file goes on."""
+        key = str(record.ref)
         try:
-            self.store.save(record)
-            self._on_disk.add(str(record.ref))
+            aside = self.store.save(record)
+            if aside:
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.RECORD_UNREADABLE,
+                        "error",
+                        error=aside,
+                        msg=f"{self.store.path_of(record.ref)} was not a readable record: kept "
+                        f"as {aside}, and a new record written in its place",
+                    ),
+                )
+            self._on_disk.add(key)
+            self._unsaved.discard(key)
+            saved = True
         except OSError as e:
-            key = str(record.ref)
+            self._unsaved.add(key)
+            saved = False
             problem = f"cannot write {self.store.path_of(record.ref)}: {e}"
             if self._reported.get(key) != problem:
                 self._reported[key] = problem
                 self._event(EventKind.BLOCK_FAILED, record, f"{key}: {problem}", error=problem)
-        self._generation = self.store.generation()
+        with contextlib.suppress(OSError):
+            self._generation = self.store.generation()
+        return saved
 
     def _refresh(self) -> None:
         """Re-read the records when another process (release) changed them."""
@@ -1043,8 +1113,11 @@ class Blocker:
         for key in fresh:
             if key in self.pending and key in self.records:
                 fresh[key] = self.records[key]  # its block's thread holds this one
+        for key in self._unsaved:
+            if key in self.records:
+                fresh[key] = self.records[key]  # newer than the disk's, or not there at all
         self.records = fresh
-        self._on_disk = set(self.records)
+        self._on_disk = {str(r.ref) for r in records}
         self._publish()
 
     def _publish(self) -> None:

@@ -68,15 +68,17 @@ def block(
     engine: EnginePort,
     record: Record,
     stop_timeout: int = STOP_TIMEOUT,
-    remember: Callable[[Record], None] | None = None,
+    remember: Callable[[Record], bool] | None = None,
     answered: Callable[[], None] | None = None,
     seen_running: bool = False,
 ) -> Container:
     """Stop `record`'s container through `engine` and set its restart policy to `no`; the
     container as it then is. Its policy before, and whether it ran, go into
-    `record.container` and are handed to `remember` (which saves the record) before
-    anything changes; a record that has them already (blocked before, running again)
-    keeps them: they are what release() puts back. ContainerBlockError if a step fails
+    `record.container` and are handed to `remember` (which saves the record, False if it
+    cannot) before anything changes; a record that has them already (blocked before,
+    running again) keeps them: they are what release() puts back. The stop changes
+    nothing that lasts and goes out either way; the policy is changed only once the record
+    of the old one is on disk. ContainerBlockError if a step fails
     or does not hold when inspected again (the container is left as far as it got)."""
     name = record.unit
     try:
@@ -97,7 +99,7 @@ def block(
             )
             record.note(f"container {now.id[:12]}: restart policy {now.policy}")
             if remember is not None:
-                remember(record)
+                remember(record)  # now, in case the guard dies during the stop
         elif now.id != record.container.id:
             raise _fail(name, f"is now container {now.id[:12]}, not the one recorded")
         if engine.stop(now.id, stop_timeout):
@@ -105,6 +107,12 @@ def block(
         after = engine.inspect(now.id)
         if after.running:
             raise _fail(name, f"still running after the stop ({after.status})")
+        if remember is not None and not remember(record):
+            raise _fail(
+                name,
+                "stopped, but its record cannot be written: its restart policy is left as "
+                "it was until the record of it can be",
+            )
         try:
             engine.update_restart(now.id, BLOCKED_POLICY)
         except EngineError as e:

@@ -27,8 +27,10 @@ from ..core.snapshot import SYSTEM, USER_PREFIX, parse_ref
 from ..system.engine import TIMEOUT, Engine
 from ..system.managers import ManagerError, ManagerNotRunning, connect_to
 from ..system.unitfiles import (
+    Owner,
     UnitFileError,
     owner,
+    present,
     remove_mask,
     restore_conflict,
     restore_link,
@@ -100,7 +102,9 @@ def release(
             who = owner(current.manager, user_runtime, home=True)
         except UnitFileError as e:
             raise ReleaseError(f"{current.ref}: not released, {e}") from None
-        removed = [lr for lr in current.links if lr.removed]
+        # Every recorded link that is not there now: the ones the block removed, and one a
+        # crash took between DisableUnitFiles and the record saying so.
+        removed = [lr for lr in current.links if lr.removed or _absent(lr.path, who)]
         conflicts = [c for lr in removed if (c := restore_conflict(lr.link, who))]
         if conflicts:
             raise ReleaseError(f"{current.ref}: not released, " + "; ".join(conflicts))
@@ -135,6 +139,13 @@ def release(
     finally:
         manager.close()
     return done
+
+
+def _absent(path: str, who: Owner) -> bool:
+    try:
+        return not present(path, who)
+    except UnitFileError:
+        return False  # not reachable as its owner could: left as it is
 
 
 def _release_container(record: Record, store: RecordStore, timeout: float, start: bool) -> Released:

@@ -88,6 +88,75 @@ def moved(name: str, step: Step | str, to: Step, *, container: bool = False) -> 
     return to
 
 
+class Work(StrEnum):
+    """What the executor does for a unit's block at its step, in one pass."""
+
+    STOP = "stop"  # freeze the unit and StopUnit it (the step moves on once it is out)
+    PLAN = "plan"  # record the links a disable removes and where the mask goes
+    DISABLE = "disable"  # DisableUnitFiles, then check each recorded link is gone
+    MASK = "mask"  # lay the mask in the manager's runtime control directory
+    LOOK = "look"  # read its state: settled, or escalate() says what next (batched)
+    VERIFY = "verify"  # read LoadState back (batched per manager)
+    NONE = "none"  # nothing now: blocked, or its stop is out and awaited
+
+
+# The steps whose work, once done, lets the next step's run in the same pass: everything
+# up to the mask goes out at once, since memory may be going.
+CASCADE = (Work.STOP, Work.PLAN, Work.DISABLE, Work.MASK)
+# The work that changes files (a manager's links, a mask): it runs only once the record of
+# what it changes is on disk, so that a release can always undo it. The stop changes no
+# file and goes first.
+FILE_WORK = (Work.DISABLE, Work.MASK)
+
+
+def work_for(step: Step | str, stop_sent: bool) -> Work:
+    """The work a unit's block does at `step`; `stop_sent`: this guard sent its stop."""
+    step = Step(step)
+    if step == Step.STOP:
+        return Work.NONE if stop_sent else Work.STOP
+    return {
+        Step.PLAN: Work.PLAN,
+        Step.DISABLE: Work.DISABLE,
+        Step.MASK: Work.MASK,
+        Step.SETTLE: Work.LOOK,
+        Step.VERIFY: Work.VERIFY,
+    }.get(step, Work.NONE)
+
+
+def due(
+    step: Step | str, stopping: Stopping | None, retry_at: float, now: float, mask_gone: bool
+) -> bool:
+    """Whether a unit's block is worked on in this pass: a blocked unit only when its mask
+    is gone (laid again); a stop in progress on every pass, but not while it rests after
+    a give-up; anything else unfinished once its retry is due (RETRY_AFTER after a try)."""
+    step = Step(step)
+    if step == Step.BLOCKED:
+        return mask_gone
+    if step == Step.SETTLE and stopping is not None:
+        return stopping.due(now)
+    return now >= retry_at
+
+
+class Verdict(StrEnum):
+    """What verify() reads in a unit's state after its mask."""
+
+    BLOCKED = "blocked"  # LoadState masked: done
+    RUNNING = "running"  # active again before the mask took: its stop is looked at again
+    NOT_MASKED = "not-masked"  # not masked and not running: a file outranks the mask
+
+
+def verdict(load_state: str | None, active_state: str | None) -> Verdict:
+    """The verdict on a unit's state read back after a reload (None: not listed)."""
+    if load_state == "masked":
+        return Verdict.BLOCKED
+    if active_state is not None and active_state not in SETTLED:
+        return Verdict.RUNNING
+    return Verdict.NOT_MASKED
+
+
+SETTLED = ("inactive", "failed")  # ActiveStates a stop ends in
+
+
 def running_again(step: Step | str, mask_present: bool) -> Step | None:
     """Where a unit's block goes back to when a decision finds it running again: its mask
     first if the mask is gone (unmasked by hand while no guard watched), else its stop is

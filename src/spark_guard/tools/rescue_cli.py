@@ -28,6 +28,8 @@ from ..system.managers import Manager, ManagerError, discover
 from ..system.procfs import ProcError, ProcFS
 from .inventory import UnitInfo, collect, collect_containers
 
+RESCUE_LOCK_WAIT = 30.0  # seconds: a daemon's pass holds the lock for well under one
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -77,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         actions = tuple(
             Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders
         ) + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
-        blocker = Blocker(managers, config, log)
+        # A running daemon may be blocking the same units: rescue waits for the store's
+        # lock, and then adopts what the daemon's records say.
+        blocker = Blocker(managers, config, log, lock_wait=RESCUE_LOCK_WAIT)
         blocker.advance()  # load what is already recorded: a unit blocked before stays as it is
         todo = tuple(
             a
