@@ -138,7 +138,23 @@ def test_dry_run_in_steady_phase_logs_the_decision_and_leaves_the_unit(um):
     assert um.show("ollama-idle.service", "ActiveState")["ActiveState"] == "active"
     # Not repeated every pass: once per unit and reason within repeat_after.
     assert log_text(um)[offset:].count("decision: stop user:0:ollama-idle.service") == 1
-    um.systemctl("stop", "ollama-idle.service", "rescue-ssh.service")
+    # The file turns dry-run off, and a reload makes it so (it used to stick until restart).
+    write_config(um, '[budget]\nreserve = "100TiB"\n', grace="0s")
+    um.systemctl("reload", GUARD)
+    wait_log(um, r"^info config-reloaded", after=offset)
+    um.wait_for("ollama-idle.service", "ActiveState", "inactive")
+    wait_log(um, r"^warning unit-stop-requested: stopping user:0:ollama-idle.service", after=offset)
+    assert guard_cli_release(um, "ollama-idle").returncode == 0
+    um.systemctl("stop", "rescue-ssh.service")
+
+
+def guard_cli_release(um: UserManager, unit: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "spark_guard", "release", unit, "--config", str(um.base / "guard.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_bad_config_on_reload_is_refused_and_at_start_falls_back_loudly(um):

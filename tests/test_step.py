@@ -148,7 +148,10 @@ def test_an_action_is_not_repeated_within_repeat_after_but_a_restart_is_acted_on
     ]
     assert state.counts == {"dry-run": 3}
     # Only what can still suppress a repeat is kept: not every action ever taken.
-    assert list(state.done) == [("llama-ds4-0731.service", "stop", "footprint", 12.0)]
+    assert list(state.done) == [("llama-ds4-0731.service", "dry-run", "footprint", 12.0)]
+    # Dry run turned off (a reload): what was only said is done at once, not in 30 s.
+    state, events, taken, stops = take(state, decision(12.0), 41.0, config, dry_run=False)
+    assert [e.kind for e in events] == ["decision"] and [a.unit for a in stops] == [unit]
 
 
 def test_a_loader_whose_model_is_being_read_is_told_once_the_read_answers():

@@ -72,6 +72,9 @@ class Guard:
         self.config = config
         self.config_path = config_path
         self.log = log
+        # --dry-run on the command line holds for the life of the process; the config's
+        # [guard] dry_run follows the file, reload by reload, both ways.
+        self.dry_run_flag = dry_run
         self.dry_run = dry_run or config.dry_run
         self.config_error = config_error
         self.notifier = sdnotify.SystemdNotifier()
@@ -633,7 +636,7 @@ class Guard:
             self.config_error = None
             self.sensor.reconfigure(new)
             self.blocker.config = new  # timeouts; its paths keep their start-up values
-            self.dry_run = self.dry_run or new.dry_run
+            self.dry_run = self.dry_run_flag or new.dry_run
             self.metrics = TextfileWriter(new.metrics_textfile)
             self._force_full = True
             tell(

@@ -148,13 +148,15 @@ def take(
     last = state.last_action
     taken = []
     for action in decision.actions:
-        key: ActionKey = (str(action.unit), action.kind, action.reason, action.since)
+        # A stop only said in a dry run is not a stop done: with dry run off (a reload), it
+        # is taken at once, not after repeat_after.
+        kind = "dry-run" if dry_run and action.kind == "stop" else action.kind
+        key: ActionKey = (str(action.unit), kind, action.reason, action.since)
         if key in done:
             continue
         done[key] = now
         events.append(_decision_event(decision, action))
         last = f"{action.kind} {action.unit} ({action.reason})"
-        kind = "dry-run" if dry_run and action.kind == "stop" else action.kind
         counts[kind] = counts.get(kind, 0) + 1
         taken.append(action)
     stops = tuple(a for a in taken if a.kind == "stop")
