@@ -7,6 +7,7 @@ afterwards is that the guard is alive, never restarted, and the loader stopped.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -14,12 +15,14 @@ import pytest
 
 from lab.guardunit import (
     GUARD,
+    PY,
     guard_manager,
     loader_unit,
     restart_guard,
     wait_log,
     write_config,
 )
+from lab.harness import file_tree
 from tests.test_unit_file import unit_settings
 
 pytestmark = pytest.mark.systemd
@@ -59,3 +62,90 @@ def test_a_read_only_state_dir_costs_the_record_not_the_guard(um):
     shown = um.show(GUARD, "ActiveState", "NRestarts", "MainPID")
     assert (shown["ActiveState"], shown["NRestarts"]) == ("active", "0"), shown
     assert um.show("llama-ro.service", "ActiveState")["ActiveState"] != "active"
+
+
+def test_a_release_on_a_full_disk_changes_nothing_and_says_so_in_one_line(um):
+    """Before: retire() failed after the unmask and the restored links, an OSError ended
+    `release --all` with a traceback, and the next pass masked the unit again."""
+    write_config(um, '[loaders.footprint]\n"llama-rel.service" = "100TiB"\n')
+    state = um.base / "state-rel"
+    state.mkdir()
+    pid = str(um.proc.pid)
+    mount = ["nsenter", "-t", pid, "-m", "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs"]
+    subprocess.run([*mount, str(state)], check=True)
+    config = um.base / "guard.toml"
+    config.write_text(config.read_text().replace(f'"{um.base}/state"', f'"{state}"'))
+    loader_unit(um, "llama-rel.service", 30, wanted_by="default.target", Restart="always")
+    um.systemctl("enable", "llama-rel.service")
+    watched = um.home / ".config" / "systemd"
+    before = file_tree(watched)
+    offset = restart_guard(um)
+    um.systemctl("start", "llama-rel.service")
+    wait_log(um, r"unit-blocked: user:0:llama-rel.service is stopped, masked", after=offset)
+    blocked = file_tree(watched)
+    fill = f"cat /dev/zero > {state}/filler || true"
+    subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", fill], check=True)
+
+    def release() -> subprocess.CompletedProcess[str]:
+        cmd = [PY, "-m", "spark_guard", "release", "--all", "--config", str(config)]
+        return subprocess.run(
+            ["nsenter", "-t", pid, "-m", *cmd], capture_output=True, text=True, timeout=60
+        )
+
+    out = release()
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if "llama-rel" in ln]
+    assert "not released, its archive cannot be written" in line
+    assert line.endswith("nothing was changed")
+    time.sleep(1)  # a pass or two: nothing to lay again, nothing was taken off
+    assert file_tree(watched) == blocked
+    assert um.show("llama-rel.service", "LoadState")["LoadState"] == "masked"
+    subprocess.run(["nsenter", "-t", pid, "-m", "rm", f"{state}/filler"], check=True)
+    out = release()
+    assert out.returncode == 0, out.stderr
+    assert file_tree(watched) == before
+
+
+def test_a_full_disk_stops_the_loader_but_changes_no_file_until_the_record_is_written(um):
+    """Before: the plan could not be saved, disable and mask ran anyway, the record was never
+    written even once space was back, and `release` said "not blocked"."""
+    write_config(um, '[loaders.footprint]\n"llama-full.service" = "100TiB"\n')
+    state = um.base / "state-full"
+    state.mkdir()
+    pid = str(um.proc.pid)
+    mount = ["nsenter", "-t", pid, "-m", "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs"]
+    subprocess.run([*mount, str(state)], check=True)
+    fill = f"mkdir -p {state}/blocked && (cat /dev/zero > {state}/filler || true)"
+    subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", fill], check=True)
+    config = um.base / "guard.toml"
+    config.write_text(config.read_text().replace(f'"{um.base}/state"', f'"{state}"'))
+    loader_unit(um, "llama-full.service", 30, wanted_by="default.target", Restart="always")
+    um.systemctl("enable", "llama-full.service")
+    watched = um.home / ".config" / "systemd"
+    before = file_tree(watched)
+    offset = restart_guard(um)
+    um.systemctl("start", "llama-full.service")
+    wait_log(um, r"block-failed: user:0:llama-full.service: cannot write .*", after=offset)
+    # Stopped (the stop changes no file) and kept stopped; nothing else changed.
+    um.wait_for("llama-full.service", "ActiveState", "inactive")
+    time.sleep(2)
+    assert um.show("llama-full.service", "ActiveState")["ActiveState"] != "active"
+    assert file_tree(watched) == before  # still enabled: no link removed, none on record
+    assert um.show("llama-full.service", "LoadState")["LoadState"] == "loaded"  # no mask
+    assert um.show(GUARD, "NRestarts")["NRestarts"] == "0"
+    # Space again: the record is written first, then the block completes.
+    subprocess.run(["nsenter", "-t", pid, "-m", "rm", f"{state}/filler"], check=True)
+    wait_log(um, r"unit-blocked: user:0:llama-full.service is stopped, masked", after=offset)
+    path = state / "blocked" / "user:0:llama-full.service.json"  # on the manager's tmpfs
+    cat = ["nsenter", "-t", pid, "-m", "cat", str(path)]
+    record = json.loads(subprocess.run(cat, capture_output=True, text=True, check=True).stdout)
+    assert record["step"] == "blocked" and [lr["removed"] for lr in record["links"]] == [True]
+    release = [PY, "-m", "spark_guard", "release", "llama-full", "--config", str(config)]
+    out = subprocess.run(
+        ["nsenter", "-t", pid, "-m", *release],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert file_tree(watched) == before

@@ -178,3 +178,12 @@ def test_fields_of_a_newer_version_are_kept_and_written_back():
     assert back.unit == "llama.service"
     assert json.loads(back.to_json())["undo_hint"] == {"from": "a later spark-guard"}
     assert back.to_json() == Record.from_json(back.to_json(), "r.json").to_json()
+
+
+def test_two_releases_in_one_second_keep_both_archives(tmp_path):
+    store = RecordStore(str(tmp_path))
+    first = store.archive(record())
+    second = store.archive(record(detail="released again"))
+    assert first != second and second.endswith("-2.json")
+    assert Record.from_json(Path(first).read_text(), first).detail == "expects 115GiB"
+    assert Record.from_json(Path(second).read_text(), second).detail == "released again"

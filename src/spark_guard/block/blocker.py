@@ -212,6 +212,8 @@ class Blocker:
         boxes = []
         for action in actions:
             key = str(action.unit)
+            if self.store.releasing(action.unit):
+                continue  # an admin's release is under way: judged again once it is done
             record = self.records.get(key)
             if record is not None and self._released_meanwhile(record):
                 record = None  # released, and now a threat again: a new block
@@ -418,7 +420,13 @@ class Blocker:
                         + "; going on",
                     ),
                 )
-            batch = [r for r in batch if not self._released_meanwhile(r)]
+            # Released meanwhile, or being released now by an admin (a release marks it):
+            # left alone, or the mask being taken off would be laid again.
+            batch = [
+                r
+                for r in batch
+                if not self._released_meanwhile(r) and not self.store.releasing(r.ref)
+            ]
             for record in batch:
                 back = mask_gone(record.step)
                 if back is not None and self._move(record, back):

@@ -26,6 +26,7 @@ from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
 
 FORMAT = 1
+RELEASING = ".releasing"  # beside a record: its release is under way
 
 
 class RecordError(RuntimeError):
@@ -321,11 +322,53 @@ class RecordStore:
 
     def retire(self, record: Record) -> str:
         """Move a released record into released/; returns its new path."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        dest = os.path.join(self.released, f"{stamp}-{record.ref}.json")
-        _write_atomic(dest, record.to_json())
-        own_tree().unlink(self.path_of(record.ref))  # fsyncs the directory
+        dest = self.archive(record)
+        self.drop(record.ref)
         return dest
+
+    def archive(self, record: Record) -> str:
+        """A copy of the record in released/, under a name no other release has (two in
+        one second get -2, -3, ...); its path. Written before a release changes anything:
+        a disk too full for it stops the release before it begins."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        base = os.path.join(self.released, f"{stamp}-{record.ref}")
+        dest, n = f"{base}.json", 1
+        while own_tree().lstat(dest) is not None:
+            n += 1
+            dest = f"{base}-{n}.json"
+        _write_atomic(dest, record.to_json())
+        return dest
+
+    def unarchive(self, path: str) -> None:
+        """Take back the copy of a release that did not happen."""
+        if os.path.dirname(path) != self.released:
+            raise ValueError(f"{path}: not in {self.released}")
+        own_tree().unlink(path)
+
+    def drop(self, ref: UnitRef) -> None:
+        """The record leaves blocked/ (its release is done), and its releasing mark."""
+        own_tree().unlink(self.path_of(ref))  # fsyncs the directory
+        self.clear_releasing(ref)
+
+    # A release under way marks its record, so that a guard that could not take the lock
+    # in time leaves the unit alone instead of laying again the mask being removed. A
+    # mark older than this is a release that died: the guard guards the unit again.
+    RELEASING_STALE = 120.0
+
+    def mark_releasing(self, ref: UnitRef) -> None:
+        _write_atomic(self.path_of(ref) + RELEASING, "")
+
+    def clear_releasing(self, ref: UnitRef) -> None:
+        with contextlib.suppress(OSError):
+            own_tree().unlink(self.path_of(ref) + RELEASING)
+
+    def releasing(self, ref: UnitRef) -> bool:
+        """Whether a release of the unit is under way (a fresh mark)."""
+        try:
+            st = own_tree().lstat(self.path_of(ref) + RELEASING)
+        except OSError:
+            return False
+        return st is not None and time.time() - st.st_mtime < self.RELEASING_STALE
 
     def write_released(self, path: str, record: Record) -> None:
         """Bring a retired record in released/ up to date (what its release did)."""

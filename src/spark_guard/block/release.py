@@ -19,6 +19,7 @@ again. If the engine refuses, the record is put back.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -108,22 +109,28 @@ def release(
         conflicts = [c for lr in removed if (c := restore_conflict(lr.link, who))]
         if conflicts:
             raise ReleaseError(f"{current.ref}: not released, " + "; ".join(conflicts))
+        archived = _begin(store, current)
         mask_removed = False
-        if current.mask_made and current.mask_path:
-            try:
-                mask_removed = remove_mask(current.mask_path, who)
-            except UnitFileError as e:
-                # The way to it was swapped since: ours is not there, what is there is not ours.
-                current.note(f"mask left alone: {e}")
         try:
+            if current.mask_made and current.mask_path:
+                try:
+                    mask_removed = remove_mask(current.mask_path, who)
+                except UnitFileError as e:
+                    # The way to it was swapped since: ours is not there, what is there is not
+                    # ours.
+                    current.note(f"mask left alone: {e}")
             restored = [lr.path for lr in removed if restore_link(lr.link, who)]
         except (UnitFileError, OSError) as e:
-            raise ReleaseError(f"{current.ref}: {e}") from None
+            _abandon(store, current, archived)
+            raise ReleaseError(f"{current.ref}: {e}; still blocked") from None
+        except BaseException:
+            _abandon(store, current, archived)
+            raise
         current.note(
             f"released: mask {'removed' if mask_removed else 'not ours or gone'}; "
             f"links restored {restored}"
         )
-        archived = store.retire(current)
+        _finish(store, current, archived)
     done = Released(current, archived, mask_removed, restored)
     try:
         manager = connect_to(current.manager, system_socket, user_runtime)
@@ -157,21 +164,57 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
             raise ReleaseError(
                 f"{current.ref}: not released, its block had not begun (no policy recorded)"
             )
-        archived = store.retire(current)
-    try:
-        now = release_container(
-            Engine(current.container.engine, timeout=max(timeout, RELEASE_TIMEOUT)),
-            current,
-            start=start,
-        )
-    except ContainerBlockError as e:
-        current.note(f"release failed: {e}")
-        store.save(current)  # nothing is lost: still blocked, and on record
-        raise ReleaseError(f"{e}; still blocked") from None
-    done = Released(current, archived, False, policy=current.container.policy)
-    done.started = current.container.was_running and now.running
-    store.write_released(archived, current)  # its history: the policy put back, started
+        archived = _begin(store, current)
+        try:
+            now = release_container(
+                Engine(current.container.engine, timeout=max(timeout, RELEASE_TIMEOUT)),
+                current,
+                start=start,
+            )
+        except ContainerBlockError as e:
+            _abandon(store, current, archived)
+            current.note(f"release failed: {e}")
+            with contextlib.suppress(OSError):
+                store.save(current)  # its history; still blocked, and on record
+            raise ReleaseError(f"{e}; still blocked") from None
+        except BaseException:
+            _abandon(store, current, archived)  # interrupted: still blocked, as on record
+            raise
+        done = Released(current, archived, False, policy=current.container.policy)
+        done.started = current.container.was_running and now.running
+        _finish(store, current, archived)  # its history: the policy put back, started
     return done
+
+
+def _begin(store: RecordStore, record: Record) -> str:
+    """Before a release changes anything: its archive, and the mark that keeps a guard
+    that could not take the lock from laying the mask again meanwhile. A disk too full
+    for them stops the release here, with nothing changed."""
+    try:
+        archived = store.archive(record)
+        store.mark_releasing(record.ref)
+    except OSError as e:
+        store.clear_releasing(record.ref)
+        raise ReleaseError(
+            f"{record.ref}: not released, its archive cannot be written in {store.released}: "
+            f"{e.strerror or e}; nothing was changed"
+        ) from None
+    return archived
+
+
+def _abandon(store: RecordStore, record: Record, archived: str) -> None:
+    """A release that did not happen: no archive of it, no mark; the record stays."""
+    store.clear_releasing(record.ref)
+    with contextlib.suppress(OSError, ValueError):
+        store.unarchive(archived)
+
+
+def _finish(store: RecordStore, record: Record, archived: str) -> None:
+    """The record leaves blocked/; its archive gets what the release did (if the disk
+    takes it: the copy written before the release stands otherwise)."""
+    store.drop(record.ref)
+    with contextlib.suppress(OSError):
+        store.write_released(archived, record)
 
 
 def released_event(done: Released) -> Event:

@@ -71,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"spark-guard: {p(e)}", file=sys.stderr)
             status = 1
             continue
+        except OSError as e:  # one line, and --all goes on to the next unit
+            print(f"spark-guard: {p(record.ref)}: not released: {p(e)}", file=sys.stderr)
+            status = 1
+            continue
         tell(log, released_event(done))
         if record.ref.is_container:
             print(
