@@ -322,3 +322,24 @@ def test_release_names_blocked_units_inert(tmp_path, capsys):
     err = capsys.readouterr().err
     assert inert(err) and err.count("\n") == 1
     assert "(blocked: user:1000:llama\\x1b[2J.service)" in err
+
+
+def test_status_judges_liveness_on_the_boot_clock_not_the_wall(tmp_path, capsys):
+    """An NTP step at boot moves the wall clock an hour: a guard that wrote its state a
+    second ago is alive, and one that wrote it long ago on the boot clock is not."""
+    import os
+    import time
+
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    args = argparse.Namespace(config=config_file(tmp_path, runtime=str(runtime)), json=True)
+    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    base = {"pid": os.getpid(), "phase": "strict", "loaders": [], "blocked": []}
+    fresh = {**base, "written_at": time.time() - 3600, "written_boot": boot - 1}
+    (runtime / "state.json").write_text(json.dumps(fresh))
+    assert status_cli.run(args) == 0
+    assert json.loads(capsys.readouterr().out)["alive"] is True
+    stale = {**base, "written_at": time.time(), "written_boot": boot - 3600}
+    (runtime / "state.json").write_text(json.dumps(stale))
+    assert status_cli.run(args) == 1
+    assert json.loads(capsys.readouterr().out)["alive"] is False

@@ -106,9 +106,12 @@ class PassState(TypedDict):
 
 
 class PublishedState(PassState):
-    """state.json as written: a pass's state, stamped with when it was written."""
+    """state.json as written: a pass's state, stamped with when it was written: on the
+    wall clock (for people and Prometheus), and on the boot clock (CLOCK_BOOTTIME), which
+    no NTP step moves, for `status` to judge whether the guard is alive."""
 
     written_at: float
+    written_boot: float
 
 
 def build(
@@ -202,7 +205,11 @@ class Publisher:
         now = self.clock()
         if state == self._last and now - self._at < REFRESH:
             return None
-        written: PublishedState = {**state, "written_at": time.time()}
+        written: PublishedState = {
+            **state,
+            "written_at": time.time(),
+            "written_boot": time.clock_gettime(time.CLOCK_BOOTTIME),
+        }
         # 0644: status runs as any user; parent directories made as needed.
         data = json.dumps(written, indent=1).encode()
         own_tree().write(self.path, data, mode=0o644, create=MAKEDIRS)

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"spark-guard: {path}: cannot read: {e}", file=sys.stderr)
         return 1
-    age = time.time() - float(state.get("written_at", 0))
+    age = _age(state)
     alive = age < STALE and _alive(int(state.get("pid", 0)))
     if args.json:
         json.dump({**state, "age": round(age, 1), "alive": alive}, sys.stdout, indent=1)
@@ -45,6 +45,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(state, age, alive)
     return 0 if alive else 1
+
+
+def _age(state: PublishedState) -> float:
+    """Seconds since the state was written, on the boot clock: a step of the wall clock
+    (NTP at boot) neither kills a live guard nor revives a dead one. state.json is in
+    /run, so it is of this boot; one written before the boot stamp existed: the wall."""
+    boot = state.get("written_boot")
+    if isinstance(boot, int | float) and not isinstance(boot, bool):
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - float(boot)
+    return time.time() - float(state.get("written_at", 0))
 
 
 def _alive(pid: int) -> bool:
