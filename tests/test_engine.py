@@ -311,14 +311,18 @@ def test_an_answer_over_the_cap_is_refused() -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000)
 
     for answer, expected in (
-        (huge, "answer of 5000000 bytes, over the cap of 4194304"),
-        (huge_chunked, "answer over the cap of 4194304 bytes"),
-        (endless, "answer over the cap of 4194304 bytes"),
+        (huge, "answer of 5000000 bytes, over the cap of 1048576"),
+        (huge_chunked, "answer over the cap of 1048576 bytes"),
+        (endless, "answer over the cap of 1048576 bytes"),
         (headers, "header longer than 65536 bytes"),
     ):
         with _server(answer) as path:
             message, took = _timed(lambda p=path: _engine(p, 2.0).containers())  # type: ignore[misc]
         assert message == f"{path}: list containers: {expected}" and took < 2.0
+    # An inspect's answer has a cap of its own: a real one is 5-30 kB.
+    with _server(huge) as path:
+        message, took = _timed(lambda p=path: _engine(p, 2.0).inspect("x"))  # type: ignore[misc]
+    assert message == f"{path}: inspect x: answer of 5000000 bytes, over the cap of 262144"
 
 
 def test_chunked_answers_and_bad_ones() -> None:

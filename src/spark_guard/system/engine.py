@@ -55,7 +55,15 @@ DOCKER_SOCKET = "/run/docker.sock"
 PODMAN_SOCKET = "/run/podman/podman.sock"
 
 TIMEOUT = 2.0  # seconds for a call: connect, send, and the whole answer
-BODY_MAX = 4 << 20  # bytes of a response body (4 MiB: 10,000 containers listed is ~1 MiB)
+BODY_MAX = 4 << 20  # bytes of a response body, whatever the call
+# JSON costs about 24x its size in Python objects at worst (small objects: 4 MiB parse to
+# 97 MiB peak, measured), against the guard's MemoryMax=128M; each call's answer is capped
+# at what a real one needs, several times over. An inspect is 5-30 kB (every env entry,
+# label and mount of a container): 256 KiB, 6 MiB parsed at worst. A list is ~200 bytes a
+# container: 1 MiB holds ~5,000, 24 MiB parsed at worst.
+INSPECT_MAX = 256 << 10
+LIST_BODY_MAX = 1 << 20
+VERSION_MAX = 64 << 10
 HEAD_MAX = 64 << 10  # bytes of the status line and headers
 CHUNK_LINE_MAX = 1024
 ERROR_SHOWN = 200  # characters of an engine's error message quoted in an EngineError
@@ -285,7 +293,7 @@ class Engine:
     # --- the calls ---
 
     def version(self) -> dict[str, Any]:
-        data = self._json("GET", "/version", "version")
+        data = self._json("GET", "/version", "version", VERSION_MAX)
         if not isinstance(data, dict):
             raise EngineError(self.path, "version", "answer is not an object")
         return data
@@ -293,7 +301,7 @@ class Engine:
     def containers(self) -> list[Listed]:
         """Every container, running or not (at most LIST_MAX)."""
         call = "list containers"
-        data = self._json("GET", "/containers/json?all=1", call)
+        data = self._json("GET", "/containers/json?all=1", call, LIST_BODY_MAX)
         if not isinstance(data, list):
             raise EngineError(self.path, call, "answer is not a list")
         out: list[Listed] = []
@@ -318,7 +326,7 @@ class Engine:
     def inspect(self, ref: str) -> Container:
         """The container named or numbered `ref`; EngineError (status 404) if there is none."""
         call = f"inspect {self._checked(ref, 'inspect')}"
-        data = self._json("GET", f"/containers/{ref}/json", call)
+        data = self._json("GET", f"/containers/{ref}/json", call, INSPECT_MAX)
         try:
             return Container.from_inspect(data)
         except ValueError as e:
@@ -350,15 +358,22 @@ class Engine:
             raise EngineError(self.path, call, "not a container name or id")
         return ref
 
-    def _json(self, method: str, path: str, call: str) -> Any:
-        body = self._call(method, path, call)[1]
+    def _json(self, method: str, path: str, call: str, limit: int) -> Any:
+        body = self._call(method, path, call, limit=limit)[1]
         try:
             return json.loads(body.decode("utf-8"))
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
             raise EngineError(self.path, call, f"answer is not JSON: {e}") from None
 
     def _call(
-        self, method: str, path: str, call: str, *, body: bytes | None = None, extra: float = 0
+        self,
+        method: str,
+        path: str,
+        call: str,
+        *,
+        body: bytes | None = None,
+        extra: float = 0,
+        limit: int | None = None,
     ) -> tuple[int, bytes]:
         """(status, body) of a 2xx or 304 answer; EngineError for anything else."""
         deadline = time.monotonic() + self.timeout + max(0.0, extra)
@@ -382,10 +397,11 @@ class Engine:
                     if uid != 0:
                         raise EngineError(self.path, call, f"peer is uid {uid}, not root")
                 _Reader(s, deadline).send(request)
-                status, data = _Reader(s, deadline, self.body_max).response()
+                cap = self.body_max if limit is None else min(limit, self.body_max)
+                status, data = _Reader(s, deadline, cap).response()
         except TimeoutError:
-            limit = self.timeout + max(0.0, extra)
-            raise EngineError(self.path, call, f"no answer within {limit:g} s") from None
+            waited = self.timeout + max(0.0, extra)
+            raise EngineError(self.path, call, f"no answer within {waited:g} s") from None
         except _Bad as e:
             raise EngineError(self.path, call, str(e)) from None
         except OSError as e:
