@@ -67,7 +67,20 @@ def pids(root: str, cgroup: str) -> list[int]:
     return found
 
 
-def kill(root: str, cgroup: str) -> str:
+def _member(proc: str, pid: int, cgroup: str) -> bool:
+    """Whether process `pid` is in `cgroup` or below it now (/proc/PID/cgroup, v2's line)."""
+    try:
+        with open(os.path.join(proc, str(pid), "cgroup"), "rb") as f:
+            for line in f:
+                if line.startswith(b"0::"):
+                    where = line[3:].strip().decode("utf-8", "replace")
+                    return where == cgroup or where.startswith(cgroup.rstrip("/") + "/")
+    except OSError:
+        return False
+    return False
+
+
+def kill(root: str, cgroup: str, proc: str = "/proc") -> str:
     """SIGKILL everything in the unit's cgroup; returns how it was done."""
     if not cgroup or cgroup == "/":
         raise OSError(f"refusing to kill cgroup {cgroup!r}")
@@ -88,10 +101,14 @@ def kill(root: str, cgroup: str) -> str:
             pids = [int(p) for p in f.read().split()]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
+                # The pidfd first, then the check that it is one of ours: a PID read from
+                # cgroup.procs may have been recycled since, but the pidfd pins the process
+                # it names, and that process must still be in the cgroup to be signalled.
                 fd = os.pidfd_open(pid)
                 try:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    count += 1
+                    if _member(proc, pid, cgroup):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        count += 1
                 finally:
                     os.close(fd)
     if count == 0 and not os.path.isdir(path):
