@@ -404,3 +404,28 @@ def test_a_socket_a_user_listens_on_is_not_believed() -> None:
         os.close(done)
         os.unlink(path)
         os.rmdir(base)
+
+
+def test_ids_behind_a_silent_engine_are_not_each_a_timeout() -> None:
+    """A dockerd that accepts and never answers (its API not up at boot): the first id
+    costs one timeout, and the ids behind it are answered at once (from dockerd's files,
+    or unknown) without asking it again: eight ids used to be judged after 2, 4, ... 16 s,
+    one timeout each."""
+    from spark_guard.system.containerwatch import UNKNOWN, ContainerWatch
+
+    asked: list[int] = []
+
+    def silent(_conn: socket.socket) -> object:
+        asked.append(1)
+        return HOLD
+
+    ids = [(f"{i:x}" * 64)[:64] for i in range(1, 9)]
+    with _server(silent) as path:
+        watch = ContainerWatch([path], 0.5, docker_root="/nonexistent")
+        for cid in ids:
+            watch.lookup(cid)
+        watch.wait(30)
+        answers = [watch.lookup(cid)[0] for cid in ids]
+        watch.close()
+    assert all(a is UNKNOWN for a in answers), answers
+    assert len(asked) == 1  # one question ran out its timeout; the engine was left alone
