@@ -227,7 +227,7 @@ def test_cgroup_kill_reaches_the_units_processes_and_no_others(um):
     pid = int(um.show("victim.service", "MainPID")["MainPID"])
     cgroup = ProcFS().cgroup(pid)
     assert cgroup is not None and cgroup.endswith("/victim.service")
-    how = cgroupfs.kill(cgroupfs.v2_root("/sys/fs/cgroup"), cgroup)
+    how = cgroupfs.kill(cgroupfs.v2_root("/sys/fs/cgroup"), cgroup, cgroup_of=ProcFS().cgroup)
     assert how.endswith("cgroup.kill") or how.startswith("SIGKILL to 2 ")
     um.wait_for("victim.service", "ActiveState", "failed")
     assert um.show("bystander.service", "ActiveState")["ActiveState"] == "active"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 
 from spark_guard.system import cgroupfs
+from spark_guard.system.procfs import ProcFS
 
 
 def test_the_fallback_kill_signals_only_processes_still_in_the_cgroup(tmp_path):
@@ -21,7 +22,10 @@ def test_the_fallback_kill_signals_only_processes_still_in_the_cgroup(tmp_path):
         for pid, where in ((ours.pid, "/app.slice/llama.service"), (recycled.pid, "/other")):
             (proc / str(pid)).mkdir(parents=True)
             (proc / str(pid) / "cgroup").write_text(f"0::{where}\n")
-        how = cgroupfs.kill(str(tmp_path / "cgroup"), "/app.slice/llama.service", str(proc))
+        cgroup_of = ProcFS(str(proc)).cgroup
+        how = cgroupfs.kill(
+            str(tmp_path / "cgroup"), "/app.slice/llama.service", cgroup_of=cgroup_of
+        )
         assert how.startswith("SIGKILL to 1 process(es)")
         assert ours.wait(5) == -9
         assert recycled.poll() is None  # never signalled

@@ -769,7 +769,7 @@ class Blocker:
 
     def _kill_cgroup(self, record: Record, why: str) -> None:
         try:
-            how = cgroupfs.kill(self.cgroup_root, record.cgroup, self.proc.root)
+            how = cgroupfs.kill(self.cgroup_root, record.cgroup, cgroup_of=self.proc.cgroup)
         except OSError as e:
             self._problem(record, f"cgroup kill of {record.cgroup or '(unknown cgroup)'}: {e}")
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 
 
 def v2_root(base: str) -> str:
@@ -67,21 +68,9 @@ def pids(root: str, cgroup: str) -> list[int]:
     return found
 
 
-def _member(proc: str, pid: int, cgroup: str) -> bool:
-    """Whether process `pid` is in `cgroup` or below it now (/proc/PID/cgroup, v2's line)."""
-    try:
-        with open(os.path.join(proc, str(pid), "cgroup"), "rb") as f:
-            for line in f:
-                if line.startswith(b"0::"):
-                    where = line[3:].strip().decode("utf-8", "replace")
-                    return where == cgroup or where.startswith(cgroup.rstrip("/") + "/")
-    except OSError:
-        return False
-    return False
-
-
-def kill(root: str, cgroup: str, proc: str = "/proc") -> str:
-    """SIGKILL everything in the unit's cgroup; returns how it was done."""
+def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> str:
+    """SIGKILL everything in the unit's cgroup; returns how it was done. `cgroup_of`: a
+    process's cgroup as systemd tracks it (ProcFS.cgroup), for the fallback's check."""
     if not cgroup or cgroup == "/":
         raise OSError(f"refusing to kill cgroup {cgroup!r}")
     path = _dir(root, cgroup)
@@ -106,7 +95,8 @@ def kill(root: str, cgroup: str, proc: str = "/proc") -> str:
                 # it names, and that process must still be in the cgroup to be signalled.
                 fd = os.pidfd_open(pid)
                 try:
-                    if _member(proc, pid, cgroup):
+                    where = cgroup_of(pid)
+                    if where is not None and (where + "/").startswith(cgroup.rstrip("/") + "/"):
                         signal.pidfd_send_signal(fd, signal.SIGKILL)
                         count += 1
                 finally:
