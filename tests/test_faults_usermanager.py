@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ from lab.guardunit import (
     wait_log,
     write_config,
 )
-from lab.harness import file_tree
+from lab.harness import UserManager, file_tree
 from tests.test_unit_file import unit_settings
 
 pytestmark = pytest.mark.systemd
@@ -41,6 +42,20 @@ def um():
         (drop_in / "shipped.conf").write_text(f"[Unit]\n{unit}[Service]\n{service}")
         manager.systemctl("daemon-reload")
         yield manager
+
+
+def state_on_a_small_tmpfs(um: UserManager, name: str) -> tuple[str, Path, Path]:
+    """A 256 KiB tmpfs, mounted in the manager's namespace (where the guard runs), made the
+    guard's state directory: (the manager's pid for nsenter, the directory, the config)."""
+    state = um.base / name
+    state.mkdir()
+    assert um.proc is not None
+    pid = str(um.proc.pid)
+    mount = ["nsenter", "-t", pid, "-m", "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs"]
+    subprocess.run([*mount, str(state)], check=True)
+    config = um.base / "guard.toml"
+    config.write_text(config.read_text().replace(f'"{um.base}/state"', f'"{state}"'))
+    return pid, state, config
 
 
 def test_a_read_only_state_dir_costs_the_record_not_the_guard(um):
@@ -68,13 +83,7 @@ def test_a_release_on_a_full_disk_changes_nothing_and_says_so_in_one_line(um):
     """Before: retire() failed after the unmask and the restored links, an OSError ended
     `release --all` with a traceback, and the next pass masked the unit again."""
     write_config(um, '[loaders.footprint]\n"llama-rel.service" = "100TiB"\n')
-    state = um.base / "state-rel"
-    state.mkdir()
-    pid = str(um.proc.pid)
-    mount = ["nsenter", "-t", pid, "-m", "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs"]
-    subprocess.run([*mount, str(state)], check=True)
-    config = um.base / "guard.toml"
-    config.write_text(config.read_text().replace(f'"{um.base}/state"', f'"{state}"'))
+    pid, state, config = state_on_a_small_tmpfs(um, "state-rel")
     loader_unit(um, "llama-rel.service", 30, wanted_by="default.target", Restart="always")
     um.systemctl("enable", "llama-rel.service")
     watched = um.home / ".config" / "systemd"
@@ -110,15 +119,9 @@ def test_a_full_disk_stops_the_loader_but_changes_no_file_until_the_record_is_wr
     """Before: the plan could not be saved, disable and mask ran anyway, the record was never
     written even once space was back, and `release` said "not blocked"."""
     write_config(um, '[loaders.footprint]\n"llama-full.service" = "100TiB"\n')
-    state = um.base / "state-full"
-    state.mkdir()
-    pid = str(um.proc.pid)
-    mount = ["nsenter", "-t", pid, "-m", "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs"]
-    subprocess.run([*mount, str(state)], check=True)
+    pid, state, config = state_on_a_small_tmpfs(um, "state-full")
     fill = f"mkdir -p {state}/blocked && (cat /dev/zero > {state}/filler || true)"
     subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", fill], check=True)
-    config = um.base / "guard.toml"
-    config.write_text(config.read_text().replace(f'"{um.base}/state"', f'"{state}"'))
     loader_unit(um, "llama-full.service", 30, wanted_by="default.target", Restart="always")
     um.systemctl("enable", "llama-full.service")
     watched = um.home / ".config" / "systemd"
