@@ -80,3 +80,8 @@ def test_no_journald_at_all_is_dropped_and_counted_not_raised(tmp_path):
     gone = JournalSocket(str(tmp_path / "nothing-listens-here"))
     assert gone.send({"MESSAGE": "x"}) is False
     assert gone.take_dropped() == 1 and gone.take_dropped() == 0
+
+
+def test_a_field_name_never_breaks_the_framing():
+    entry = encode({"SG_ODD\nKEY=x": "v", "SG_ÜBER": "w", "MESSAGE": "m"})
+    assert decode(entry) == {"SG_ODD_KEY_X": "v", "SG__BER": "w", "MESSAGE": "m"}

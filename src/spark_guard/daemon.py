@@ -255,6 +255,10 @@ class Guard:
         now = time.monotonic()
         if now < self._failures_said.get(text, 0.0):
             return
+        if len(self._failures_said) >= 64:  # errors that carry PIDs or sizes: bounded
+            self._failures_said = {k: t for k, t in self._failures_said.items() if t > now}
+            if len(self._failures_said) >= 64:
+                self._failures_said.clear()
         self._failures_said[text] = now + 60.0
         where = "".join(traceback.format_exception(error)[-8:])
         tell(

@@ -406,18 +406,18 @@ class Blocker:
     def _run(self, batch: list[Record], wait: float = 0.0) -> None:
         before = {str(r.ref): (r.step, len(r.history), r.problem) for r in batch}
         with self.store.lock(wait=self.lock_wait) as locked:
-            if not locked:
+            busy = self.store.lock_problem or f"{self.store.root} is locked by another process"
+            if locked:
+                self._reported.pop("state-busy", None)
+            elif self._reported.get("state-busy") != busy:  # said once, until it changes
+                self._reported["state-busy"] = busy
                 tell(
                     self.log,
                     Event.of(
                         EventKind.STATE_BUSY,
                         "warning",
                         state=self.store.root,
-                        msg=(
-                            self.store.lock_problem
-                            or f"{self.store.root} is locked by another spark-guard"
-                        )
-                        + "; going on",
+                        msg=busy + "; going on",
                     ),
                 )
             # Released meanwhile, or being released now by an admin (a release marks it):
@@ -932,6 +932,8 @@ class Blocker:
         changed = False
         for record in boxes:
             key = str(record.ref)
+            if key not in self.pending and self.store.releasing(record.ref):
+                continue  # an admin's release puts its policy back now: not renewed under it
             if key in self.pending:
                 finished, error = self.pending.done(key, wait)
                 if not finished:
@@ -1077,16 +1079,16 @@ class Blocker:
         kept here, tried again every pass, and nothing that changes a file goes on."""
         key = str(record.ref)
         try:
-            aside = self.store.save(record)
+            aside, why = self.store.save(record)
             if aside:
                 tell(
                     self.log,
                     Event.of(
                         EventKind.RECORD_UNREADABLE,
                         "error",
-                        error=aside,
-                        msg=f"{self.store.path_of(record.ref)} was not a readable record: kept "
-                        f"as {aside}, and a new record written in its place",
+                        error=why,
+                        kept=aside,
+                        msg=f"{why}; kept as {aside}, and a new record written in its place",
                     ),
                 )
             self._on_disk.add(key)
@@ -1121,9 +1123,11 @@ class Blocker:
         for key in fresh:
             if key in self.pending and key in self.records:
                 fresh[key] = self.records[key]  # its block's thread holds this one
-        for key in self._unsaved:
-            if key in self.records:
-                fresh[key] = self.records[key]  # newer than the disk's, or not there at all
+        for key in list(self._unsaved):
+            if key in self.records and (key in fresh or key not in self._on_disk):
+                fresh[key] = self.records[key]  # newer than the disk's, or never there
+            elif key not in fresh:
+                self._unsaved.discard(key)  # on disk once, gone now: released meanwhile
         self.records = fresh
         self._on_disk = {str(r.ref) for r in records}
         self._publish()

@@ -304,21 +304,32 @@ class RecordStore:
                 errors.append(RecordError(f"{path}: cannot read: {e}"))
         return records, errors
 
-    def save(self, record: Record) -> str:
-        """Write the record, atomically. A file in its place that is not a readable record
+    def save(self, record: Record) -> tuple[str, str]:
+        """Write the record, atomically. A file in its place whose content is not a record
         (a hand edit, a corruption, a newer format) is never written over: it is set
-        aside beside it first, under a name that says so; that name is returned ('' if
-        there was none), for the caller to tell the admin."""
+        aside beside it first, under a name that says so. Returns (that name, why), or
+        ("", "") when there was none, for the caller to tell the admin. A file that cannot
+        be read at all now (EIO, EMFILE) is not judged by its content, and not moved."""
         path = self.path_of(record.ref)
-        aside = ""
+        aside = why = ""
         try:
-            self.load(record.ref)
-        except RecordError:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            aside = f"{path}.unreadable-{stamp}"
-            os.rename(path, aside)  # not *.json: no longer read as a record
+            with open(path, "rb") as f:
+                data: bytes | None = f.read()
+        except OSError:
+            data = None
+        if data is not None:
+            try:
+                Record.from_json(data.decode("utf-8"), path)
+            except (RecordError, UnicodeDecodeError) as e:
+                why = str(e)
+                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+                aside, n = f"{path}.unreadable-{stamp}", 1
+                while os.path.lexists(aside):
+                    n += 1
+                    aside = f"{path}.unreadable-{stamp}-{n}"
+                os.rename(path, aside)  # not *.json: no longer read as a record
         _write_atomic(path, record.to_json())
-        return aside
+        return aside, why
 
     def retire(self, record: Record) -> str:
         """Move a released record into released/; returns its new path."""
@@ -368,7 +379,8 @@ class RecordStore:
             st = own_tree().lstat(self.path_of(ref) + RELEASING)
         except OSError:
             return False
-        return st is not None and time.time() - st.st_mtime < self.RELEASING_STALE
+        # A mark from the future (the clock stepped back since) counts as stale, not fresh.
+        return st is not None and 0 <= time.time() - st.st_mtime < self.RELEASING_STALE
 
     def write_released(self, path: str, record: Record) -> None:
         """Bring a retired record in released/ up to date (what its release did)."""

@@ -165,23 +165,26 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
                 f"{current.ref}: not released, its block had not begun (no policy recorded)"
             )
         archived = _begin(store, current)
-        try:
-            now = release_container(
-                Engine(current.container.engine, timeout=max(timeout, RELEASE_TIMEOUT)),
-                current,
-                start=start,
-            )
-        except ContainerBlockError as e:
+    # The engine's stop or start may take its timeout: not under the store's lock, which the
+    # guard's passes take (the releasing mark keeps the guard off this container meanwhile).
+    container = current.container
+    try:
+        now = release_container(
+            Engine(container.engine, timeout=max(timeout, RELEASE_TIMEOUT)), current, start=start
+        )
+    except ContainerBlockError as e:
+        with store.lock():
             _abandon(store, current, archived)
             current.note(f"release failed: {e}")
             with contextlib.suppress(OSError):
                 store.save(current)  # its history; still blocked, and on record
-            raise ReleaseError(f"{e}; still blocked") from None
-        except BaseException:
-            _abandon(store, current, archived)  # interrupted: still blocked, as on record
-            raise
-        done = Released(current, archived, False, policy=current.container.policy)
-        done.started = current.container.was_running and now.running
+        raise ReleaseError(f"{e}; still blocked") from None
+    except BaseException:
+        _abandon(store, current, archived)  # interrupted: still blocked, as on record
+        raise
+    done = Released(current, archived, False, policy=container.policy)
+    done.started = container.was_running and now.running
+    with store.lock():
         _finish(store, current, archived)  # its history: the policy put back, started
     return done
 
@@ -190,11 +193,12 @@ def _begin(store: RecordStore, record: Record) -> str:
     """Before a release changes anything: its archive, and the mark that keeps a guard
     that could not take the lock from laying the mask again meanwhile. A disk too full
     for them stops the release here, with nothing changed."""
+    archived = ""
     try:
         archived = store.archive(record)
         store.mark_releasing(record.ref)
     except OSError as e:
-        store.clear_releasing(record.ref)
+        _abandon(store, record, archived)
         raise ReleaseError(
             f"{record.ref}: not released, its archive cannot be written in {store.released}: "
             f"{e.strerror or e}; nothing was changed"
