@@ -1,3 +1,3 @@
 """spark-guard: keeps the rescue window open on unified-memory model-serving machines."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
