@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pytest
 from structlog.testing import capture_logs
@@ -23,103 +23,17 @@ from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
 from spark_guard.core.block import STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, Phase, Reason, UnitRef, manager_uid
-from spark_guard.system.managers import ManagerError, UnitState
+from spark_guard.core.snapshot import Action, Decision, UnitRef
+from spark_guard.system.managers import ManagerError
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir
+from tests import manager_double
+from tests.manager_double import Clock, FakeManager
 
 UID = os.geteuid()
 KEY = f"user:{UID}"
 UNIT = "llama.service"
 REF = UnitRef(KEY, UNIT)
-
-
-class FakeManager:
-    """Just what the Blocker asks of a Manager, with the units in a dict.
-
-    A stop leaves the unit 'deactivating' until the test says it is gone; LoadState
-    is read again from the files only at reload(), as a real manager does.
-    """
-
-    def __init__(self, key: str, control: str, links: dict[str, list[str]]) -> None:
-        self.key = key
-        self.uid = manager_uid(key)
-        self.control = control
-        self.unit_path_dirs = [control, os.path.dirname(control) + "/user"]
-        self.root_cgroup = f"/user.slice/user-{self.uid}.slice/user@{self.uid}.service"
-        self.persistent_config_dir: str | None = None
-        self.links = links
-        self.active: dict[str, str] = {}  # name -> ActiveState
-        self.load: dict[str, str] = {}  # name -> LoadState, as of the last reload
-        self.calls: list[str] = []
-        # Runs instead of the reload once: a start job that got in before it.
-        self.on_reload: Callable[[], None] | None = None
-
-    def start(self, name: str) -> None:
-        self.active[name] = "active"
-        self.load.setdefault(name, "loaded")
-
-    def unit_states(self, names: Iterable[str]) -> dict[str, UnitState]:
-        return {
-            n: UnitState(n, self.load[n], self.active[n], self.active[n])
-            for n in names
-            if n in self.active
-        }
-
-    def freeze_unit(self, name: str) -> None:
-        self.calls.append(f"freeze {name}")
-
-    def thaw_unit(self, name: str) -> None:
-        self.calls.append(f"thaw {name}")
-
-    def stop_unit(self, name: str) -> str:
-        self.calls.append(f"stop {name}")
-        if self.active.get(name) == "active":
-            self.active[name] = "deactivating"
-        return f"/org/freedesktop/systemd1/job/{len(self.calls)}"
-
-    def kill_unit(self, name: str, signal: int) -> None:
-        self.calls.append(f"kill {name} {int(signal)}")
-        self.active[name] = "failed"
-
-    def stopped(self, name: str) -> None:
-        self.active[name] = "inactive"
-
-    def reload(self) -> None:
-        self.calls.append("reload")
-        if self.on_reload is not None:
-            hook, self.on_reload = self.on_reload, None
-            hook()
-            return
-        for name in self.load:
-            masked = os.path.lexists(os.path.join(self.control, name))
-            self.load[name] = "masked" if masked else "loaded"
-
-    def unit_file_links(self, name: str) -> list[str]:
-        return list(self.links.get(name, []))
-
-    def disable_unit_files(self, name: str) -> list[str]:
-        self.calls.append(f"disable {name}")
-        gone = self.links.pop(name, [])
-        for path in gone:
-            os.unlink(path)
-        return gone
-
-    def unit_control_group(self, name: str) -> str:
-        return f"{self.root_cgroup}/app.slice/{name}"
-
-
-class Clock:
-    """Time that passes only when the Blocker sleeps or the test says so."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @pytest.fixture
@@ -164,8 +78,7 @@ def rig(tmp_path, monkeypatch):
 
 
 def stop_decision() -> tuple[list[Action], Decision]:
-    action = Action("stop", REF, Reason.FOOTPRINT, "expects 115GiB", {"mem_available": 1})
-    return [action], Decision(Phase.STRICT, 8, (), (action,))
+    return manager_double.stop_decision(REF)
 
 
 S = Step
