@@ -187,3 +187,34 @@ def test_two_releases_in_one_second_keep_both_archives(tmp_path):
     assert first != second and second.endswith("-2.json")
     assert Record.from_json(Path(first).read_text(), first).detail == "expects 115GiB"
     assert Record.from_json(Path(second).read_text(), second).detail == "released again"
+
+
+def test_what_a_dead_writer_left_is_swept_once_it_is_a_minute_old(tmp_path):
+    """A kill between a write and its rename leaves a temporary file; a release killed
+    between the record's removal and its mark's leaves the mark. The sweep takes both,
+    and leaves a young temporary file (a live writer's) and everything else."""
+    store = RecordStore(str(tmp_path))
+    store.save(record())
+    blocked = Path(store.blocked)
+    dead = blocked / ".system:llama.service.json.0123456789ab.tmp"
+    young = blocked / ".system:other.service.json.ba9876543210.tmp"
+    orphan = blocked / "system:gone.service.json.releasing"
+    fresh_mark = Path(store.path_of(record().ref) + ".releasing")
+    note = tmp_path / "notes.txt"  # not the store's: never touched
+    for p in (dead, young, orphan, fresh_mark, note):
+        p.write_text("")
+    os.utime(dead, (0, 0))
+    os.utime(note, (0, 0))
+    assert sorted(store.sweep()) == sorted([str(dead), str(orphan)])
+    assert young.exists() and fresh_mark.exists() and note.exists()
+    assert store.load(record().ref) is not None
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "motd").write_text("note")
+    left = etc / ".motd.00000000abcd.tmp"
+    theirs = etc / ".motd.backup.tmp"  # not a name the guard writes
+    for p in (left, theirs):
+        p.write_text("")
+        os.utime(p, (0, 0))
+    assert banner.sweep(str(etc / "motd"), str(etc / "issue")) == [str(left)]
+    assert theirs.exists() and (etc / "motd").read_text() == "note"

@@ -8,6 +8,7 @@ the rescue instructions are on the machine exactly while they are needed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from ..core.block import Step
@@ -59,6 +60,17 @@ def write(path: str, text: str) -> None:
         own_tree().unlink(path)
         return
     own_tree().write(path, text.encode(), mode=0o644, create=MAKEDIRS)
+
+
+def sweep(*paths: str) -> list[str]:
+    """Remove what a writer of these notes that died left beside them (safefs's
+    temporary files): in /etc, they are the admin's directory's clutter."""
+    tree = own_tree()
+    return [
+        gone
+        for path in paths
+        for gone in tree.remove_leftovers(os.path.dirname(path), {os.path.basename(path)})
+    ]
 
 
 def publish(records: Iterable[Record], motd: str, issue: str) -> str:

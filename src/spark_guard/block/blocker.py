@@ -100,6 +100,7 @@ if TYPE_CHECKING:
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
+SWEEP_EVERY = 60.0  # seconds between sweeps of the store (RecordStore.sweep)
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 # How often a blocked container's restart policy is read back (an engine call, off the loop):
 # a policy set back to `always` by hand would start it at the next boot.
@@ -183,6 +184,7 @@ class Blocker:
         self._banner: str | None = None
         self._on_disk: set[str] = set()  # records this guard has seen on disk
         self._unsaved: set[str] = set()  # records whose latest state could not be written
+        self._sweep_at = 0.0  # when the store is next swept of dead writers' leftovers
         # Container blocks in flight (each in its own thread: the engine's stop waits).
         self.pending = container_block.Pending()
         self.engine_timeout = config.engine_timeout
@@ -272,6 +274,11 @@ class Blocker:
         """Finish blocks left unfinished, and lay again masks a reboot or restart removed."""
         self._refresh()
         now = self.clock()
+        if now >= self._sweep_at:
+            # What a killed or failed write left in the store (its own files only).
+            self._sweep_at = now + SWEEP_EVERY
+            self.store.sweep()
+            banner.sweep(self.motd, self.issue)
         todo = []
         boxes = []
         for key, record in self.records.items():

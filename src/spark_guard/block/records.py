@@ -382,6 +382,24 @@ class RecordStore:
         # A mark from the future (the clock stepped back since) counts as stale, not fresh.
         return st is not None and 0 <= time.time() - st.st_mtime < self.RELEASING_STALE
 
+    def sweep(self) -> list[str]:
+        """Remove what dead writers left: their temporary files (safefs), and the
+        releasing mark of a record no longer there. Returns what it removed; what cannot
+        be removed now (a read-only disk) is left for the next sweep. Needs no lock."""
+        tree = own_tree()
+        removed = tree.remove_leftovers(self.blocked) + tree.remove_leftovers(self.released)
+        try:
+            names = os.listdir(self.blocked)
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(self.blocked, name)
+            if name.endswith(".json" + RELEASING) and not os.path.lexists(path[: -len(RELEASING)]):
+                with contextlib.suppress(OSError):
+                    if tree.unlink(path):
+                        removed.append(path)
+        return removed
+
     def write_released(self, path: str, record: Record) -> None:
         """Bring a retired record in released/ up to date (what its release did)."""
         if os.path.dirname(path) != self.released:
@@ -395,7 +413,10 @@ class RecordStore:
         With `wait`, the lock is best effort, as its timeout already says: a lock file
         that cannot even be made (a read-only or full state directory) yields False too,
         and `lock_problem` says why; the guard goes on guarding without it."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        # Read-only: flock needs no more, a lock file once made still opens on a state
+        # directory gone read-only, and an fd held for writing would keep the filesystem
+        # from being remounted read-only under it.
+        flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         self.lock_problem = ""
         try:
             with own_tree().directory(self.root, create=MAKEDIRS) as dfd:

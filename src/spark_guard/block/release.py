@@ -214,11 +214,20 @@ def _abandon(store: RecordStore, record: Record, archived: str) -> None:
 
 
 def _finish(store: RecordStore, record: Record, archived: str) -> None:
-    """The record leaves blocked/; its archive gets what the release did (if the disk
-    takes it: the copy written before the release stands otherwise)."""
-    store.drop(record.ref)
+    """Its archive gets what the release did (if the disk takes it: the copy written
+    before the release stands otherwise); then the record leaves blocked/. A record that
+    cannot leave (the disk went read-only) is said in one line: the machine is released,
+    but a guard would block the unit again once the release's mark is stale."""
     with contextlib.suppress(OSError):
         store.write_released(archived, record)
+    try:
+        store.drop(record.ref)
+    except OSError as e:
+        raise ReleaseError(
+            f"{record.ref}: released, but its record {store.path_of(record.ref)} cannot be "
+            f"removed: {e.strerror or e}; run the release again once it can, or the guard "
+            "blocks the unit again"
+        ) from None
 
 
 def released_event(done: Released) -> Event:

@@ -26,11 +26,16 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# write()'s temporary names, and how old one must be before it is a dead writer's.
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
+LEFTOVER_AGE = 60.0
 _MAX_LINKS = 40  # root-owned symlinks followed above an anchor, as the kernel's own limit
 
 
@@ -479,7 +484,7 @@ class Tree:
         """Replace `path` atomically: a new file under a random name (O_EXCL), fsync, rename."""
         parent, name = os.path.split(path)
         with self.directory(parent, create=create) as fd:
-            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # _TEMPORARY
             tfd = os.open(
                 tmp,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -501,6 +506,31 @@ class Tree:
                     os.unlink(tmp, dir_fd=fd)
                 raise
             os.fsync(fd)
+
+    def remove_leftovers(
+        self, directory: str, names: Collection[str] | None = None, age: float = LEFTOVER_AGE
+    ) -> list[str]:
+        """Remove the temporary files of write()s that died in `directory` (a kill between
+        the write and the rename, or a rename that failed and whose file could not be
+        removed either): those of `names` only if given, and only once `age` seconds old,
+        when no live writer can still be at them. Returns what it removed; what cannot be
+        removed now is left for a later call."""
+        removed: list[str] = []
+        try:
+            with self.directory(directory) as fd:
+                for entry in os.listdir(fd):
+                    found = _TEMPORARY.fullmatch(entry)
+                    if found is None or (names is not None and found[1] not in names):
+                        continue
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(entry, dir_fd=fd)
+                        # A time from the future (the clock stepped back) counts as old.
+                        if stat.S_ISREG(st.st_mode) and not 0 <= time.time() - st.st_mtime < age:
+                            os.unlink(entry, dir_fd=fd)
+                            removed.append(os.path.join(directory, entry))
+        except OSError:
+            pass
+        return removed
 
     def unlink(self, path: str) -> bool:
         """Remove file or symlink `path`; False if it was not there."""
