@@ -39,6 +39,7 @@ from .system.managers import (
     Connecting,
     Manager,
     ManagerError,
+    ManagerSilent,
     ManagerUntrusted,
     UnitDetails,
     discover,
@@ -109,6 +110,12 @@ class Sensor:
         self._silent: dict[str, float] = {}
         self._connecting: dict[str, Connecting] = {}
         self._found: dict[str, str] = {}  # the last discover(): key -> socket
+        # One call may time out per pass (_in_turn): whether one did, and the managers left
+        # out of this pass and the last one for it.
+        self._timed_out = False
+        self._answered: set[str] = set()  # asked in this pass (and answered, or dropped)
+        self._left_out: set[str] = set()
+        self._left_out_now: set[str] = set()
         # Called from a connecting thread when it has an answer (the daemon wakes its loop).
         self.on_manager_ready: Callable[[], None] = lambda: None
         # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
@@ -347,6 +354,8 @@ class Sensor:
             self._report_engines()
         self._container_of = containers
 
+        self._left_out, self._left_out_now, self._timed_out = self._left_out_now, set(), False
+        self._answered = set()
         starting = self._start_jobs(groups)
         for ref in starting:
             groups.setdefault(ref, [])
@@ -391,14 +400,45 @@ class Sensor:
             unified, self.config.make_room and self.room_possible, self.reclaims_mapped
         )
 
+    # --- the managers asked in a pass ----------------------------------------
+    #
+    # A call to a manager that froze since the last pass waits the bus timeout (5 s), with
+    # the GIL held (pystemd): three frozen at once were 15 s of one pass, blind to every
+    # loader meanwhile. So a pass lets one call time out: after it, the user managers not
+    # yet asked are left for the next pass, which asks them after those that answered (a
+    # manager that answered is asked every pass, however many froze). PID 1 is always
+    # asked, first.
+
+    def _in_turn(self) -> list[tuple[str, Manager]]:
+        """The managers to ask now: PID 1, those that answered, those left out last pass."""
+        return sorted(
+            self.managers.items(),
+            key=lambda item: (item[0] != SYSTEM, item[0] in self._left_out),
+        )
+
+    def _spent(self, key: str) -> bool:
+        """A call timed out in this pass: `key`, a user manager not asked yet in it, waits
+        for the next; one that answered a moment ago is asked on."""
+        if self._timed_out and key != SYSTEM and key not in self._answered:
+            self._left_out_now.add(key)
+            return True
+        self._answered.add(key)  # (a call that fails now drops it from the managers)
+        return False
+
+    def _failed(self, key: str, e: ManagerError) -> None:
+        self._timed_out = self._timed_out or isinstance(e, ManagerSilent)
+        self._drop(key, str(e))
+
     def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
         """Services with a start job and no process yet: loaders caught before they allocate."""
         found = set()
-        for key, m in list(self.managers.items()):
+        for key, m in self._in_turn():
+            if self._spent(key):
+                continue
             try:
                 names = m.start_jobs()
             except ManagerError as e:
-                self._drop(key, str(e))
+                self._failed(key, e)
                 continue
             for name in names:
                 ref = UnitRef(key, name)
@@ -413,12 +453,14 @@ class Sensor:
     def _states(self, groups: dict[UnitRef, Any]) -> dict[UnitRef, str]:
         """ActiveState of every unit with processes: one call per manager."""
         out: dict[UnitRef, str] = {}
-        for key, m in list(self.managers.items()):
+        for key, m in self._in_turn():
+            if self._spent(key):
+                continue
             names = [r.name for r in groups if r.manager == key]
             try:
                 states = m.unit_states(names)
             except ManagerError as e:
-                self._drop(key, str(e))
+                self._failed(key, e)
                 continue
             for name, st in states.items():
                 out[UnitRef(key, name)] = st.active_state
