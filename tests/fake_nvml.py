@@ -7,8 +7,11 @@ fake, since no GPU exists here.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 from ctypes import addressof
+from typing import Any
 
 import pynvml
 
@@ -42,6 +45,16 @@ GB10_CARD = HEALTHY_CARD | {
 }
 
 
+def stuck_in_c() -> None:
+    """Never return, waiting in a C call with the GIL released (ctypes releases it), as a
+    thread in a driver call does: read(2) on a pipe no one writes, again on each EINTR."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    r, _w = os.pipe()  # the write end stays open: no EOF, ever
+    buf = ctypes.create_string_buffer(1)
+    while True:
+        libc.read(r, buf, 1)
+
+
 class FakeNvmlLib:
     def __init__(
         self,
@@ -55,6 +68,7 @@ class FakeNvmlLib:
         hang_init: bool = False,
         hang_after: int | None = None,
         calls_file: str | None = None,
+        in_driver: bool = False,
     ) -> None:
         self.devices = devices  # per device: (pid, bytes or None)
         # A GPU that fell off the bus: nvmlInit, or the per-process query after `hang_after`
@@ -64,6 +78,11 @@ class FakeNvmlLib:
         self.hang_init = hang_init
         self.hang_after = hang_after
         self.release = threading.Event()
+        # As a driver wedged after an Xid 79 does it (nvml_guard.py, where nothing releases
+        # it): the hung call waits in C, and every NVML call after it, from any thread,
+        # nvmlShutdown included, waits behind it, as behind the driver's lock.
+        self.in_driver = in_driver
+        self.hung = False
         self.calls: dict[str, int] = {}
         self.calls_file = calls_file  # each call's name appended: seen from another process
         self.cards = cards or [dict(HEALTHY_CARD) for _ in devices]
@@ -83,7 +102,16 @@ class FakeNvmlLib:
                 f.write(name + "\n")
         return self.calls[name]
 
+    def __getattribute__(self, name: str) -> Any:
+        stuck = name.startswith("nvml") and object.__getattribute__(self, "hung")
+        if stuck and object.__getattribute__(self, "in_driver"):
+            stuck_in_c()
+        return object.__getattribute__(self, name)
+
     def _hang(self) -> None:
+        self.hung = True
+        if self.in_driver:
+            stuck_in_c()
         self.release.wait()
 
     def nvmlInitWithFlags(self, _flags):

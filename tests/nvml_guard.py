@@ -13,7 +13,8 @@ its main(). SPEC, comma-separated:
 - `calls=PATH`: each C call's name is appended to PATH (the test counts them);
 - `pid=N:BYTES`: a compute process (default: none).
 
-A hung call blocks as a stuck driver call would, and nothing releases it.
+A hung call blocks in C as a stuck driver call would, every NVML call after it waits
+behind it (fake_nvml's `in_driver`), and nothing releases it.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ def main() -> int:
     for item in filter(None, spec.split(",")):
         name, _, value = item.partition("=")
         if name == "hang-init":
-            kw["hang_init"] = True
+            kw["hang_init"] = kw["in_driver"] = True
         elif name == "hang-after":
             kw["hang_after"] = int(value)
+            kw["in_driver"] = True
         elif name == "driver-not-loaded":
             kw["init_error"] = 9
         elif name == "calls":

@@ -102,7 +102,10 @@ def test_a_hung_nvml_call_holds_neither_the_loop_nor_the_watchdog(um, spec, hung
     state = json.loads((um.base / "run" / "state.json").read_text())
     assert state["gpu_stale"] is True
     assert state["gpu_accounting"] is (hung_call != "nvmlInit")
-    um.systemctl("stop", GUARD)  # a hung NVML does not hold the stop either
+    # A hung NVML does not hold the stop either. Every NVML call after the hung one waits
+    # in C behind it (as behind the driver's lock): a guard that shut NVML down on its way
+    # out would be held there until TimeoutStopSec= (Result=timeout).
+    um.systemctl("stop", GUARD)
     assert um.show(GUARD, "Result")["Result"] == "success"
 
 
