@@ -1,20 +1,22 @@
 """The package's promises with blocks active, on PID 1 in a container, in one boot.
 
-Installed (0.4.0, the `deb` fixture) it blocks two enabled loaders; upgraded
-to a newer version it restarts once and keeps their records and masks; a
-release still restores exactly; removed with a block active it releases that
-unit exactly and takes back the drop-in `harden` wrote (not one an admin
-rewrote since); purged, it leaves /etc/systemd/system byte for byte as it was
-before the install, but for that admin's drop-in, whose record it keeps and names.
+The previous release (the second entry of packaging/debian/changelog), built from
+its own code out of this checkout's history, is installed and blocks two enabled
+loaders; upgraded to this checkout's package it restarts once and keeps their
+records and masks; a release by the new tools still restores exactly what the old
+guard removed; removed with a block active it releases that unit exactly and
+takes back the drop-in `harden` wrote (not one an admin rewrote since); purged, it
+leaves /etc/systemd/system byte for byte as it was before the install, but for that
+admin's drop-in, whose record it keeps and names.
 
-The newer version is the same package with its Version bumped (dpkg-deb
-repack): what is tested is the upgrade path (prerm upgrade, unpack,
-postinst's restart), not a change of code.
+So what is tested is the upgrade path (prerm upgrade, unpack, postinst's restart)
+across a real change of code: records written by the old guard, read by the new.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -42,24 +44,43 @@ WantedBy=multi-user.target
 """
 LOADERS = ("llama-a.service", "llama-b.service")
 STATE = "/var/lib/spark-guard"
+REPO = Path(__file__).resolve().parent.parent
+CHANGELOG = "packaging/debian/changelog"
 
 
-def newer(deb: Path, version: str, where: Path) -> Path:
-    """The same package as version `version`."""
-    tree = where / "tree"
-    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True)
-    control = tree / "DEBIAN" / "control"
-    lines = control.read_text().splitlines(keepends=True)
-    control.write_text(
-        "".join(f"Version: {version}\n" if ln.startswith("Version:") else ln for ln in lines)
-    )
-    out = where / f"spark-guard_{version}_all.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-b", str(tree), str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
+def _versions(changelog: str) -> list[str]:
+    return re.findall(r"^spark-guard \(([^)]+)\)", changelog, re.MULTILINE)
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def previous_release(where: Path) -> tuple[str, Path]:
+    """(the previous release's version, its .deb built from its own code): the commit
+    before the one that put this version at the top of the changelog."""
+    current, previous = _versions((REPO / CHANGELOG).read_text())[:2]
+    for commit in _git("log", "--first-parent", "--format=%H", "--", CHANGELOG).split():
+        here = _versions(_git("show", f"{commit}:{CHANGELOG}"))
+        try:
+            before = _versions(_git("show", f"{commit}^:{CHANGELOG}"))
+        except subprocess.CalledProcessError:
+            break  # the first commit, or a shallow clone's edge
+        if here[:1] == [current] and before[:1] == [previous]:
+            src = where / "previous"
+            subprocess.run(["git", "clone", "-q", str(REPO), str(src)], check=True)
+            subprocess.run(["git", "-C", str(src), "checkout", "-q", f"{commit}^"], check=True)
+            out = subprocess.run(
+                [str(src / "packaging" / "build-deb.sh")],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            return previous, src / out.stdout.strip().splitlines()[-1]
+    raise AssertionError(f"{previous}'s code is not in this checkout's history (shallow?)")
 
 
 def apt(c: Container, *args: str) -> str:
@@ -101,11 +122,18 @@ def ours(tree: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
     return {k: v for k, v in tree.items() if "spark-guard.service" not in k}
 
 
+def blocked_as(c: Container, unit: str) -> dict[str, object]:
+    """What a release needs of a unit's record: where its mask is, and its links."""
+    record = json.loads(c.path(f"{STATE}/blocked/{unit}.json").read_text())
+    return {k: record.get(k) for k in ("unit", "manager", "mask_path", "mask_made", "links")}
+
+
 def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tmp_path: Path):
-    update = newer(deb, "0.4.1", tmp_path)
+    version, previous = previous_release(tmp_path)
+    current = _versions((REPO / CHANGELOG).read_text())[0]
     with Container() as c:
-        shutil.copy(deb, c.path("/root/spark-guard.deb"))
-        shutil.copy(update, c.path("/root/spark-guard-new.deb"))
+        shutil.copy(previous, c.path("/root/spark-guard.deb"))
+        shutil.copy(deb, c.path("/root/spark-guard-new.deb"))
         c.path("/etc/spark-guard.toml").write_text(CONFIG)
         wants = c.path("/etc/systemd/system/multi-user.target.wants")
         wants.mkdir(parents=True, exist_ok=True)
@@ -117,9 +145,12 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tm
         before = file_tree(etc)
 
         apt(c, "install", "/root/spark-guard.deb")
+        assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == version
         for unit in LOADERS:
             wait_event(c, "unit-blocked", unit)
-        records = {u: c.path(f"{STATE}/blocked/{u}.json").read_bytes() for u in LOADERS}
+        records = {u: blocked_as(c, u) for u in LOADERS}
+        for unit in LOADERS:
+            assert records[unit]["mask_made"] is True and records[unit]["links"], records
         old = c.show("spark-guard.service", "ExecMainPID", "InvocationID", "NRestarts")
         assert old["NRestarts"] == "0"
         started = len(events(c, "guard-started"))
@@ -127,7 +158,8 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tm
         # The upgrade: the guard is restarted once, by postinst; blocks, records and masks stay.
         apt(c, "install", "/root/spark-guard-new.deb")
         c.wait_for("spark-guard.service", "ActiveState", "active")
-        assert "0.4.1" in c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout
+        assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == current
+        assert current != version
         new = c.show("spark-guard.service", "ExecMainPID", "InvocationID", "NRestarts")
         assert new["ExecMainPID"] != old["ExecMainPID"]
         assert new["InvocationID"] != old["InvocationID"]
@@ -136,7 +168,7 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tm
         assert len(events(c, "guard-stopping")) == 1
         time.sleep(1.0)  # a few passes of the new guard
         for unit in LOADERS:
-            assert c.path(f"{STATE}/blocked/{unit}.json").read_bytes() == records[unit], unit
+            assert blocked_as(c, unit) == records[unit], unit  # read by the new guard, kept
             assert masked(c, unit), unit
             props = c.show(unit, "ActiveState", "LoadState")
             assert props == {"ActiveState": "inactive", "LoadState": "masked"}, (unit, props)
