@@ -166,3 +166,60 @@ def test_unit_blocked_carries_the_figures_of_the_decision():
     assert int(blocked["SG_MEM_AVAILABLE"]) == figures["mem_available"] > 0
     assert int(blocked["SG_RESERVE"]) == figures["reserve"]
     assert int(blocked["SG_EXPECTED"]) == 100 * 1024**4
+
+
+FLOOD = """
+import json, os, sys, time
+from spark_guard import log
+from spark_guard.core.events import Event, EventKind, tell
+assert log.configure("journal") == "journal"
+logger = log.get_logger()
+began = time.monotonic()
+for i in range(5000):
+    tell(logger, Event.of(EventKind.DECISION, "warning", msg=f"entry {i}", unit="x"))
+took = time.monotonic() - began
+os.kill(int(sys.argv[1]), 18)  # SIGCONT: journald reads again
+time.sleep(1.0)
+tell(logger, Event.of(EventKind.DECISION, "warning", msg="after", unit="x"))
+print(json.dumps({"took": took}))
+"""
+
+STOPPED = """
+set -e
+mount -t tmpfs tmpfs /run/systemd
+mount -t tmpfs tmpfs /run/log
+mkdir -p /var/log/journal && mount -t tmpfs tmpfs /var/log/journal
+/lib/systemd/systemd-journald >/dev/null 2>&1 &
+JPID=$!
+for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+kill -STOP $JPID
+"$PY" -c "$FLOOD" $JPID > "$WORK/flood.json"
+journalctl --sync 2>/dev/null || sleep 0.5
+journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard > "$WORK/entries.json"
+kill $JPID
+"""
+
+
+@pytest.mark.journald
+def test_a_stopped_journald_holds_no_write_and_the_loss_is_said_once_it_reads(tmp_path):
+    """The real journald, stopped (SIGSTOP) as under memory pressure: 5000 entries, far more
+    than its socket queues, go out without waiting; once it reads again the next entry gets
+    through, with one journal-dropped entry counting what was lost."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PY": sys.executable, "WORK": str(tmp_path)}
+    subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", STOPPED],
+        env=env | {"FLOOD": FLOOD},
+        check=True,
+        timeout=120,
+    )
+    took = json.loads((tmp_path / "flood.json").read_text())["took"]
+    assert took < 10, f"the writes waited on journald: {took:.1f}s"
+    rows = [json.loads(line) for line in (tmp_path / "entries.json").read_text().splitlines()]
+    messages = [r.get("MESSAGE") for r in rows]
+    assert "after" in messages
+    kept = sum(1 for m in messages if isinstance(m, str) and m.startswith("entry "))
+    assert 0 < kept < 5000  # its queue took some; the rest was dropped, not waited for
+    dropped = [r for r in rows if r.get("SG_EVENT") == "journal-dropped"]
+    assert len(dropped) == 1, dropped
+    assert int(dropped[0]["SG_DROPPED"]) == 5000 - kept
+    assert dropped[0]["MESSAGE_ID"] == MESSAGE_IDS[EventKind.JOURNAL_DROPPED]
