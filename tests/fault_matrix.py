@@ -9,13 +9,17 @@ case: {"pipeline", "fault", "at", "point", "problems"}; no problems is a pass.
 The world is a unit manager in a dict (manager_double.FakeManager) with the
 admin's unit file and enablement link as real files on a small tmpfs, "the
 disk", which also holds the guard's state directory; the user's runtime
-directory (where masks go) is a second tmpfs, as /run is. The guard is the
-project's own Blocker and release, unchanged.
+directory (where masks go) is a second tmpfs, as /run is. For a container the
+loader is one container ("vllm", restart unless-stopped) of a fake dockerd API
+on a unix socket (FakeEngine), served by a thread of the case's own process, so
+that what it holds outlives a guard killed in a child, as dockerd does. The
+guard is the project's own Blocker, release and engine client, unchanged.
 
 The points are found, not listed: a clean run of each pipeline (block: the
 daemon's passes until the unit is blocked; release: `spark-guard release`)
-notes every call to the manager and every write the process makes to a file
-(an audit hook: open for writing, mkdir, symlink, rename, unlink). Then for
+notes every call to the manager, every connection to the engine (named after
+the run by what it asked) and every write the process makes to a file (an
+audit hook: open for writing, mkdir, symlink, rename, unlink). Then for
 each point, in a process of its own:
 
 - full: the disk is filled (blocks and inodes) just before that point;
@@ -28,25 +32,29 @@ unit is blocked, and an admin's release undoes it. What must hold, said as a
 problem when it does not:
 
 - no exception leaves a pass (the guard is alive);
-- after every pass, every change the guard made (a link gone, a mask laid) is
-  in the record on disk;
+- after every pass, every change the guard made (a link gone, a mask laid, a
+  restart policy set to no) is in the record on disk;
 - the loader is not left running;
 - the block completes once the fault is gone;
 - after the release, the disk's and the runtime dir's files are byte for byte
-  (content, link target, mode, owner) what they were before the block, and no
-  record is left in blocked/;
+  (content, link target, mode, owner) what they were before the block, the
+  container's restart policy is its own and it runs, and no record is left in
+  blocked/;
 - a release a fault stops says why in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import json
 import os
 import re
+import socket
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,7 +67,8 @@ from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import RecordError, RecordStore
 from spark_guard.core.block import Step
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import UnitRef
+from spark_guard.core.snapshot import CONTAINER, Action, Decision, Phase, Reason, UnitRef
+from spark_guard.system.engine import Engine
 from spark_guard.system.unitfiles import mask_dir
 from tests.manager_double import Clock, FakeManager, stop_decision
 
@@ -68,7 +77,10 @@ KEY = f"user:{UID}"
 UNIT = "llama.service"
 REF = UnitRef(KEY, UNIT)
 FAULTS = ("full", "read-only", "kill")
-PIPELINES = ("block", "release")
+PIPELINES = ("block", "release", "container-block", "container-release")
+BOX = UnitRef(CONTAINER, "vllm")
+BOX_ID = "c0ffee" * 10 + "beef"  # 64 hex
+BOX_POLICY = ("unless-stopped", 0)
 PASSES_UNDER_FAULT = 4  # guard passes with the fault on before it heals
 PASSES_TO_FINISH = 12  # passes allowed for the block to complete once it has healed
 KILLED = 137
@@ -183,6 +195,8 @@ def _point(event: str, args: tuple[Any, ...]) -> Point | None:
         return Point(event, name(args[0]))
     if event in ("os.symlink", "os.rename"):
         return Point(event, f"{name(args[0])} {name(args[1])}")
+    if event == "socket.connect" and str(args[1]).endswith("docker.sock"):
+        return Point("engine", "call")  # named after the trace by what the engine was asked
     return None
 
 
@@ -251,6 +265,108 @@ class TracedManager(FakeManager):
         self.active, self.load, self.links = saved["active"], saved["load"], saved["links"]
 
 
+class FakeEngine:
+    """dockerd's API for one container ("vllm", restart unless-stopped, running), on a
+    unix socket, served by a thread of the case's own process: what it holds outlives a
+    guard killed in a child process, as dockerd outlives the guard. The guard's own
+    engine client (system/engine.py) speaks to it unchanged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.owner = os.getpid()  # the process whose thread serves it, and holds its state
+        self.restart, self.retries = BOX_POLICY
+        self._running = True
+        self.requests: list[tuple[bool, str]] = []  # (traced, "METHOD /path")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def running(self) -> bool:
+        return self.state[2]
+
+    @running.setter
+    def running(self, value: bool) -> None:
+        assert os.getpid() == self.owner
+        self._running = value
+
+    @property
+    def state(self) -> tuple[str, int, bool]:
+        """(restart policy, retries, running): in a guard's child process, asked of the
+        engine, since only the serving process holds it (not traced as a point)."""
+        if os.getpid() == self.owner:
+            return self.restart, self.retries, self._running
+        was, TRACER.busy = TRACER.busy, True
+        try:
+            now = Engine(self.path, timeout=5.0).inspect(BOX_ID)
+        finally:
+            TRACER.busy = was
+        return now.restart, now.max_retries, now.running
+
+    def _inspect(self) -> dict[str, Any]:
+        return {
+            "Id": BOX_ID,
+            "Name": "/vllm",
+            "Path": "vllm",
+            "Args": ["serve", "/models/big"],
+            "Config": {"Image": "vllm/vllm-openai:test", "Labels": {}},
+            "State": {"Running": self._running, "Status": "running" if self._running else "exited"},
+            "HostConfig": {
+                "RestartPolicy": {"Name": self.restart, "MaximumRetryCount": self.retries}
+            },
+        }
+
+    def _answer(self, method: str, path: str, body: bytes) -> tuple[int, object]:
+        path = path.split("?")[0]
+        if path == "/version":
+            return 200, {"Version": "24.0.7", "ApiVersion": "1.43"}
+        parts = path.split("/")  # "", "containers", ref, what
+        if len(parts) != 4 or parts[1] != "containers" or parts[2] not in (BOX_ID, "vllm"):
+            return 404, {"message": "No such container"}
+        what = parts[3]
+        if method == "GET" and what == "json":
+            return 200, self._inspect()
+        if method == "POST" and what in ("stop", "start"):
+            if self._running == (what == "start"):
+                return 304, None
+            self._running = what == "start"
+            return 204, None
+        if method == "POST" and what == "update":
+            policy = json.loads(body)["RestartPolicy"]
+            self.restart, self.retries = policy["Name"], policy["MaximumRetryCount"]
+            return 200, {"Warnings": []}
+        return 404, {"message": f"no {method} {what}"}
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.listener.accept()
+            with conn, contextlib.suppress(OSError, ValueError):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        raise ValueError("closed")
+                    data += chunk
+                head, body = data.split(b"\r\n\r\n", 1)
+                lines = head.decode().split("\r\n")
+                length = next(
+                    (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")),
+                    0,
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                method, path, _ = lines[0].split(" ", 2)
+                self.requests.append((TRACER.on, f"{method} {path.split('?')[0]}"))
+                status, answer = self._answer(method, path, body)
+                out = b"" if answer is None else json.dumps(answer).encode()
+                conn.sendall(
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode()
+                    + out
+                )
+
+
 @dataclass
 class World:
     base: Path
@@ -263,6 +379,17 @@ class World:
     mask: str
     before: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    box: FakeEngine | None = None  # a container world: the loader is this engine's
+
+    @property
+    def target(self) -> UnitRef:
+        return BOX if self.box else REF
+
+    @property
+    def running(self) -> bool:
+        if self.box:
+            return self.box.running
+        return self.manager.active.get(UNIT) == "active"
 
     @property
     def store(self) -> RecordStore:
@@ -279,7 +406,7 @@ class World:
         return files(self.disk.path, self.run.path, skip=skip)
 
 
-def make_world(base: Path) -> World:
+def make_world(base: Path, container: bool = False) -> World:
     disk = Disk(base / "disk")
     run = Disk(base / "run")
     home = disk.path / "home" / ".config" / "systemd" / "user"
@@ -302,12 +429,18 @@ def make_world(base: Path) -> World:
     manager = TracedManager(KEY, control, {UNIT: [str(link)]})
     manager.start(UNIT)
     world = World(base, disk, run, config, manager, Clock(), str(link), os.path.join(control, UNIT))
+    if container:
+        manager.stopped(UNIT)  # the unit is not the loader here
+        world.box = FakeEngine(base / "docker.sock")
     world.before = world.admin_files()
     return world
 
 
 def check_recorded(world: World, when: str) -> None:
     """Every change on the machine is in the record on disk."""
+    if world.box is not None:
+        check_policy_recorded(world, world.box, when)
+        return
     gone = not os.path.lexists(world.link)
     masked = os.path.lexists(world.mask)
     if not gone and not masked:
@@ -327,15 +460,43 @@ def check_recorded(world: World, when: str) -> None:
         world.problems.append(f"{when}: the mask is laid, the record says it did not make it")
 
 
-def guard_pass(world: World, blocker: Blocker, when: str) -> None:
-    """One pass of the daemon: a running loader is decided on again; else blocks advance."""
+def check_policy_recorded(world: World, box: FakeEngine, when: str) -> None:
+    """A container's restart policy is changed only with the old one on record."""
+    if (box.restart, box.retries) == BOX_POLICY:
+        return
     try:
-        if world.manager.active.get(UNIT) == "active":
+        record = world.store.load(BOX)
+    except (RecordError, OSError) as e:
+        world.problems.append(f"{when}: policy {box.restart} but the record: {e}")
+        return
+    kept = record.container if record else None
+    if kept is None or (kept.restart, kept.max_retries) != BOX_POLICY:
+        world.problems.append(f"{when}: policy {box.restart}, the old one not on record")
+
+
+def container_decision() -> tuple[list[Action], Decision]:
+    action = Action("stop", BOX, Reason.FOOTPRINT, "expects 115GiB", {"mem_available": 1})
+    return [action], Decision(Phase.STRICT, 8, (), (action,))
+
+
+def guard_pass(world: World, blocker: Blocker, when: str, *, decide: bool = True) -> None:
+    """One pass of the daemon: a running loader is decided on again (unless `decide` is
+    False: the admin released it, and the policy's verdict is not this test's); else the
+    blocks advance."""
+    try:
+        if decide and world.box is not None and world.box.running:
+            blocker.block(*container_decision(), engines={BOX: world.box.path})
+        elif decide and world.box is None and world.running:
             blocker.block(*stop_decision(REF))
         else:
             blocker.advance()
     except Exception:
         world.problems.append(f"{when}: the pass raised: {traceback.format_exc(limit=4)}")
+    # A container's block runs in a thread of its own: the pass is over when it is (the
+    # daemon's next pass would take its result; here no thread outlives a pass, so that
+    # the processes this test forks never inherit one, or a lock it held).
+    if not blocker.pending.join(10.0):
+        world.problems.append(f"{when}: a container block still runs after 10 s")
     if world.manager.active.get(UNIT) == "deactivating":
         world.manager.stopped(UNIT)  # the loader exits on its SIGTERM
     world.clock.t += 10.0
@@ -344,14 +505,14 @@ def guard_pass(world: World, blocker: Blocker, when: str) -> None:
 
 def blocked(world: World) -> bool:
     try:
-        record = world.store.load(REF)
+        record = world.store.load(world.target)
     except (RecordError, OSError):
         return False
-    return (
-        record is not None
-        and record.step == Step.BLOCKED
-        and world.manager.load.get(UNIT) == "masked"
-    )
+    if record is None or record.step != Step.BLOCKED:
+        return False
+    if world.box is not None:
+        return world.box.state == ("no", 0, False)
+    return world.manager.load.get(UNIT) == "masked"
 
 
 def finish_block(world: World, blocker: Blocker) -> None:
@@ -361,23 +522,29 @@ def finish_block(world: World, blocker: Blocker) -> None:
         guard_pass(world, blocker, f"healed pass {i}")
     if not blocked(world):
         try:
-            record = world.store.load(REF)
+            record = world.store.load(world.target)
         except (RecordError, OSError) as e:
             record = None
             world.problems.append(str(e))
         step = record.step if record else "no record"
-        world.problems.append(
-            f"not blocked {PASSES_TO_FINISH} passes after healing: record {step}, "
-            f"LoadState {world.manager.load.get(UNIT)}, active {world.manager.active.get(UNIT)}"
+        problem = f" ({record.problem})" if record and record.problem else ""
+        problem += f" {[h for _, h in record.history[-6:]]}" if record else ""
+        there = (
+            f"engine {world.box.state} asked {[r[-12:] for _, r in world.box.requests[-8:]]}"
+            if world.box
+            else f"LoadState {world.manager.load.get(UNIT)}, {world.manager.active.get(UNIT)}"
         )
-    if world.manager.active.get(UNIT) == "active":
+        world.problems.append(
+            f"not blocked {PASSES_TO_FINISH} passes after healing: record {step}{problem}, " + there
+        )
+    if world.running:
         world.problems.append("the loader runs")
 
 
 def release(world: World) -> str:
     """The admin's release; '' or the one line it said."""
     try:
-        record = world.store.load(REF)
+        record = world.store.load(world.target)
         if record is None:
             return "not blocked"
         release_mod.release(record, world.store, "/nonexistent", world.config.user_runtime)
@@ -392,14 +559,16 @@ def release(world: World) -> str:
 def check_released(world: World) -> None:
     """The admin releases the unit if it is still blocked; a minute later the guard has
     done a pass (its banner gone, its store swept). Then the files are as before."""
-    if os.path.exists(world.store.path_of(REF)):
+    if os.path.exists(world.store.path_of(world.target)):
         said = release(world)
         if said:
             world.problems.append(f"the final release failed: {said}")
+    if world.box is not None and world.box.state != (*BOX_POLICY, True):
+        world.problems.append(f"the container after the release: {world.box.state}")
     world.manager.reload()
     for p in world.disk.path.rglob(".*.tmp"):
         os.utime(p, (0, 0))  # a minute later
-    guard_pass(world, world.blocker(), "after the release")
+    guard_pass(world, world.blocker(), "after the release", decide=False)
     world.problems += differences(world.before, world.admin_files())
     left = os.listdir(world.store.blocked) if os.path.isdir(world.store.blocked) else []
     if left:
@@ -417,6 +586,8 @@ def in_child(work: Callable[[], None]) -> int:
         except BaseException:
             traceback.print_exc()
             code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
@@ -448,10 +619,13 @@ def run_block(world: World, fault: str, at: int | None) -> None:
         world.manager.restore(state)
         world.clock.t = t + 60.0
         check_recorded(world, "after the kill")
-        if not os.path.exists(world.store.path_of(REF)) and world.manager.active[UNIT] != "active":
+        if not os.path.exists(world.store.path_of(world.target)) and not world.running:
             # Killed after its stop, before the first record: nothing on disk was changed,
-            # and the unit is judged again when it next starts (Restart=, the next boot).
-            world.manager.start(UNIT)
+            # and the loader is judged again when it next starts (Restart=, the next boot).
+            if world.box is not None:
+                world.box.running = True
+            else:
+                world.manager.start(UNIT)
         finish_block(world, world.blocker())  # a new guard, from what is on disk
         return
     TRACER.at, TRACER.strike = at, strike[fault]
@@ -460,7 +634,7 @@ def run_block(world: World, fault: str, at: int | None) -> None:
         guard_pass(world, blocker, f"pass {i}")
     if TRACER.at is None:  # it struck: now it heals
         world.disk.heal()
-    if world.manager.active.get(UNIT) == "active":
+    if world.running:
         world.problems.append("the loader runs under the fault")
     finish_block(world, blocker)
 
@@ -497,7 +671,7 @@ def run_release(world: World, fault: str, at: int | None) -> None:
     blocker = world.blocker()
     for i in range(2):
         guard_pass(world, blocker, f"after the release, pass {i}")
-    if os.path.exists(world.store.path_of(REF)):
+    if os.path.exists(world.store.path_of(world.target)):
         # Not done. The mark of a release that died goes stale (RELEASING_STALE): the guard
         # guards the unit again, and then the admin runs the release again.
         for p in Path(world.store.blocked).glob("*.releasing"):
@@ -507,10 +681,24 @@ def run_release(world: World, fault: str, at: int | None) -> None:
 
 
 def trace(pipeline: str, base: Path) -> list[Point]:
-    """The points of a clean run of `pipeline`."""
-    world = make_world(base)
+    """The points of a clean run of `pipeline`, traced in a process of its own (the driver
+    forks every case: it must hold no thread of a guard or an engine)."""
+    out = base.with_suffix(".json")
+
+    def clean() -> None:
+        out.write_text(json.dumps([[p.kind, p.what] for p in _trace(pipeline, base)]))
+
+    code = in_child(clean)
+    if code != 0:
+        raise AssertionError(f"the clean {pipeline} ended with {code}")
+    return [Point(kind, what) for kind, what in json.loads(out.read_text())]
+
+
+def _trace(pipeline: str, base: Path) -> list[Point]:
+    """The points of a clean run of `pipeline`; an engine call is named by what it asked."""
+    world = make_world(base, container=pipeline.startswith("container-"))
     try:
-        if pipeline == "block":
+        if pipeline.endswith("block"):
             TRACER.on = True
             finish_block(world, world.blocker())
             TRACER.on = False
@@ -518,7 +706,8 @@ def trace(pipeline: str, base: Path) -> list[Point]:
             run_release(world, "full", None)
         if world.problems:
             raise AssertionError(f"the clean {pipeline} has problems: {world.problems}")
-        return list(TRACER.points)
+        asked = iter([r for on, r in world.box.requests if on] if world.box else [])
+        return [Point(p.kind, next(asked, "?")) if p.kind == "engine" else p for p in TRACER.points]
     finally:
         TRACER.on, TRACER.points = False, []
         world.disk.close()
@@ -526,9 +715,9 @@ def trace(pipeline: str, base: Path) -> list[Point]:
 
 
 def case(pipeline: str, fault: str, at: int, point: Point, base: Path) -> dict[str, Any]:
-    world = make_world(base)
+    world = make_world(base, container=pipeline.startswith("container-"))
     try:
-        if pipeline == "block":
+        if pipeline.endswith("block"):
             TRACER.on = True
             run_block(world, fault, at)
             TRACER.on = False
@@ -556,8 +745,8 @@ def isolated(pipeline: str, fault: str, at: int, point: Point, base: Path) -> st
     out = base / f"{pipeline}-{fault}-{at}.json"
 
     def one() -> None:
-        with open(os.devnull, "w") as quiet:
-            os.dup2(quiet.fileno(), 1)  # the guard's own log lines
+        with open(base / f"{pipeline}-{fault}-{at}.log", "w") as said:
+            os.dup2(said.fileno(), 2)  # the guard's own log lines, for a case that fails
         result = case(pipeline, fault, at, point, base / f"{pipeline}-{fault}-{at}")
         out.write_text(json.dumps(result))
 

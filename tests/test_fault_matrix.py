@@ -1,6 +1,7 @@
 """The fault matrix: a full disk, a read-only disk, or a kill at every point where a block or
-a release touches the world, and after each the guard alive, every change on record, and,
-once the admin has released the unit, the files byte for byte as before.
+a release touches the world, a unit's or a container's, and after each the guard alive,
+every change on record, and, once the admin has released it, the files byte for byte and
+the container's restart policy exactly as before.
 
 tests/fault_matrix.py runs the cases (its docstring says how), in a private mount
 namespace where it mounts its small tmpfs disks. It needs root, and says so: in a user
@@ -65,6 +66,21 @@ def test_the_points_are_every_change_a_block_and_a_release_make(matrix):
     for wanted in ("os.remove llama.service", "os.symlink llama.service llama.service"):
         assert wanted in release, (wanted, release)  # the mask off, the link back
     assert any(p.startswith("os.remove user:0:llama.service.json") for p in release), release
+    # A container's: every engine call (stop, the policy set to no, and back, the start),
+    # and its record written before the policy changes.
+    box = matrix["points"]["container-block"]
+    calls = [p.split("/")[-1] for p in box if p.startswith("engine ")]
+    assert calls[:4] == ["json", "stop", "json", "update"] or calls[:5] == [
+        "json",
+        "stop",
+        "json",
+        "json",
+        "update",
+    ], box
+    update = next(i for i, p in enumerate(box) if p.endswith("/update"))
+    assert any("container:vllm.json" in p and "rename" in p for p in box[:update]), box
+    back = [p.split("/")[-1] for p in matrix["points"]["container-release"] if "engine" in p]
+    assert "update" in back and "start" in back, back
     for pipeline, points in matrix["points"].items():
         for fault in FAULTS:
             ran = [c for c in matrix["cases"] if (c["pipeline"], c["fault"]) == (pipeline, fault)]
@@ -72,7 +88,7 @@ def test_the_points_are_every_change_a_block_and_a_release_make(matrix):
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("pipeline", ["block", "release"])
+@pytest.mark.parametrize("pipeline", ["block", "release", "container-block", "container-release"])
 def test_a_fault_at_any_point_leaves_the_guard_guarding_and_loses_nothing(matrix, pipeline, fault):
     ran = [c for c in matrix["cases"] if (c["pipeline"], c["fault"]) == (pipeline, fault)]
     assert ran

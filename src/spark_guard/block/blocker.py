@@ -941,6 +941,10 @@ class Blocker:
             key = str(record.ref)
             if key not in self.pending and self.store.releasing(record.ref):
                 continue  # an admin's release puts its policy back now: not renewed under it
+            if key not in self.pending and key in self._unsaved:
+                # Its latest state could not be written (a full disk): tried every pass, as a
+                # unit's is, so the disk never says less than the engine was told.
+                self._save(record)
             if key in self.pending:
                 finished, error = self.pending.done(key, wait)
                 if not finished:

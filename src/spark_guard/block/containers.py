@@ -25,6 +25,7 @@ hand, so its policy does not restart it when that kill lands.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -212,6 +213,14 @@ class Pending:
         thread = threading.Thread(target=run, name=f"block {key}"[:15], daemon=True)
         self._running[key] = thread
         thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until every block in flight has ended, or `timeout` seconds; whether they
+        all did. Their results stay for done()."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self._running.values()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._running.values())
 
     def done(self, key: str, wait: float = 0.0) -> tuple[bool, str]:
         """(finished, its error or ""): a finished block is forgotten here."""

@@ -20,7 +20,7 @@ again. If the engine refuses, the record is put back.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..core.events import Event, EventKind
@@ -95,7 +95,7 @@ def release(
     the next boot, not now)."""
     if record.ref.is_container:
         return _release_container(record, store, engine_timeout, start)
-    with store.lock():
+    with _locked(store, record):
         current = store.load(record.ref)
         if current is None:
             raise ReleaseError(f"{record.ref}: already released")
@@ -155,8 +155,23 @@ def _absent(path: str, who: Owner) -> bool:
         return False  # not reachable as its owner could: left as it is
 
 
+@contextlib.contextmanager
+def _locked(store: RecordStore, record: Record) -> Iterator[None]:
+    """The store's lock, before a release changes anything: one that cannot be taken (its
+    file cannot be made on a full or read-only disk) is said in one line."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(store.lock())
+        except OSError as e:
+            raise ReleaseError(
+                f"{record.ref}: not released, {store.root} cannot be locked: "
+                f"{e.strerror or e}; nothing was changed"
+            ) from None
+        yield
+
+
 def _release_container(record: Record, store: RecordStore, timeout: float, start: bool) -> Released:
-    with store.lock():
+    with _locked(store, record):
         current = store.load(record.ref)
         if current is None:
             raise ReleaseError(f"{record.ref}: already released")
