@@ -2,9 +2,11 @@
 
 The sensor finds a container's id in a process's cgroup (engine.container_id);
 who it is (name, image, command, restart policy, mounts) only its engine can
-say. The engines are asked from one thread of this module, never from the loop:
-an engine that is slow or hangs costs the loop nothing (its call still ends at
-the engine's deadline), and the loop never waits for an answer. Until the answer
+say. The engines are asked from threads of this module (up to ASKERS at once,
+so that ids seen together are asked together: eight behind an engine that
+takes a second each are not eight seconds), never from the loop: an engine that
+is slow or hangs costs the loop nothing (its call still ends at the engine's
+deadline), and the loop never waits for an answer. Until the answer
 comes the id is pending; a command (dump, rescue) waits for it, up to a
 deadline.
 
@@ -45,6 +47,7 @@ MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stay
 # other ids behind it are answered at once (from dockerd's files, or unknown), not one
 # timeout each (8 ids behind a silent dockerd were judged after 2, 4, ... 16 s).
 SILENT_BREAK = 10.0
+ASKERS = 4  # threads asking at once; each lives on, idle, once started
 
 
 class _Unknown:
@@ -101,7 +104,8 @@ class ContainerWatch:
         self._entries: dict[str, _Entry] = {}
         self._queue: list[str] = []
         self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # askers waiting for a question
         self._closed = False
         # Engine errors other than "no such container", the latest per socket: said once.
         self.errors: dict[str, str] = {}
@@ -161,20 +165,26 @@ class ContainerWatch:
     # --- the thread ---
 
     def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
-            self._thread.start()
+        """One more asker, if more questions wait than askers do (under the lock)."""
+        self._threads = [t for t in self._threads if t.is_alive()]
+        if len(self._queue) > self._idle and len(self._threads) < ASKERS:
+            thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+            self._threads.append(thread)
+            self._idle += 1  # counted from now: the next lookup does not start another for it
+            thread.start()
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
                     self._lock.wait()
+                self._idle -= 1
                 if self._closed:
                     return
                 cid = self._queue.pop(0)
             answer, engine, disk = self._ask(cid)
             with self._lock:
+                self._idle += 1
                 entry = self._entries.get(cid)
                 if entry is not None:
                     # An engine that failed keeps the old answer: a hiccup does not make a
