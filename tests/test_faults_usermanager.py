@@ -152,3 +152,45 @@ def test_a_full_disk_stops_the_loader_but_changes_no_file_until_the_record_is_wr
     )
     assert out.returncode == 0, out.stderr
     assert file_tree(watched) == before
+
+
+def test_a_rescue_racing_the_daemon_leaves_one_complete_record_that_undoes_exactly(um):
+    """`spark-guard rescue` run the moment a loader starts, while the daemon blocks the same
+    unit: both plan, disable and mask it. What an admin checks after: the guard alive and
+    never restarted, the loader stopped and masked, one record that names the link the
+    disable removed and the mask it laid, and a release that puts the files back exactly."""
+    write_config(um, '[loaders.footprint]\n"llama-race.service" = "100TiB"\n')
+    loader_unit(um, "llama-race.service", 30, wanted_by="default.target", Restart="always")
+    um.systemctl("enable", "llama-race.service")
+    watched = um.home / ".config" / "systemd"
+    before = file_tree(watched)
+    offset = restart_guard(um)
+    config = str(um.base / "guard.toml")
+    um.systemctl("start", "--no-block", "llama-race.service")
+    rescue = subprocess.run(
+        [PY, "-m", "spark_guard", "rescue", "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rescue.returncode == 0, rescue.stdout + rescue.stderr
+    wait_log(um, r"unit-blocked: user:0:llama-race.service", after=offset)
+    um.wait_for("llama-race.service", "LoadState", "masked")
+    assert um.show("llama-race.service", "ActiveState")["ActiveState"] != "active"
+    assert um.show(GUARD, "NRestarts", "ActiveState") == {"NRestarts": "0", "ActiveState": "active"}
+    path = um.base / "state" / "blocked" / "user:0:llama-race.service.json"
+    record = json.loads(path.read_text())
+    assert record["step"] == "blocked", record
+    assert record["mask_made"] is True and record["mask_path"].endswith("/llama-race.service")
+    links = [(lr["path"], lr["removed"]) for lr in record["links"]]
+    link = watched / "user" / "default.target.wants" / "llama-race.service"
+    assert links == [(str(link), True)], links
+    out = subprocess.run(
+        [PY, "-m", "spark_guard", "release", "llama-race", "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert file_tree(watched) == before
+    assert um.show("llama-race.service", "UnitFileState")["UnitFileState"] == "enabled"
