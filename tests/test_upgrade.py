@@ -62,6 +62,13 @@ def previous_release(where: Path) -> tuple[str, Path]:
     """(the previous release's version, its .deb built from its own code): the commit
     before the one that put this version at the top of the changelog."""
     current, previous = _versions((REPO / CHANGELOG).read_text())[:2]
+    if _git("rev-parse", "--is-shallow-repository").strip() == "true":
+        # A shallow clone (a CI's): the previous release's code is in the history it lacks.
+        subprocess.run(
+            ["git", "-C", str(REPO), "fetch", "-q", "--unshallow"],
+            capture_output=True,
+            timeout=120,
+        )
     for commit in _git("log", "--first-parent", "--format=%H", "--", CHANGELOG).split():
         here = _versions(_git("show", f"{commit}:{CHANGELOG}"))
         try:
