@@ -64,19 +64,26 @@ def test_a_read_only_state_dir_costs_the_record_not_the_guard(um):
     write_config(um, '[loaders.footprint]\n"llama-ro.service" = "100TiB"\n')
     state = um.base / "state"
     (state / "blocked").mkdir(parents=True, exist_ok=True)
+    # No lock file yet: one made before would still open (read-only) and lock.
+    (state / "lock").unlink(missing_ok=True)
     # Read-only in the manager's mount namespace, where the guard runs.
     pid = str(um.proc.pid)
     for args in (["--bind", str(state), str(state)], ["-o", "remount,ro,bind", str(state)]):
         subprocess.run(["nsenter", "-t", pid, "-m", "mount", *args], check=True)
-    offset = restart_guard(um)
-    loader_unit(um, "llama-ro.service", 50)
-    um.systemctl("start", "llama-ro.service")
-    wait_log(um, r"state-busy: cannot lock .*state: Read-only file system", after=offset)
-    um.wait_for("llama-ro.service", "ActiveState", "inactive")
-    time.sleep(3)  # passes go on: none of them may end the guard
-    shown = um.show(GUARD, "ActiveState", "NRestarts", "MainPID")
-    assert (shown["ActiveState"], shown["NRestarts"]) == ("active", "0"), shown
-    assert um.show("llama-ro.service", "ActiveState")["ActiveState"] != "active"
+    try:
+        offset = restart_guard(um)
+        loader_unit(um, "llama-ro.service", 50)
+        um.systemctl("start", "llama-ro.service")
+        wait_log(um, r"state-busy: cannot lock .*state: Read-only file system", after=offset)
+        um.wait_for("llama-ro.service", "ActiveState", "inactive")
+        time.sleep(3)  # passes go on: none of them may end the guard
+        shown = um.show(GUARD, "ActiveState", "NRestarts", "MainPID")
+        assert (shown["ActiveState"], shown["NRestarts"]) == ("active", "0"), shown
+        assert um.show("llama-ro.service", "ActiveState")["ActiveState"] != "active"
+    finally:
+        # Writable again for the tests after this one (the guard's state is theirs too).
+        subprocess.run(["nsenter", "-t", pid, "-m", "umount", str(state)], check=False)
+        um.systemctl("stop", "llama-ro.service")
 
 
 def test_a_release_on_a_full_disk_changes_nothing_and_says_so_in_one_line(um):
@@ -185,8 +192,10 @@ def test_a_rescue_racing_the_daemon_leaves_one_complete_record_that_undoes_exact
     links = [(lr["path"], lr["removed"]) for lr in record["links"]]
     link = watched / "user" / "default.target.wants" / "llama-race.service"
     assert links == [(str(link), True)], links
+    # (rescue blocks every loader there is: the earlier tests' too, whose units are still
+    # enabled; --all puts them all back.)
     out = subprocess.run(
-        [PY, "-m", "spark_guard", "release", "llama-race", "--config", config],
+        [PY, "-m", "spark_guard", "release", "--all", "--config", config],
         capture_output=True,
         text=True,
         timeout=60,
