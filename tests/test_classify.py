@@ -92,6 +92,29 @@ def test_protected_units_are_never_loaders_whatever_matches():
     assert classify(seen("llama-other.service"), c) is not None
 
 
+def test_a_protected_name_protects_on_its_own_level_only():
+    """PID 1's sshd@*.service is the rescue window; a user's own sshd@llm.service is hers,
+    and judged as any other unit. `user_units` and level-tagged `extra` entries protect
+    on user managers, for every user or one."""
+    evidence = {"gpu_pids": (1,), "mapped_models": ("/m.gguf",)}
+    for name in ("sshd@llm.service", "getty@tty9.service", "dbus.service", "user@1000.service"):
+        assert classify(seen(name, **evidence), C) is None
+        assert classified(seen(name, "user:1000", **evidence)).ref.manager == "user:1000"
+    c = parse(
+        '[protected]\nuser_units = ["pipewire.service"]\n'
+        'extra = ["keep-system.service", "user:keep-any.service", "user:1000:keep-hers.service"]\n'
+    )
+    assert classify(seen("pipewire.service", "user:1001", **evidence), c) is None
+    assert classify(seen("pipewire.service", **evidence), c) is not None  # PID 1's is not
+    assert classify(seen("keep-system.service", **evidence), c) is None
+    assert classify(seen("keep-system.service", "user:1000", **evidence), c) is not None
+    assert classify(seen("keep-any.service", "user:1001", **evidence), c) is None
+    assert classify(seen("keep-any.service", **evidence), c) is not None
+    assert classify(seen("keep-hers.service", "user:1000", **evidence), c) is None
+    assert classify(seen("keep-hers.service", "user:1001", **evidence), c) is not None
+    assert classify(seen("sshd@x.service", **evidence), c) is None  # the defaults stay
+
+
 def test_guard_own_unit_is_protected_under_any_name():
     me = UnitRef("system", "my-guard-llama.service")
     assert classify(seen("my-guard-llama.service"), C, guard_unit=me) is None

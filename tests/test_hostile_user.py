@@ -432,6 +432,18 @@ def test_her_units_cannot_get_a_root_unit_blocked_as_a_duplicate(stage: Stage) -
     stage.mum.systemctl("stop", "sleep-dup.service")
 
 
+def test_her_unit_named_as_pid1s_sshd_is_hers_and_refused(stage: Stage) -> None:
+    """Protected names are PID 1's: her own ~/.config/systemd/user/sshd@.service, started
+    as sshd@llm.service and loading a model that cannot fit, is refused and blocked like
+    any unit of hers (before, the name alone kept it from being judged at all)."""
+    stage.her_unit("sshd@.service", f"{stage.server} -m {stage.big}")
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", "sshd@llm.service")
+    _blocked(stage, "sshd@llm.service", offset)
+    assert stage.mum.show("sshd@llm.service", "LoadState")["LoadState"] == "masked"
+    assert stage.mum.show("sshd@llm.service", "ActiveState")["ActiveState"] != "active"
+
+
 # --- 8. no answer tells her whether a root-only file exists ----------------------------
 
 

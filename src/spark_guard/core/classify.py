@@ -21,11 +21,14 @@ from .snapshot import (
     ARGV_MAX_ARGS,
     ARGV_MAX_BYTES,
     MODEL_SUFFIXES,
+    SYSTEM,
+    USER_PREFIX,
     FootprintFrom,
     Loader,
     SeenUnit,
     ServerKind,
     UnitRef,
+    manager_uid,
 )
 from .text import printable
 
@@ -49,10 +52,38 @@ def config_name(ref: UnitRef) -> str:
 
 
 def is_protected(ref: UnitRef, config: Config, guard_unit: UnitRef | None = None) -> bool:
-    """Units (and containers) the guard never acts on, whatever else matches."""
+    """Units (and containers) the guard never acts on, whatever else matches.
+
+    A name protects on its own level only: `[protected] units` are PID 1's (its sshd and
+    gettys are the rescue window; a user's own unit named sshd@x.service is hers, and
+    judged as any other), `user_units` every user manager's, and each `extra` entry says
+    its level: NAME for PID 1, `user:NAME` for any user's, `user:UID:NAME` for one
+    user's, `container:NAME` for a container."""
     if guard_unit is not None and ref == guard_unit:
         return True
-    return matches_any(config_name(ref), config.protected_units)
+    if ref.is_container:
+        return matches_any(str(ref), config.protected_units)
+    return matches_any(ref.name, protected_names(config, ref.manager))
+
+
+def protected_names(config: Config, manager: str) -> tuple[str, ...]:
+    """The unit name globs protected on `manager` (SYSTEM, or a user's `user:UID`)."""
+    if manager == SYSTEM:
+        plain = [e for e in config.extra_protected if not e.startswith((USER_PREFIX, "container:"))]
+        return (*config.protected, *plain)
+    uid = str(manager_uid(manager))
+    out = list(config.user_protected)
+    for entry in config.extra_protected:
+        if not entry.startswith(USER_PREFIX):
+            continue
+        rest = entry[len(USER_PREFIX) :]
+        who, sep, name = rest.partition(":")
+        if sep and who.isdigit():
+            if who == uid:
+                out.append(name)
+        else:
+            out.append(rest)
+    return tuple(out)
 
 
 def canonical_model(path: str) -> str:

@@ -126,7 +126,10 @@ class Config:
     extra_binaries: tuple[str, ...] = ()
     footprint: Mapping[str, int] = field(default_factory=dict)
     # [protected]
+    # PID 1's units: a name protects on its own level only (a user's sshd@x.service is hers).
     protected: tuple[str, ...] = DEFAULT_PROTECTED
+    user_protected: tuple[str, ...] = ()  # every user manager's units (none by default)
+    # Each says its level: NAME (PID 1), user:NAME, user:UID:NAME, container:NAME.
     extra_protected: tuple[str, ...] = ()
     # [gpu]
     gpu: bool = True
@@ -256,6 +259,7 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("loaders", "binaries"): ("binaries", _str_list),
     ("loaders", "extra_binaries"): ("extra_binaries", _str_list),
     ("protected", "units"): ("protected", _str_list),
+    ("protected", "user_units"): ("user_protected", _str_list),
     ("protected", "extra"): ("extra_protected", _str_list),
     ("gpu", "enabled"): ("gpu", _bool),
     ("gpu", "retry"): ("gpu_retry", _positive_duration),
