@@ -96,23 +96,26 @@ def test_a_protected_name_protects_on_its_own_level_only():
     """PID 1's sshd@*.service is the rescue window; a user's own sshd@llm.service is hers,
     and judged as any other unit. `user_units` and level-tagged `extra` entries protect
     on user managers, for every user or one."""
-    evidence = {"gpu_pids": (1,), "mapped_models": ("/m.gguf",)}
+
+    def armed(name: str, manager: str = "system") -> SeenUnit:
+        return seen(name, manager, gpu_pids=(1,), mapped_models=("/m.gguf",))
+
     for name in ("sshd@llm.service", "getty@tty9.service", "dbus.service", "user@1000.service"):
-        assert classify(seen(name, **evidence), C) is None
-        assert classified(seen(name, "user:1000", **evidence)).ref.manager == "user:1000"
+        assert classify(armed(name), C) is None
+        assert classified(armed(name, "user:1000")).ref.manager == "user:1000"
     c = parse(
         '[protected]\nuser_units = ["pipewire.service"]\n'
         'extra = ["keep-system.service", "user:keep-any.service", "user:1000:keep-hers.service"]\n'
     )
-    assert classify(seen("pipewire.service", "user:1001", **evidence), c) is None
-    assert classify(seen("pipewire.service", **evidence), c) is not None  # PID 1's is not
-    assert classify(seen("keep-system.service", **evidence), c) is None
-    assert classify(seen("keep-system.service", "user:1000", **evidence), c) is not None
-    assert classify(seen("keep-any.service", "user:1001", **evidence), c) is None
-    assert classify(seen("keep-any.service", **evidence), c) is not None
-    assert classify(seen("keep-hers.service", "user:1000", **evidence), c) is None
-    assert classify(seen("keep-hers.service", "user:1001", **evidence), c) is not None
-    assert classify(seen("sshd@x.service", **evidence), c) is None  # the defaults stay
+    assert classify(armed("pipewire.service", "user:1001"), c) is None
+    assert classify(armed("pipewire.service"), c) is not None  # PID 1's is not
+    assert classify(armed("keep-system.service"), c) is None
+    assert classify(armed("keep-system.service", "user:1000"), c) is not None
+    assert classify(armed("keep-any.service", "user:1001"), c) is None
+    assert classify(armed("keep-any.service"), c) is not None
+    assert classify(armed("keep-hers.service", "user:1000"), c) is None
+    assert classify(armed("keep-hers.service", "user:1001"), c) is not None
+    assert classify(armed("sshd@x.service"), c) is None  # the defaults stay
 
 
 def test_guard_own_unit_is_protected_under_any_name():
