@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pynvml
 import pytest
 
+from lab.accounts import unprivileged_user
 from lab.harness import UserManager
 from spark_guard import config as config_mod
 from spark_guard.cli import main
@@ -26,7 +28,7 @@ from spark_guard.system.gpu import inspect
 from spark_guard.system.procfs import PAGE_SIZE
 from spark_guard.tools.doctor.cli import gather
 from spark_guard.tools.doctor.judge import Evidence, Report, judge
-from spark_guard.tools.doctor.logscan import parse_kmsg
+from spark_guard.tools.doctor.logscan import RESTART_SCHEDULED, parse_entry, parse_kmsg
 from spark_guard.tools.doctor.xid import CATALOGUE, describe, parse_line
 from tests import fake_nvml
 from tests.fake_nvml import GB10_CARD, HEALTHY_CARD, FakeNvmlLib
@@ -480,3 +482,64 @@ def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys)
     assert "  WARN  GPU 0 (NVIDIA RTX 6000 Ada Generation): 88 °C, slowdown at 90 °C" in out
     assert "next: reseat the card or riser" in out
     assert code == 1
+
+
+# --- who may speak of units in the journal ---
+
+
+def test_only_root_and_a_users_own_manager_speak_of_units():
+    """Anyone can send MESSAGE_ID= and UNIT= (`logger --journald`); journald's own fields
+    (_UID, _COMM, _SYSTEMD_UNIT) say who did."""
+    forged = {
+        "MESSAGE": "llama.service: Scheduled restart job",
+        "MESSAGE_ID": RESTART_SCHEDULED,
+        "UNIT": "ssh.service",
+        "_UID": "1000",
+        "_COMM": "logger",
+        "_SYSTEMD_UNIT": "session-3.scope",
+    }
+    line = parse_entry(forged)
+    assert line is not None and line.message_id == "" and line.unit == "session-3.scope"
+    # Her manager, in her user@1000.service, of her own unit: believed, as hers.
+    hers = forged | {"USER_UNIT": "llama.service", "_COMM": "systemd"}
+    hers |= {"_SYSTEMD_UNIT": "user@1000.service"}
+    line = parse_entry(hers)
+    assert line is not None and line.message_id == RESTART_SCHEDULED
+    assert line.unit == "user:1000:llama.service"
+    # The same process name elsewhere is not her manager.
+    line = parse_entry(hers | {"_SYSTEMD_UNIT": "session-3.scope"})
+    assert line is not None and line.message_id == "" and line.unit == "session-3.scope"
+    # PID 1 (root): its UNIT= is PID 1's unit.
+    pid1 = forged | {"_UID": "0", "_PID": "1", "_COMM": "systemd", "_SYSTEMD_UNIT": "init.scope"}
+    line = parse_entry(pid1)
+    assert line is not None and line.message_id == RESTART_SCHEDULED and line.unit == "ssh.service"
+
+
+@pytest.mark.journald
+@pytest.mark.systemd
+def test_a_users_forged_restart_storm_is_not_believed(tmp_path, monkeypatch, capsys):
+    """As a real uid, into a real journald: systemd's restart MESSAGE_ID with UNIT=ssh.service,
+    twenty times. doctor reports no restart storm of PID 1's ssh.service."""
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]]))
+    config = machine(tmp_path)
+    with unprivileged_user() as mallory, UserManager(journald=True) as um:
+        assert um.proc is not None
+        one = (
+            "MESSAGE=ssh.service: Scheduled restart job, restart counter is at $i.\\n"
+            f"MESSAGE_ID={RESTART_SCHEDULED}\\nUNIT=ssh.service\\n"
+        )
+        cmd = f'for i in $(seq 20); do printf "{one}" | logger --journald; done'
+        ns = ["nsenter", "-t", str(um.proc.pid), "-m", "setpriv", f"--reuid={mallory.uid}"]
+        ns += [f"--regid={mallory.gid}", "--clear-groups", "sh", "-c", cmd]
+        subprocess.run(ns, check=True, timeout=30)
+        time.sleep(0.5)  # journald writes what it got
+        rows = subprocess.run(
+            ["journalctl", "--directory", str(um.journal_dir), "-o", "json", "UNIT=ssh.service"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.splitlines()
+        _, report = doctor(config, capsys, "--since", "10min ago", journal=um.journal_dir)
+    assert rows, "the forged entries did not reach the journal"
+    assert all(json.loads(r)["_UID"] == str(mallory.uid) for r in rows)
+    assert "restart-storm" not in codes(report), report

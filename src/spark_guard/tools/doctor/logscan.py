@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ...core.snapshot import USER_PREFIX
@@ -48,23 +48,57 @@ class Logs:
     limits: list[str] = field(default_factory=list)  # what could not be, and why
 
 
-def parse_entry(entry: dict[str, object]) -> LogLine | None:
-    """One journalctl -o json entry -> LogLine (None when it has no text message)."""
+# The fields a sender chooses (MESSAGE_ID, UNIT=, USER_UNIT=; `logger --journald` sets any)
+# against the ones journald itself adds from the kernel (_UID, _COMM, _SYSTEMD_UNIT).
+SYSTEMD_IDS = frozenset({RESTART_SCHEDULED, UNIT_OOM_KILLED})
+
+
+def _sender(entry: Mapping[str, object]) -> str:
+    """Who may speak of units here, by journald's own fields: "root" (PID 1, or any of
+    root's processes), "manager" (a user's own systemd, in her user@UID.service), or ""
+    (anyone else: what it says of units is not believed)."""
+    uid = str(entry.get("_UID", ""))
+    if uid == "0":
+        return "root"
+    if (
+        uid
+        and entry.get("_SYSTEMD_UNIT") == f"user@{uid}.service"
+        and entry.get("_COMM")
+        in (
+            "systemd",
+            "(sd-pam)",
+        )
+    ):
+        return "manager"
+    return ""
+
+
+def parse_entry(entry: Mapping[str, object]) -> LogLine | None:
+    """One journalctl -o json entry -> LogLine (None when it has no text message).
+
+    Which unit a line is about comes from fields the sender chooses only when root sent
+    it, or a user's own manager about her own units; anyone else's line is about the unit
+    its process runs in, and cannot carry systemd's restart or OOM-kill MESSAGE_IDs
+    (a user's `logger --journald` forging a restart storm of PID 1's unit)."""
     message = entry.get("MESSAGE")
     if not isinstance(message, str):
         return None  # binary or absent
     uid = str(entry.get("_UID", ""))
+    sender = _sender(entry)
+    fields = {
+        "root": (("USER_UNIT", True), ("UNIT", False)),
+        "manager": (("USER_UNIT", True),),
+        "": (),
+    }[sender] + (("_SYSTEMD_USER_UNIT", True), ("_SYSTEMD_UNIT", False))
     unit = ""
-    for key, user in (
-        ("USER_UNIT", True),
-        ("UNIT", False),
-        ("_SYSTEMD_USER_UNIT", True),
-        ("_SYSTEMD_UNIT", False),
-    ):
+    for key, user in fields:
         value = entry.get(key)
         if isinstance(value, str) and value:
             unit = f"{USER_PREFIX}{uid}:{value}" if user and uid else value
             break
+    message_id = str(entry.get("MESSAGE_ID", ""))
+    if message_id in SYSTEMD_IDS and not sender:
+        message_id = ""  # not systemd's word: read as any other line
     try:
         at = int(str(entry.get("__REALTIME_TIMESTAMP", "0"))) / 1e6
     except ValueError:
@@ -74,7 +108,7 @@ def parse_entry(entry: dict[str, object]) -> LogLine | None:
         message,
         unit,
         kernel=entry.get("_TRANSPORT") == "kernel",
-        message_id=str(entry.get("MESSAGE_ID", "")),
+        message_id=message_id,
         identifier=str(entry.get("SYSLOG_IDENTIFIER", "")),
     )
 
