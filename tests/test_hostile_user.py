@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from lab.guardunit import (
     write_config,
 )
 from lab.harness import UserManager, file_tree
+from spark_guard.statefile import readers_gid
 
 pytestmark = pytest.mark.systemd
 
@@ -442,6 +444,27 @@ def test_her_unit_named_as_pid1s_sshd_is_hers_and_refused(stage: Stage) -> None:
     _blocked(stage, "sshd@llm.service", offset)
     assert stage.mum.show("sshd@llm.service", "LoadState")["LoadState"] == "masked"
     assert stage.mum.show("sshd@llm.service", "ActiveState")["ActiveState"] != "active"
+
+
+def test_state_json_names_what_others_load_to_root_and_adm_only(stage: Stage) -> None:
+    """The published state names every user's loaders and what their prediction read
+    (folders inside a 0700 tree, for `lms load`): root's and group adm's, not hers; her
+    `spark-guard status` says so in one line."""
+    path = stage.root.base / "run" / "state.json"
+    st = path.stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, readers_gid())
+    out = stage.mallory.run(
+        PY,
+        "-m",
+        "spark_guard",
+        "status",
+        "--config",
+        str(stage.root.base / "guard.toml"),
+        check=False,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().endswith("run status as root, or as a member of adm"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
 
 
 # --- 8. no answer tells her whether a root-only file exists ----------------------------

@@ -8,6 +8,8 @@ new, never half).
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import json
 import os
 import time
@@ -193,10 +195,26 @@ def build(
     }
 
 
+# state.json names what every user loads, and the prediction text can name folders in a
+# user's 0700 tree: it is root's and group adm's (the admins' group on Debian and Ubuntu).
+STATE_MODE = 0o640
+READERS = "adm"
+
+
+def readers_gid(group: str = READERS) -> int:
+    """The group that may read state.json (root's, 0, where there is no such group). Looked
+    up once, at start: a lookup may go through NSS, never on the loop's path."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return 0
+
+
 class Publisher:
-    def __init__(self, directory: str, clock: Any = time.monotonic) -> None:
+    def __init__(self, directory: str, clock: Any = time.monotonic, gid: int | None = None) -> None:
         self.path = os.path.join(directory, "state.json")
         self.clock = clock
+        self.gid = readers_gid() if gid is None else gid
         self._last: PassState | None = None
         self._at = 0.0
 
@@ -210,9 +228,13 @@ class Publisher:
             "written_at": time.time(),
             "written_boot": time.clock_gettime(time.CLOCK_BOOTTIME),
         }
-        # 0644: status runs as any user; parent directories made as needed.
+        # Parent directories made as needed; the group given once the file is in place (a
+        # moment of root:root 0640 between tells no one anything).
         data = json.dumps(written, indent=1).encode()
-        own_tree().write(self.path, data, mode=0o644, create=MAKEDIRS)
+        own_tree().write(self.path, data, mode=STATE_MODE, create=MAKEDIRS)
+        if self.gid and os.geteuid() == 0:
+            with contextlib.suppress(OSError):
+                os.chown(self.path, -1, self.gid, follow_symlinks=False)
         self._last, self._at = state, now
         return written
 

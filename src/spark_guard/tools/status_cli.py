@@ -34,6 +34,13 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"spark-guard: not running: {path} does not exist", file=sys.stderr)
         return 1
+    except PermissionError:
+        print(
+            f"spark-guard: {path} is readable by root and group adm only (it names what "
+            "every user loads): run status as root, or as a member of adm",
+            file=sys.stderr,
+        )
+        return 1
     except (OSError, ValueError) as e:
         print(f"spark-guard: {path}: cannot read: {e}", file=sys.stderr)
         return 1
