@@ -14,6 +14,10 @@ guard runs as root: so a model is read
   state) is abandoned to its thread, and a new thread takes the next reads;
   at most MAX_ABANDONED threads are ever left like that (then reads are
   refused, "not read", until one of them comes back);
+- fairly: one queue per owner, root's (PID 1's units, the commands') read
+  first, the users' in turn, one read each, and at most
+  MAX_WAITING_PER_OWNER waiting per user. A user whose reads each take
+  their whole deadline delays her own, not root's or her neighbours';
 - once per file and identity: headers (and the problems of bad files) are
   cached by path, device, inode, size and mtime; an answer is kept for a
   while by path (failures FAIL_RETRY, timeouts TIMEOUT_RETRY), so a unit
@@ -73,6 +77,8 @@ MAX_ABANDONED = 4  # threads left inside a read that never returned; past that, 
 IDLE_EXIT = 30.0  # a worker with nothing to do for this long ends (a new one starts on demand)
 MAX_READS = 256  # answers kept by path; the oldest finished ones go first
 MAX_WAITING = 64  # reads queued or under way; more are refused for now (asked again later)
+# Reads queued or under way for one user: her flood of slow reads is hers to wait out.
+MAX_WAITING_PER_OWNER = 8
 HELD_COST = 16 << 20  # models kept as answers (Model.cost), on top of the header cache: a
 # hostile header may cost ~8 MB in Python objects, a real one 0.1-0.5 MB
 
@@ -175,8 +181,65 @@ class _Worker:
     abandoned: bool = False
 
 
+class _Queues:
+    """Reads waiting, one queue per owner: root's (and the caller's own, None) first, then
+    the users' in turn, one read each."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[int | None, deque[_Read]] = {}
+        self._turn: deque[int | None] = deque()  # users with reads waiting, next first
+
+    def __bool__(self) -> bool:
+        return bool(self._by_owner)
+
+    def __contains__(self, r: _Read) -> bool:
+        return r in self._by_owner.get(r.owner, ())
+
+    def waiting(self, owner: int | None) -> int:
+        return len(self._by_owner.get(owner, ()))
+
+    def append(self, r: _Read) -> None:
+        if r.owner not in self._by_owner:
+            self._by_owner[r.owner] = deque()
+            if not _is_root(r.owner):
+                self._turn.append(r.owner)
+        self._by_owner[r.owner].append(r)
+
+    def remove(self, r: _Read) -> None:
+        queue = self._by_owner[r.owner]
+        queue.remove(r)
+        if not queue:
+            self._forget(r.owner)
+
+    def popleft(self) -> _Read:
+        for owner in (None, 0):
+            if owner in self._by_owner:
+                return self._take(owner)
+        owner = self._turn.popleft()
+        r = self._take(owner)
+        if owner in self._by_owner:
+            self._turn.append(owner)  # her next read waits for everyone else's turn
+        return r
+
+    def _take(self, owner: int | None) -> _Read:
+        queue = self._by_owner[owner]
+        r = queue.popleft()
+        if not queue:
+            self._forget(owner)
+        return r
+
+    def _forget(self, owner: int | None) -> None:
+        del self._by_owner[owner]
+        if owner in self._turn:
+            self._turn.remove(owner)
+
+
+def _is_root(owner: int | None) -> bool:
+    return owner is None or owner == 0
+
+
 class _Pool:
-    """One worker thread at a time takes reads in order; a stuck one is replaced."""
+    """One worker thread at a time takes reads, fairly (_Queues); a stuck one is replaced."""
 
     def __init__(
         self,
@@ -189,9 +252,16 @@ class _Pool:
         self.on_done = on_done
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue: deque[_Read] = deque()
+        self._queue = _Queues()
         self._worker: _Worker | None = None
         self.abandoned = 0  # threads still inside a read that timed out
+
+    def waiting(self, owner: int | None) -> int:
+        """Reads of `owner` queued or under way."""
+        with self._lock:
+            w = self._worker
+            busy = w is not None and w.current is not None and w.current.owner == owner
+            return self._queue.waiting(owner) + busy
 
     def submit(self, r: _Read) -> None:
         with self._lock:
@@ -388,6 +458,14 @@ class Predictor:
             r = self._reads[key] = _Read(path, owner, self.budget, kind, job=job)
             if sum(not x.done.is_set() for x in self._reads.values()) > MAX_WAITING:
                 r.error = f"{path}: not read yet: {MAX_WAITING} model reads are waiting"
+                r.stalled = True
+                r.finished = now
+                r.done.set()
+            elif not _is_root(owner) and self._pool.waiting(owner) >= MAX_WAITING_PER_OWNER:
+                r.error = (
+                    f"{path}: not read yet: {MAX_WAITING_PER_OWNER} model reads of uid "
+                    f"{owner} are waiting"
+                )
                 r.stalled = True
                 r.finished = now
                 r.done.set()
