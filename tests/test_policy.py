@@ -202,6 +202,18 @@ def test_duplicate_user_first_system_second_the_system_unit_stays():
     ] == ["user:1000:mine.service"]
 
 
+def test_a_container_of_roots_engine_keeps_its_model_over_a_users_earlier_unit():
+    """Her `exec -a llama-server tail -f /dev/null -- -m /models/x.gguf`, started earlier,
+    used to get root's loader container stopped as the duplicate: every engine the guard
+    asks is root's, so its container ranks with root's units."""
+    model = "/models/x.gguf"
+    fake = unit("user:1000:fake.service", 1.0, ("llama-server", "-m", model))
+    vllm = replace(box("vllm", "vllm/vllm-openai:v0.6"), active_since=30.0, mapped_models=(model,))
+    got = refused(fake, vllm)
+    assert [(u, r) for u, r, _ in got] == [("user:1000:fake.service", "duplicate")], got
+    assert "root's unit keeps it over a user's copy" in got[0][2]
+
+
 def test_a_path_merely_named_is_not_a_load():
     # `sleep infinity /srv/models/qwen.gguf`: the file need not even exist. Named, not loaded.
     sleeper = unit("user:1000:qwen-nap.service", 1.0, ("sleep", "infinity", QWEN))

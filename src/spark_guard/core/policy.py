@@ -83,10 +83,16 @@ def _start_order(loader: Loader) -> tuple[float, str]:
 _ROOTS = (SYSTEM, user_manager(0))
 
 
+def _roots(loader: Loader) -> bool:
+    """A loader of root's: a unit of PID 1 or of root's own manager, or a container (every
+    engine the guard asks runs as root: its peer is checked, system/engine.py)."""
+    return loader.ref.is_container or loader.ref.manager in _ROOTS
+
+
 def _keep_order(loader: Loader) -> tuple[bool, float, str]:
-    """Who keeps a model loaded twice: root's unit before any other user's (the admin's
-    loader is not taken over by a user who started first), then the one that started first."""
-    return (loader.ref.manager not in _ROOTS, *_start_order(loader))
+    """Who keeps a model loaded twice: root's before any other user's (the admin's loader
+    is not taken over by a user who started first), then the one that started first."""
+    return (not _roots(loader), *_start_order(loader))
 
 
 def _figures(
@@ -274,7 +280,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
         for model in loaded_models(loader.seen):
             first = by_model.setdefault(model, loader)
             if first is not loader:
-                over = first.ref.manager in _ROOTS and loader.ref.manager not in _ROOTS
+                over = _roots(first) and not _roots(loader)
                 act(
                     loader,
                     Reason.DUPLICATE,
