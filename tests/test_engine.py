@@ -15,7 +15,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -407,12 +407,26 @@ def test_a_socket_a_user_listens_on_is_not_believed() -> None:
         os.rmdir(base)
 
 
+def _asked_together(path: str, ids: list[str], timeout: float) -> Sequence[object]:
+    """What a ContainerWatch on the engine at `path` knows of `ids`, all looked up in one
+    pass (as the sensor does) and waited for."""
+    from spark_guard.system.containerwatch import ContainerWatch
+
+    watch = ContainerWatch([path], timeout, docker_root="/nonexistent")
+    for cid in ids:
+        watch.lookup(cid)
+    watch.wait(30)
+    answers = [watch.lookup(cid)[0] for cid in ids]
+    watch.close()
+    return answers
+
+
 def test_ids_behind_a_silent_engine_are_not_each_a_timeout() -> None:
     """A dockerd that accepts and never answers (its API not up at boot): the first id
     costs one timeout, and the ids behind it are answered at once (from dockerd's files,
     or unknown) without asking it again: eight ids used to be judged after 2, 4, ... 16 s,
     one timeout each."""
-    from spark_guard.system.containerwatch import UNKNOWN, ContainerWatch
+    from spark_guard.system.containerwatch import UNKNOWN
 
     asked: list[int] = []
 
@@ -422,12 +436,7 @@ def test_ids_behind_a_silent_engine_are_not_each_a_timeout() -> None:
 
     ids = [(f"{i:x}" * 64)[:64] for i in range(1, 9)]
     with _server(silent) as path:
-        watch = ContainerWatch([path], 0.5, docker_root="/nonexistent")
-        for cid in ids:
-            watch.lookup(cid)
-        watch.wait(30)
-        answers = [watch.lookup(cid)[0] for cid in ids]
-        watch.close()
+        answers = _asked_together(path, ids, 0.5)
     assert all(a is UNKNOWN for a in answers), answers
     # The questions out at once ran out their timeout together; then the engine was left
     # alone: at most one per asker, never one per id.
@@ -437,7 +446,6 @@ def test_ids_behind_a_silent_engine_are_not_each_a_timeout() -> None:
 def test_ids_seen_together_are_asked_together() -> None:
     """An engine that takes its time over each answer (dockerd busy at boot): the ids
     the loop saw in one pass are asked at once, up to ASKERS, not one after another."""
-    from spark_guard.system.containerwatch import ContainerWatch
 
     if os.geteuid() != 0:
         pytest.skip("the engine client believes a root peer only, and this server is ours")
@@ -470,12 +478,7 @@ def test_ids_seen_together_are_asked_together() -> None:
     threading.Thread(target=serve, daemon=True).start()
     ids = [(f"{i:x}" * 64)[:64] for i in range(1, 9)]
     try:
-        watch = ContainerWatch([path], 5.0, docker_root="/nonexistent")
-        for cid in ids:
-            watch.lookup(cid)
-        watch.wait(30)
-        answers = [watch.lookup(cid)[0] for cid in ids]
-        watch.close()
+        answers = _asked_together(path, ids, 5.0)
     finally:
         listener.close()
         os.unlink(path)

@@ -36,7 +36,8 @@ _, events, _, _ = take(GuardState(), decision, 0.0, Config(), dry_run=True)
 tell(log.get_logger(), *events)
 """
 
-SCRIPT = """
+# A journald of its own in a private mount namespace (never the host's); $JPID is its pid.
+JOURNALD_UP = """
 set -e
 mount -t tmpfs tmpfs /run/systemd
 mount -t tmpfs tmpfs /run/log
@@ -44,6 +45,11 @@ mkdir -p /var/log/journal && mount -t tmpfs tmpfs /var/log/journal
 /lib/systemd/systemd-journald >/dev/null 2>&1 &
 JPID=$!
 for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+"""
+
+SCRIPT = (
+    JOURNALD_UP
+    + """
 printf '[boot]\\ngrace = "1h"\\n[paths]\\nruntime = "%s/run"\\nstate = "%s/state"\\n' \\
   "$WORK" "$WORK" > "$WORK/guard.toml"
 # As systemd starts a service: stderr on a journal stream, JOURNAL_STREAM=dev:ino of it.
@@ -56,6 +62,7 @@ journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard > "$WORK/entries.jso
 journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard-stream > "$WORK/stream.json"
 kill $JPID
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -184,20 +191,16 @@ tell(logger, Event.of(EventKind.DECISION, "warning", msg="after", unit="x"))
 print(json.dumps({"took": took}))
 """
 
-STOPPED = """
-set -e
-mount -t tmpfs tmpfs /run/systemd
-mount -t tmpfs tmpfs /run/log
-mkdir -p /var/log/journal && mount -t tmpfs tmpfs /var/log/journal
-/lib/systemd/systemd-journald >/dev/null 2>&1 &
-JPID=$!
-for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+STOPPED = (
+    JOURNALD_UP
+    + """
 kill -STOP $JPID
 "$PY" -c "$FLOOD" $JPID > "$WORK/flood.json"
 journalctl --sync 2>/dev/null || sleep 0.5
 journalctl --no-pager -o json SYSLOG_IDENTIFIER=spark-guard > "$WORK/entries.json"
 kill $JPID
 """
+)
 
 
 @pytest.mark.journald
