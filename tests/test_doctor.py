@@ -221,6 +221,29 @@ def test_only_application_xids_make_it_app_level():
     assert kind() == "healthy"
 
 
+def test_a_loaders_cuda_line_is_known_by_its_tag_when_journald_lost_its_unit():
+    """A process that prints its CUDA error and exits at once is often gone before journald
+    reads its cgroup: the line has no unit, and only its SYSLOG_IDENTIFIER names it."""
+    from spark_guard.system.gpu import GpuFacts
+
+    def found(tag: str) -> dict[str, str]:
+        entry = {"MESSAGE": "CUDA error: out of memory", "_UID": "0", "SYSLOG_IDENTIFIER": tag}
+        line = parse_entry(entry)
+        assert line is not None and line.unit == ""
+        ev = Evidence(
+            GpuFacts("ok", "", "", "", ()),
+            True,
+            1,
+            "active",
+            logs=(line,),
+            loader_names=("llama-server", "ollama"),
+        )
+        return {f.code: f.message for f in judge(ev).findings}
+
+    assert found("llama-server")["cuda-out-of-memory"].startswith("llama-server: 1 CUDA out of")
+    assert "cuda-out-of-memory" not in found("sh")  # anyone's shell is not a loader
+
+
 # --- NV_ERR_NO_MEMORY, judged against the memory state now ---
 
 GiB = 2**30
@@ -389,6 +412,9 @@ def test_many_nv_no_memory_lines_in_a_minute_with_a_collapse_are_critical(tmp_pa
 CRASHER = (
     "[Unit]\nDescription=a llama-server that dies at once\nStartLimitIntervalSec=0\n"
     "[Service]\n"
+    # As llama-server's own lines are tagged: a shell that exits at once is often gone
+    # before journald reads its cgroup, and then the tag is all that names the loader.
+    "SyslogIdentifier=llama-server\n"
     'ExecStart=/bin/sh -c \'echo "CUDA error: out of memory" >&2; '
     'echo "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" >&2;'
     " exit 1'\n"
