@@ -33,3 +33,49 @@ def test_the_fallback_kill_signals_only_processes_still_in_the_cgroup(tmp_path):
         for p in (ours, recycled):
             p.kill()
             p.wait()
+
+
+def test_a_manager_stopped_or_frozen_is_seen_paused_without_a_call():
+    """A user's manager that she stopped (SIGSTOP) or froze (the cgroup freezer, on her own
+    delegated cgroup) would hold the guard for the bus timeout on the next call, the GIL
+    held; the kernel's word in /proc says so first (managers.paused)."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    from lab.harness import CGROUP_ROOTS
+    from spark_guard.system.managers import paused
+
+    child = subprocess.Popen(["sleep", "60"])
+    cgroup = Path(CGROUP_ROOTS[0]) / f"sg-paused-{os.getpid()}"
+    try:
+        assert paused("/proc", child.pid) == ""
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert paused("/proc", child.pid) == "stopped (SIGSTOP)"
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        assert paused("/proc", child.pid) == ""
+        if os.geteuid() != 0 or not Path(CGROUP_ROOTS[0], "cgroup.procs").exists():
+            pytest.skip("no cgroup v2 hierarchy of ours to freeze in")
+        cgroup.mkdir()
+        (cgroup / "cgroup.procs").write_text(str(child.pid))
+        (cgroup / "cgroup.freeze").write_text("1")
+        deadline = time.monotonic() + 5
+        while "frozen 1" not in (cgroup / "cgroup.events").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert paused("/proc", child.pid) == "frozen (cgroup freezer)"
+        (cgroup / "cgroup.freeze").write_text("0")
+        time.sleep(0.1)
+        assert paused("/proc", child.pid) == ""
+    finally:
+        child.kill()
+        child.wait()
+        if cgroup.exists():
+            (cgroup / "cgroup.freeze").write_text("0")
+            time.sleep(0.05)
+            cgroup.rmdir()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import importlib
 import importlib.util
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.snapshot import SYSTEM, manager_uid, user_manager, valid_unit_name
+from .cgroupfs import v2_root
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
 
@@ -87,6 +89,38 @@ def _hung_up(fd: int) -> bool:
     poller.register(fd, select.POLLRDHUP)
     closed = select.POLLRDHUP | select.POLLHUP | select.POLLERR
     return any(ev & closed for _, ev in poller.poll(0))
+
+
+def paused(proc_root: str, pid: int, cgroup_base: str = "/sys/fs/cgroup") -> str:
+    """Why process `pid` cannot answer now, from the kernel's word, or "": stopped
+    (SIGSTOP, a tracer) or frozen (the cgroup freezer, which a user may set on her own
+    manager's delegated cgroup: its cgroup.events says "frozen 1", inherited from any
+    frozen parent). Small reads of /proc and cgroupfs, no call: a user's manager that is
+    paused is not called, since a call would hold the GIL for the bus timeout."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        end = stat.rindex(b")")
+        state = stat[end + 2 : end + 3]
+    except (OSError, ValueError):
+        return ""
+    if state in (b"T", b"t"):
+        return "stopped (SIGSTOP)" if state == b"T" else "stopped by a tracer"
+    cgroup = ProcFS(proc_root).cgroup(pid)
+    if not cgroup:
+        return ""
+    events = os.path.join(_v2_root(cgroup_base), cgroup.lstrip("/"), "cgroup.events")
+    try:
+        with open(events, "rb") as f:
+            frozen = b"\nfrozen 1" in b"\n" + f.read(4096)
+    except OSError:
+        return ""
+    return "frozen (cgroup freezer)" if frozen else ""
+
+
+@functools.lru_cache(maxsize=4)
+def _v2_root(base: str) -> str:
+    return v2_root(base)
 
 
 def _timed_out(e: BaseException) -> bool:
@@ -324,6 +358,10 @@ class Manager:
             raise ManagerSilent(
                 f"{self.key}: {what}: not asked, a call timed out; asked again in {wait:.0f}s"
             )
+        why = paused(self.proc_root, self.pid) if self.key != SYSTEM and self.pid else ""
+        if why:
+            self.silent_until = time.monotonic() + SILENT_FOR
+            raise ManagerSilent(f"{self.key}: {what}: not asked, its manager is {why}")
         if _hung_up(self._bus.get_fd()):
             # Said here, not by a failed call: pystemd 0.11 leaks about 2 kB on every call
             # that fails (measured), and a manager that exits fails the next call of each
