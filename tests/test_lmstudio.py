@@ -400,6 +400,38 @@ def test_a_folder_too_big_to_search_is_said_so(tmp_path: Path):
         found("r1", tmp_path)
 
 
+def test_symlinks_to_one_folder_are_listed_once_and_the_walk_has_a_total_budget(tmp_path: Path):
+    """Her models folder: 4,095 publisher symlinks to one folder of 4,095 files. Each link
+    was listed and kept on its own (928 MiB); a folder reached again is not followed, and
+    a walk lists at most MAX_TOTAL_ENTRIES entries in all."""
+    import tracemalloc
+
+    models = tmp_path / ".lmstudio" / "models"
+    target = tmp_path / "flat"
+    target.mkdir()
+    models.mkdir(parents=True)
+    for i in range(lmstudio.MAX_ENTRIES - 1):
+        (target / f"f{i:04}").touch()
+        (models / f"p{i:04}").symlink_to(target)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFileError, match=r"no GGUF model in .* matches it") as said:
+            found("zzzz", tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "entries listed in all" not in str(said.value)
+    assert peak < 16 * 2**20, peak  # one listing of each, not 4,095 of the same
+
+    # Distinct folders: the budget ends the walk, and says so.
+    wide = tmp_path / "wide" / ".lmstudio" / "models"
+    for p in range(5):
+        for r in range(lmstudio.MAX_TOTAL_ENTRIES // 4):
+            (wide / f"pub{p}" / f"r{r}").mkdir(parents=True)
+    with pytest.raises(ModelFileError, match=f"over {lmstudio.MAX_TOTAL_ENTRIES} entries listed"):
+        found("zzzz", tmp_path / "wide")
+
+
 # --- the footprint ----------------------------------------------------------------------------
 
 

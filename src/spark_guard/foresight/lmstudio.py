@@ -83,6 +83,9 @@ MAX_SETTINGS = 256 << 10  # settings.json: LM Studio's are a few kB
 MAX_CONFIG = 256 << 10  # a per-model config: a chat template at most, tens of kB
 MAX_YAML = 64 << 10  # a hub model.yaml: a few kB
 MAX_ENTRIES = 4096  # entries of one directory listed
+# Entries listed in all for one resolve: a user's 4,095 symlinks to one folder of 4,095
+# files were each listed and kept, 928 MiB; no folder is listed twice either.
+MAX_TOTAL_ENTRIES = 4 * MAX_ENTRIES
 MAX_MODEL_DIRS = 16384  # <publisher>/<repo> folders looked at in all
 MAX_LISTED = 64  # candidate folders whose files are listed to tell models apart
 MAX_NAMED = 5  # candidates named in an answer
@@ -247,6 +250,8 @@ class _Folders:
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self._cache: dict[str, list[tuple[str, bool]]] = {}
+        self._listed: set[tuple[int, int]] = set()  # (st_dev, st_ino) of folders listed
+        self._spent = 0  # entries listed in all
 
     def entries(self, path: str, *, root: bool = False) -> list[tuple[str, bool]]:
         """(name, is a directory) of `path`; [] if it cannot be listed, or ModelOpenError for
@@ -264,10 +269,22 @@ class _Folders:
             return []
         out: list[tuple[str, bool]] = []
         try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in self._listed:
+                # A folder reached again (a symlink to one listed already) is not followed
+                # twice: what it holds was seen where it was first reached.
+                self._cache[path] = out
+                return out
+            self._listed.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as it:
                 for n, entry in enumerate(it):
                     if n >= MAX_ENTRIES:
                         raise ModelFileError(f"{path}: over {MAX_ENTRIES} entries: not searched")
+                    self._spent += 1
+                    if self._spent > MAX_TOTAL_ENTRIES:
+                        raise ModelFileError(
+                            f"{path}: over {MAX_TOTAL_ENTRIES} entries listed in all: not searched"
+                        )
                     if n % 256 == 255:
                         _tick(self.deadline, path)
                     try:
