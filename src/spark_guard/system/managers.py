@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.argv.environment import needed as needed_environment
 from ..core.snapshot import SYSTEM, manager_uid, user_manager, valid_unit_name
+from . import dbuswire
 from .cgroupfs import v2_root
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
@@ -81,6 +83,10 @@ SILENT_FOR = 10.0
 # thread of the guard, the loop included, for the whole bus timeout. Python's own
 # socket waits let go of it. A live manager answers in microseconds to milliseconds.
 HANDSHAKE_TIMEOUT = 1.0
+# A user's unit property (ExecStart=, Environment=): a real one is a few kB, and comes back
+# in milliseconds; 60 Environment= lines of 1 MB took systemd 3.7 s to send.
+DETAILS_CAP = 256 * 1024
+DETAILS_TIMEOUT = 1.0
 
 
 def _hung_up(fd: int) -> bool:
@@ -165,6 +171,7 @@ class UnitDetails:
     active_since: float | None  # monotonic seconds
     environment: tuple[str, ...] = ()  # Environment= assignments, 'K=V'
     user: str = ""  # User= as the manager reports it ("": the manager's own user)
+    unreadable: str = ""  # why they could not be read (then all else is empty)
 
 
 class Manager:
@@ -421,16 +428,44 @@ class Manager:
             if _s(r[0]) in wanted
         }
 
+    def _get_bounded(self, path: bytes, iface: bytes, prop: bytes) -> Any:
+        """A property a user wrote (ExecStart=, Environment=), read on a connection of its
+        own: refused over DETAILS_CAP bytes, given up after DETAILS_TIMEOUT (dbuswire.py).
+        pystemd would read it whole, however big, with the GIL held."""
+        what = f"reading {prop.decode()}"
+        self._ready(what)
+        try:
+            with self._socket_dir() as address:
+                return dbuswire.get_property(
+                    address,
+                    path,
+                    iface,
+                    prop,
+                    timeout=DETAILS_TIMEOUT,
+                    cap=DETAILS_CAP,
+                    peer_pid=self.pid,
+                )
+        except dbuswire.WireError as e:
+            raise ManagerError(f"{self.key}: {what}: {e}") from None
+        finally:
+            self.heartbeat()
+
     def unit_details(self, name: str) -> UnitDetails:
+        """What a service runs and since when. Environment=: only what foresight reads
+        (core/argv/environment.py). A user manager's units are read bounded."""
         path = self.unit_path(name)
+        get = (
+            self._get if self.key == SYSTEM else (lambda p, i, n, _sig: self._get_bounded(p, i, n))
+        )
         exec_start: tuple[tuple[str, ...], ...] = ()
         environment: tuple[str, ...] = ()
         user = ""
         if name.endswith(".service"):
-            raw = self._get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
+            raw = get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
             exec_start = tuple(tuple(_s(a) for a in row[1]) for row in raw)
-            environment = tuple(_s(e) for e in self._get(path, _SERVICE, b"Environment", b"as"))
-            user = _s(self._get(path, _SERVICE, b"User", b"s"))
+            assignments = (_s(e) for e in get(path, _SERVICE, b"Environment", b"as"))
+            environment = needed_environment(assignments, exec_start)
+            user = _s(get(path, _SERVICE, b"User", b"s"))
         since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
         if since_us == 0:  # still activating: it left 'inactive' when the start began
             since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))

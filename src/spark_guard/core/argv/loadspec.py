@@ -61,7 +61,7 @@ _LLAMA_FLAGS: dict[str, tuple[str, bool]] = {
     "--gpu-layers": ("n_gpu_layers", True),
     "--n-gpu-layers": ("n_gpu_layers", True),
 }
-_LLAMA_ENV = {
+LLAMA_ENV = {
     "LLAMA_ARG_MODEL": "model",
     "LLAMA_ARG_CTX_SIZE": "n_ctx",
     "LLAMA_ARG_N_PARALLEL": "n_parallel",
@@ -153,7 +153,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> LoadSpec
 
 def _llama(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
     values: dict[str, str | bool] = {}
-    for var, name in _LLAMA_ENV.items():
+    for var, name in LLAMA_ENV.items():
         if var in env:
             values[name] = env[var]
     i = 0
@@ -271,7 +271,7 @@ _TGI_FLAGS = {
     "--kv-cache-dtype": "kv_cache_dtype",
 }
 # clap's `env` attribute: each flag also reads the variable of its name in capitals.
-_TGI_ENV = {
+TGI_ENV = {
     "MODEL_ID": "model",
     "CUDA_MEMORY_FRACTION": "fraction",
     "MAX_TOTAL_TOKENS": "total_tokens",
@@ -360,7 +360,7 @@ def _tgi(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
     """TGI's launcher. Its model server sizes the KV cache from what is free, up to
     TGI_WIGGLE_ROOM x --cuda-memory-fraction of the device (flash_causal_lm.py, warmup):
     on unified memory that share of the whole pool, whatever --max-total-tokens says."""
-    v = {name: (var, env[var]) for var, name in _TGI_ENV.items() if var in env}
+    v = {name: (var, env[var]) for var, name in TGI_ENV.items() if var in env}
     v.update(_flags(args, _TGI_FLAGS))
     fraction = _fraction(*v["fraction"]) if "fraction" in v else 1.0  # the launcher's default
     wiggle = TGI_WIGGLE_ROOM

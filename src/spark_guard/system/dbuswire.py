@@ -1,0 +1,297 @@
+"""One D-Bus property read in plain Python, bounded in size and time.
+
+pystemd (sd-bus) reads a reply whole, however big, with the GIL held: a user's
+unit with 60 Environment= lines of 1 MB each made one read 60 MB and 0.5 s, and
+the guard held 134 MiB for it. Here the reply's header says its size before
+its body is read: a reply over `cap` is refused unread, and the whole call has
+a deadline kept in Python (a socket timeout), so a manager that stops
+answering costs the caller that deadline and nothing else.
+
+Just what Properties.Get needs: marshal one method call, read messages until
+its reply, unmarshal the basic types, arrays, structs and variants systemd's
+unit properties use. The D-Bus specification, "Message Protocol": a 16-byte
+fixed header, header fields a(yv), the body 8-aligned after them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+FIXED = 16  # endian, type, flags, version, body length, serial, header fields' length
+METHOD_CALL, METHOD_RETURN, ERROR = 1, 2, 3
+# Header field codes.
+F_PATH, F_INTERFACE, F_MEMBER, F_ERROR_NAME, F_REPLY_SERIAL = 1, 2, 3, 4, 5
+F_DESTINATION, F_SIGNATURE = 6, 8
+HEADER_FIELDS_MAX = 64 * 1024  # a reply's header fields: names and a signature
+_ALIGN = {"y": 1, "b": 4, "n": 2, "q": 2, "i": 4, "u": 4, "x": 8, "t": 8, "d": 8}
+_ALIGN |= {"s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "{": 8, "v": 1, "h": 4}
+_FORMAT = {"y": "B", "b": "I", "n": "h", "q": "H", "i": "i", "u": "I", "x": "q", "t": "Q"}
+_FORMAT |= {"d": "d", "h": "I"}
+MAX_DEPTH = 32
+
+
+class WireError(Exception):
+    """The call could not be made or its reply not read: str() says why, in one line."""
+
+
+class TooBig(WireError):
+    """The reply is over the caller's cap: refused unread."""
+
+
+# --- marshalling (what a Properties.Get call needs) --------------------------------------
+
+
+def _pad(buf: bytearray, align: int) -> None:
+    buf.extend(b"\0" * (-len(buf) % align))
+
+
+def _put_string(buf: bytearray, code: str, text: bytes) -> None:
+    if code == "g":
+        buf.append(len(text))
+    else:
+        _pad(buf, 4)
+        buf.extend(struct.pack("<I", len(text)))
+    buf.extend(text + b"\0")
+
+
+def method_call(
+    serial: int, destination: bytes, path: bytes, interface: bytes, member: bytes, *args: bytes
+) -> bytes:
+    """A little-endian method call whose body is `args`, each a string ('s')."""
+    body = bytearray()
+    for a in args:
+        _put_string(body, "s", a)
+    fields = bytearray()
+    signature = b"s" * len(args)
+    items: list[tuple[int, str, bytes]] = [
+        (F_PATH, "o", path),
+        (F_INTERFACE, "s", interface),
+        (F_MEMBER, "s", member),
+        (F_DESTINATION, "s", destination),
+    ]
+    if signature:
+        items.append((F_SIGNATURE, "g", signature))
+    for code, kind, value in items:
+        _pad(fields, 8)
+        fields.append(code)
+        _put_string(fields, "g", kind.encode())
+        _put_string(fields, kind, value)
+    head = bytearray(b"l" + bytes([METHOD_CALL, 0, 1]))
+    head += struct.pack("<III", len(body), serial, len(fields))
+    head += fields
+    _pad(head, 8)
+    return bytes(head + body)
+
+
+# --- unmarshalling --------------------------------------------------------------------------
+
+
+def _complete(signature: str, i: int) -> int:
+    """The end of the single complete type starting at signature[i]."""
+    c = signature[i]
+    if c == "a":
+        return _complete(signature, i + 1)
+    if c in "({":
+        close = ")" if c == "(" else "}"
+        j = i + 1
+        while signature[j] != close:
+            j = _complete(signature, j)
+        return j + 1
+    return i + 1
+
+
+class _Reader:
+    def __init__(self, data: bytes, endian: str, base: int = 0) -> None:
+        self.data = data
+        self.endian = endian
+        self.pos = base  # offsets count from the message's start: alignment is relative to it
+        self.base = base
+
+    def _align(self, n: int) -> None:
+        self.pos += -self.pos % n
+
+    def _take(self, n: int) -> bytes:
+        start = self.pos - self.base
+        if start + n > len(self.data):
+            raise WireError("a D-Bus message ends inside a value")
+        self.pos += n
+        return self.data[start : start + n]
+
+    def value(self, signature: str, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError("a D-Bus value nested too deep")
+        c = signature[0]
+        self._align(_ALIGN.get(c, 1))
+        if c in _FORMAT:
+            fmt = self.endian + _FORMAT[c]
+            (v,) = struct.unpack(fmt, self._take(struct.calcsize(fmt)))
+            return bool(v) if c == "b" else v
+        if c in "so":
+            (n,) = struct.unpack(self.endian + "I", self._take(4))
+            text = self._take(n + 1)[:-1]
+            return text.decode(errors="replace")
+        if c == "g":
+            (n,) = self._take(1)
+            return self._take(n + 1)[:-1].decode(errors="replace")
+        if c == "v":
+            inner = self.value("g", depth + 1)
+            if not inner or _complete(inner, 0) != len(inner):
+                raise WireError(f"a D-Bus variant of signature {inner!r}")
+            return self.value(inner, depth + 1)
+        if c == "a":
+            (n,) = struct.unpack(self.endian + "I", self._take(4))
+            element = signature[1 : _complete(signature, 1)]
+            self._align(_ALIGN.get(element[0], 1))
+            end = self.pos + n
+            if end - self.base > len(self.data):
+                raise WireError("a D-Bus array runs past its message")
+            items = []
+            while self.pos < end:
+                items.append(self.value(element, depth + 1))
+            return items
+        if c in "({":
+            inner = signature[1 : _complete(signature, 0) - 1]
+            out, j = [], 0
+            while j < len(inner):
+                k = _complete(inner, j)
+                out.append(self.value(inner[j:k], depth + 1))
+                j = k
+            return tuple(out)
+        raise WireError(f"D-Bus type {c!r} not read here")
+
+
+def unmarshal(signature: str, body: bytes, endian: str, base: int = 0) -> list[Any]:
+    """The values of `body`, each complete type of `signature` in turn."""
+    reader = _Reader(body, endian, base)
+    out, j = [], 0
+    try:
+        while j < len(signature):
+            k = _complete(signature, j)
+            out.append(reader.value(signature[j:k]))
+            j = k
+    except (IndexError, struct.error) as e:
+        raise WireError(f"a malformed D-Bus message: {e}") from None
+    return out
+
+
+# --- one call on a connected socket ----------------------------------------------------------
+
+
+def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WireError("no answer within the deadline")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(min(n - got, 1 << 16))
+        except TimeoutError:
+            raise WireError("no answer within the deadline") from None
+        except OSError as e:
+            raise WireError(f"the connection failed: {e.strerror or e}") from None
+        if not chunk:
+            raise WireError("the manager closed the connection")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_reply(sock: socket.socket, serial: int, deadline: float, cap: int) -> tuple[str, Any]:
+    """The reply to call `serial`: ("ok", values) or ("error", its name and text). Other
+    messages (the signals systemd sends every client) are read past, each one bounded."""
+    while True:
+        fixed = _recv_exactly(sock, FIXED, deadline)
+        endian = {b"l"[0]: "<", b"B"[0]: ">"}.get(fixed[0])
+        if endian is None:
+            raise WireError("not a D-Bus message")
+        kind = fixed[1]
+        body_len, _, fields_len = struct.unpack(endian + "III", fixed[4:16])
+        if fields_len > HEADER_FIELDS_MAX:
+            raise TooBig(f"a reply's header of {fields_len} bytes")
+        fields_raw = _recv_exactly(sock, fields_len + (-(FIXED + fields_len) % 8), deadline)
+        (fields,) = unmarshal(
+            "a(yv)", struct.pack(endian + "I", fields_len) + fields_raw, endian, 12
+        )
+        header = dict(fields)
+        mine = header.get(F_REPLY_SERIAL) == serial and kind in (METHOD_RETURN, ERROR)
+        if body_len > cap:
+            if mine:
+                raise TooBig(f"a reply of {body_len} bytes, over {cap}")
+            raise TooBig(f"a message of {body_len} bytes before the reply")
+        body = _recv_exactly(sock, body_len, deadline)
+        if not mine:
+            continue
+        values = unmarshal(str(header.get(F_SIGNATURE, "")), body, endian, FIXED + len(fields_raw))
+        if kind == ERROR:
+            text = values[0] if values and isinstance(values[0], str) else ""
+            return "error", f"{header.get(F_ERROR_NAME, '?')}: {text}"
+        return "ok", values
+
+
+def get_property(
+    address: str,
+    path: bytes,
+    interface: bytes,
+    prop: bytes,
+    *,
+    timeout: float,
+    cap: int,
+    peer_pid: int = 0,
+    destination: bytes = b"org.freedesktop.systemd1",
+) -> Any:
+    """One property of object `path`, on a fresh peer-to-peer connection to `address`
+    (a manager's private socket): refused over `cap` bytes, given up after `timeout`
+    seconds. `peer_pid`: the process that must answer (SO_PEERCRED), when known."""
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+            if peer_pid:
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                pid = struct.unpack("3i", creds)[0]
+                if pid != peer_pid:
+                    raise WireError(f"pid {pid} answers, not the manager's pid {peer_pid}")
+            uid = str(os.geteuid()).encode().hex().encode()
+            # BEGIN with the AUTH, as sd-bus's own clients send it, and the call only after
+            # the OK: a call that reaches systemd in one read with BEGIN is left in its
+            # buffer until the next event on the socket (measured: answered only when the
+            # client hung up).
+            sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n")
+            line = b""
+            while not line.endswith(b"\r\n"):
+                more = _recv_exactly(sock, 1, deadline)
+                line += more
+                if len(line) > 512:
+                    raise WireError("no D-Bus handshake")
+            if not line.startswith(b"OK "):
+                raise WireError("the D-Bus handshake was refused")
+            sock.sendall(
+                method_call(
+                    1,
+                    destination,
+                    path,
+                    b"org.freedesktop.DBus.Properties",
+                    b"Get",
+                    interface,
+                    prop,
+                )
+            )
+        except TimeoutError:
+            raise WireError("no answer within the deadline") from None
+        except OSError as e:
+            raise WireError(f"cannot connect: {e.strerror or e}") from None
+        kind, values = read_reply(sock, 1, deadline, cap)
+    finally:
+        sock.close()
+    if kind == "error":
+        raise WireError(values)
+    if len(values) != 1:
+        raise WireError("a Get reply without its one value")
+    return values[0]
