@@ -1,8 +1,10 @@
 """The guard's own budget, like earlyoom's TestRss: what the running guard may hold.
 
 The guard runs as a Type=notify unit of a harness user manager. Limits:
-RSS <= 30 MiB (28.0 MB measured here, with this workplace's own site hook,
-which adds about 4 MB to any interpreter; 2 MB of margin for the CI
+RSS <= 32 MiB (28.0 MB measured here, with this workplace's own site hook,
+which adds about 4 MB to any interpreter; 30.3 to 30.8 MB at its peak with
+every input a user controls at ten times its cap, test_hostile_budget.py,
+which holds the guard to this same limit; 1 MB of margin for the CI
 machine), open fds <= MAX_FDS, and both unchanged (no socket, pidfd or PSI
 fd more; RSS within RSS_NOISE) after managers appearing and vanishing and
 loader units starting and stopping (lab/churn.py).
@@ -38,7 +40,7 @@ from spark_guard.system.managers import Manager, ManagerError
 
 pytestmark = pytest.mark.systemd
 
-MAX_RSS_KB = 30 * 1024
+MAX_RSS_KB = 32 * 1024
 MAX_FDS = 32  # stated: measured 15-20 (stdio, journal/notify sockets, PSI, bus, pipes)
 RSS_NOISE_KB = 512
 USERS = 8

@@ -92,6 +92,24 @@ def test_cmdline_and_mapped_models(tmp_path):
     assert p.mapped_models(4242) == ("/srv/models/DeepSeek V4.gguf",)
 
 
+def test_mapped_models_are_one_path_per_file_and_bounded(tmp_path):
+    """64,000 hard links of one file, mapped under long names: one path, not 64,000; and
+    at most MAPS_MAX_MODELS distinct files, from the first MAPS_MAX_BYTES of maps."""
+    from spark_guard.core.snapshot import MAPS_MAX_BYTES, MAPS_MAX_MODELS, PATH_MAX
+
+    row = "7f{:010x}-7f{:010x} r--s 00000000 103:02 {} /home/m/{}{}.gguf\n"
+    links = "".join(row.format(i, i + 1, 777, "x" * 3000, i) for i in range(64_000))
+    many = "".join(row.format(i, i + 1, 1000 + i, "y", i) for i in range(100))
+    deep = row.format(0, 1, 5, "z" * PATH_MAX, "")
+    p = make_proc(
+        tmp_path / "proc",
+        {1: {"maps": links}, 2: {"maps": deep + many}, 3: {"maps": "x" * MAPS_MAX_BYTES + many}},
+    )
+    assert p.mapped_models(1) == (f"/home/m/{'x' * 3000}0.gguf",)
+    assert p.mapped_models(2) == tuple(f"/home/m/y{i}.gguf" for i in range(MAPS_MAX_MODELS))
+    assert p.mapped_models(3) == ()
+
+
 def test_real_proc_self():
     p = ProcFS()
     assert p.memory().total > 0
@@ -122,3 +140,43 @@ def test_cmdline_is_read_bounded(tmp_path):
     assert len(many) == ARGV_MAX_ARGS and many[-1] == f"a{ARGV_MAX_ARGS - 1}"
     assert p.cmdline(3) == ("a", "y" * (ARGV_MAX_BYTES - 3))
     assert p.cmdline(4) == ()
+
+
+def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
+    """300 processes with 64 KiB command lines in one unit were each read and kept (145 MiB
+    in the guard): a pass holds ARGV_UNIT_BUDGET per unit and ARGV_OWNER_BUDGET per user,
+    the biggest processes first, so the loader among them is the one read."""
+    from spark_guard import log
+    from spark_guard.core.config import Config
+    from spark_guard.core.snapshot import (
+        ARGV_MAX_BYTES,
+        ARGV_OWNER_BUDGET,
+        ARGV_UNIT_BUDGET,
+        UnitRef,
+    )
+    from spark_guard.sensor import Sensor, _ArgvBudget
+
+    filler = b"sh\0-c\0sleep 1\0" + b"x" * (ARGV_MAX_BYTES - 100) + b"\0"
+    loader = b"llama-server\0-m\0/srv/m.gguf\0"
+    units = {i: list(range(1000 + 100 * i, 1020 + 100 * i)) for i in range(11)}  # 20 each
+    pids = {p: {"cmdline": filler} for group in units.values() for p in group}
+    pids[9999] = {"cmdline": loader}
+    make_proc(tmp_path / "proc", pids)
+    sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
+    budget = _ArgvBudget()
+    seen = []
+    for i in range(10):
+        procs = [(p, 1 << 20, 0) for p in units[i]]
+        if i == 0:
+            procs.append((9999, 5 << 30, 0))  # the loader, listed last
+        ref = UnitRef("user:1000", f"argv-{i}.service")
+        seen.append(sensor._seen_unit(ref, procs, "active", {}, 1.0, "", budget))
+    held = [sum(len(a) + 1 for c in s.cmdlines for a in c) for s in seen]
+    assert ("llama-server", "-m", "/srv/m.gguf") in seen[0].cmdlines  # the biggest: read
+    assert all(h <= ARGV_UNIT_BUDGET for h in held), held
+    assert sum(held) <= ARGV_OWNER_BUDGET, held
+    assert held[-1] == 0  # her share of the pass is spent: the rest is not read
+    # Root's units have a budget of their own.
+    procs = [(p, 1 << 20, 0) for p in units[10]]
+    root = sensor._seen_unit(UnitRef("system", "x.service"), procs, "active", {}, 1.0, "", budget)
+    assert root.cmdlines

@@ -17,7 +17,12 @@ from .core.classify import CommandLine, is_protected
 from .core.config import Config
 from .core.events import Event, EventKind, tell
 from .core.snapshot import (
+    ARGV_MAX_BYTES,
+    ARGV_OWNER_BUDGET,
+    ARGV_PASS_BUDGET,
+    ARGV_UNIT_BUDGET,
     CONTAINER,
+    MAPS_MAX_MODELS,
     SYSTEM,
     ContainerFacts,
     Foreseen,
@@ -77,8 +82,26 @@ class _UnitCache:
 @dataclass
 class _ProcCache:
     cmdline: CommandLine | None = None  # read and split once per process
+    argv_bytes: int = 0  # what it holds
     models: tuple[str, ...] = ()
     maps_at: float = -MAPS_RECHECK
+
+
+class _ArgvBudget:
+    """The argv bytes one pass may hold: per unit, per manager and in all (snapshot.py's
+    ARGV_*_BUDGET). What is over it is not read, or dropped, and asked again next pass,
+    when the unit's biggest processes come first."""
+
+    def __init__(self) -> None:
+        self.left = ARGV_PASS_BUDGET
+        self.by_owner: dict[str, int] = {}
+
+    def unit(self, owner: str) -> int:
+        return min(ARGV_UNIT_BUDGET, self.left, self.by_owner.get(owner, ARGV_OWNER_BUDGET))
+
+    def spend(self, owner: str, n: int) -> None:
+        self.left -= n
+        self.by_owner[owner] = self.by_owner.get(owner, ARGV_OWNER_BUDGET) - n
 
 
 class Sensor:
@@ -362,11 +385,12 @@ class Sensor:
         states = self._states(groups)
         states.update({ref: "active" for ref in containers})  # it has processes: it runs
         units = []
+        argv = _ArgvBudget()
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
             if state is None:
                 continue
-            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""))
+            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), argv)
             if ref in starting:
                 seen = replace(seen, starting=True)
             units.append(seen)
@@ -474,6 +498,7 @@ class Sensor:
         gpu: dict[int, int | None],
         now: float,
         cgroup: str,
+        argv: _ArgvBudget,
     ) -> SeenUnit:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
@@ -512,17 +537,30 @@ class Sensor:
         elif cache.details is None:
             try:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
-            except (ManagerError, KeyError):
+            except KeyError:
                 cache.details = UnitDetails((), None)
+            except ManagerError as e:
+                cache.details = UnitDetails((), None, unreadable=str(e))
         if cache.commands is None:
             cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
+        left = argv.unit(ref.manager)
+        # The biggest first: a loader is what grows; a crowd of small processes is not.
+        for pid, _, _ in sorted(procs, key=lambda p: -(p[1] + (p[2] or 0))):
+            pc = self._procs.setdefault(pid, _ProcCache())
+            if pc.cmdline is None and left > 0:
+                pc.cmdline = CommandLine(self.proc.cmdline(pid, min(left, ARGV_MAX_BYTES)) or ())
+                pc.argv_bytes = sum(len(a) + 1 for a in pc.cmdline)
+            if pc.cmdline is not None and pc.argv_bytes > left:
+                pc.cmdline = None  # over the budget now: dropped, read again when it fits
+            if pc.cmdline is not None:
+                left -= pc.argv_bytes
+                argv.spend(ref.manager, pc.argv_bytes)
         cmdlines: list[CommandLine] = []
         models: list[str] = []
         for pid, p_rss, p_gpu in procs:
-            pc = self._procs.setdefault(pid, _ProcCache())
-            if pc.cmdline is None:
-                pc.cmdline = CommandLine(self.proc.cmdline(pid) or ())
-            cmdlines.append(pc.cmdline)
+            pc = self._procs[pid]
+            if pc.cmdline is not None:
+                cmdlines.append(pc.cmdline)
             if (p_rss >= MAPS_MIN_RSS or p_gpu) and now - pc.maps_at >= MAPS_RECHECK:
                 pc.maps_at = now
                 pc.models = self.proc.mapped_models(pid) or ()
@@ -536,7 +574,7 @@ class Sensor:
             gpu_pids,
             exec_start=cache.commands,
             cmdlines=tuple(cmdlines),
-            mapped_models=tuple(dict.fromkeys(models)),
+            mapped_models=tuple(dict.fromkeys(models))[:MAPS_MAX_MODELS],
             active_since=cache.details.active_since,
             growth=growth,
             cgroup=cgroup,
@@ -594,6 +632,10 @@ class Sensor:
                     wait=self.wait_for_models,
                 )
                 cache.predicted = cache.prediction is None or not cache.prediction.pending
+            elif not cache.predicted and cache.details.unreadable:
+                # Said where a loader's footprint is: why its unit gave no command line.
+                cache.prediction = Prediction(None, cache.details.unreadable)
+                cache.predicted = True
             elif not cache.predicted:
                 details = cache.details
                 env = parse_environment(details.environment)

@@ -92,6 +92,17 @@ MODEL_SUFFIXES = (".gguf", ".safetensors")
 # split megabytes, and the watchdog fires after 20 s.
 ARGV_MAX_BYTES = 64 * 1024
 ARGV_MAX_ARGS = 1024
+# The command lines a pass holds, in bytes of argv: per unit, per manager (a user's), and
+# in all. Python keeps about 7x the raw bytes (str objects, tokens): 300 processes of
+# 64 KiB in one user service held 145 MiB before. The biggest processes are read first.
+ARGV_UNIT_BUDGET = 128 * 1024
+ARGV_OWNER_BUDGET = 512 * 1024
+ARGV_PASS_BUDGET = 2 * 1024 * 1024
+# A process's mapped model files: a loader maps one model, its shards and a projector;
+# a real llama-server's maps is a few thousand lines, some hundred kB.
+MAPS_MAX_MODELS = 16
+MAPS_MAX_BYTES = 8 << 20
+PATH_MAX = 4096
 
 
 def server_managers(client_manager: str, runs_as: int | None) -> list[str]:

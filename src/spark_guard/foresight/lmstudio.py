@@ -249,15 +249,19 @@ class _Folders:
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self._cache: dict[str, list[tuple[str, bool]]] = {}
+        self._cache: dict[tuple[str, bool], list[tuple[str, bool]]] = {}
         self._listed: set[tuple[int, int]] = set()  # (st_dev, st_ino) of folders listed
         self._spent = 0  # entries listed in all
 
-    def entries(self, path: str, *, root: bool = False) -> list[tuple[str, bool]]:
+    def entries(
+        self, path: str, *, root: bool = False, dirs_only: bool = False
+    ) -> list[tuple[str, bool]]:
         """(name, is a directory) of `path`; [] if it cannot be listed, or ModelOpenError for
-        the models folder itself (`root`), which then cannot be opened whatever the reason."""
-        if path in self._cache:
-            return self._cache[path]
+        the models folder itself (`root`), which then cannot be opened whatever the reason.
+        `dirs_only`: its folders only (a walk to <publisher>/<repo> keeps no file names)."""
+        key = (path, dirs_only)
+        if key in self._cache:
+            return self._cache[key]
         _tick(self.deadline, path)
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
         try:
@@ -265,7 +269,7 @@ class _Folders:
         except OSError as e:
             if root:
                 raise ModelOpenError(path, e) from None
-            self._cache[path] = []
+            self._cache[key] = []
             return []
         out: list[tuple[str, bool]] = []
         try:
@@ -273,7 +277,7 @@ class _Folders:
             if (st.st_dev, st.st_ino) in self._listed:
                 # A folder reached again (a symlink to one listed already) is not followed
                 # twice: what it holds was seen where it was first reached.
-                self._cache[path] = out
+                self._cache[key] = out
                 return out
             self._listed.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as it:
@@ -291,13 +295,14 @@ class _Folders:
                         is_dir = entry.is_dir()  # follows a symlink, with these rights
                     except OSError:
                         is_dir = False
-                    out.append((entry.name, is_dir))
+                    if is_dir or not dirs_only:
+                        out.append((entry.name, is_dir))
         except OSError as e:
             raise ModelUnreadable(f"{path}: cannot list: {e.strerror}") from None
         finally:
             os.close(fd)
         out.sort()  # one order, whatever the filesystem's
-        self._cache[path] = out
+        self._cache[key] = out
         return out
 
 
@@ -462,10 +467,10 @@ def _match(key: str, folder: str, lm_home: str, folders: _Folders) -> tuple[_Dir
     for p in parts:
         _component(p, key)
     dirs: list[_Dir] = []
-    for publisher, is_dir in folders.entries(folder, root=True):
+    for publisher, is_dir in folders.entries(folder, root=True, dirs_only=True):
         if not is_dir or publisher.startswith("."):
             continue
-        for repo, repo_is_dir in folders.entries(os.path.join(folder, publisher)):
+        for repo, repo_is_dir in folders.entries(os.path.join(folder, publisher), dirs_only=True):
             if repo_is_dir and not repo.startswith("."):
                 dirs.append(_Dir(publisher, repo))
                 if len(dirs) > MAX_MODEL_DIRS:

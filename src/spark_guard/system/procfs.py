@@ -14,7 +14,16 @@ import threading
 from dataclasses import dataclass
 from itertools import islice
 
-from ..core.snapshot import ARGV_MAX_ARGS, ARGV_MAX_BYTES, MODEL_SUFFIXES, Memory, Pressure
+from ..core.snapshot import (
+    ARGV_MAX_ARGS,
+    ARGV_MAX_BYTES,
+    MAPS_MAX_BYTES,
+    MAPS_MAX_MODELS,
+    MODEL_SUFFIXES,
+    PATH_MAX,
+    Memory,
+    Pressure,
+)
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -276,34 +285,51 @@ class ProcFS:
         return ProcessInfo(pid, cgroup, rss)
 
     # psutil's cmdline() reads and splits the whole argv: unbounded, see argv_cost.py
-    def cmdline(self, pid: int) -> tuple[str, ...] | None:
+    def cmdline(self, pid: int, limit: int = ARGV_MAX_BYTES) -> tuple[str, ...] | None:
         """The process's arguments, bounded: the first ARGV_MAX_ARGS non-empty ones within
-        the first ARGV_MAX_BYTES bytes (snapshot.py says why those figures). The kernel
-        allows megabytes; a process must not make each look read and split them. An
+        the first `limit` bytes (ARGV_MAX_BYTES; snapshot.py says why those figures). The
+        kernel allows megabytes; a process must not make each look read and split them. An
         argument cut by the byte limit is left out: a cut path would name a file nobody
         gave."""
         try:
             with open(self._path(str(pid), "cmdline"), "rb") as f:
-                raw = f.read(ARGV_MAX_BYTES + 1)
+                raw = f.read(limit + 1)
         except OSError:
             return None
-        if len(raw) > ARGV_MAX_BYTES:
-            raw = raw[: raw.rfind(b"\0", 0, ARGV_MAX_BYTES) + 1]
+        if len(raw) > limit:
+            raw = raw[: raw.rfind(b"\0", 0, limit) + 1]
         args = (a.decode(errors="replace") for a in raw.split(b"\0") if a)
         return tuple(islice(args, ARGV_MAX_ARGS))
 
     # psutil's memory_maps() reads smaps, every mapping's page counts; the paths are in maps
     def mapped_models(self, pid: int) -> tuple[str, ...] | None:
-        """Model files (*.gguf, *.safetensors) the process has mapped."""
+        """Model files (*.gguf, *.safetensors) the process has mapped: one path per file
+        (dev, inode), at most MAPS_MAX_MODELS of them, from the first MAPS_MAX_BYTES of
+        its maps. A process mapping 64,000 hard links of one file under long names was
+        kept path by path, 430 MiB."""
         found: dict[str, None] = {}
+        files: set[bytes] = set()
         suffixes = tuple(s.encode() for s in MODEL_SUFFIXES)
+        read = 0
         try:
             with open(self._path(str(pid), "maps"), "rb") as f:
                 for line in f:
+                    read += len(line)
+                    if read > MAPS_MAX_BYTES:
+                        break
                     line = line.rstrip(b"\n")
-                    if line.lower().endswith(suffixes):
-                        path = line.split(maxsplit=5)[-1]
-                        found[path.decode(errors="replace")] = None
+                    if not line.lower().endswith(suffixes):
+                        continue
+                    fields = line.split(maxsplit=5)
+                    if len(fields) < 6 or len(fields[5]) > PATH_MAX:
+                        continue  # a longer path is no file anyone could name
+                    file = fields[3] + b" " + fields[4]  # dev and inode
+                    if file in files:
+                        continue
+                    files.add(file)
+                    found[fields[5].decode(errors="replace")] = None
+                    if len(found) >= MAPS_MAX_MODELS:
+                        break
         except OSError:
             return None
         return tuple(found)

@@ -1,0 +1,196 @@
+"""Every byte a user controls is bounded: the running guard, under the shipped unit's
+MemoryMax=, against each input class at ten times its cap and more, as a real uid.
+
+Before (issue 28), each of these crashed the guard on its own, and Restart= brought it
+back into the same input: 4,095 symlinks to one LM Studio folder (928 MiB), 64,000
+hard links of one file mapped under long names (452 MiB), 300 processes with 64 KiB
+command lines (145 MiB), 60 Environment= lines of 1 MB (134 MiB). The guard here is
+the one of test_hostile_user's stage (root's manager, Mallory's beside it), with the
+shipped unit's MemoryMax= as a drop-in; what is asserted is what an admin would check:
+the guard up, never restarted, its peak within test_budget's limit, and a loader over
+the budget still blocked after it all.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import LAB, synth
+from lab.accounts import User, unprivileged_user
+from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
+from lab.harness import UserManager
+from spark_guard.core.snapshot import ARGV_OWNER_BUDGET, ARGV_UNIT_BUDGET, MAPS_MAX_MODELS
+from spark_guard.foresight.lmstudio import MAX_TOTAL_ENTRIES
+from spark_guard.system.managers import DETAILS_CAP
+from tests.test_budget import MAX_RSS_KB
+
+pytestmark = pytest.mark.systemd
+
+ROOT = Path(__file__).resolve().parent.parent
+KiB = 1024
+
+
+def shipped_memory_max() -> str:
+    text = (ROOT / "units" / "spark-guard.service").read_text()
+    m = re.search(r"^MemoryMax=(\S+)$", text, re.M)
+    assert m, "the shipped unit has a MemoryMax="
+    return m.group(1)
+
+
+def her_unit(mum: UserManager, mallory: User, name: str, text: str) -> None:
+    """Written by her, in her own unit directory (copied from a world-readable draft:
+    60 MB do not fit in an argument)."""
+    draft = Path(mum.base) / f"draft-{name}"
+    draft.write_text(text)
+    draft.chmod(0o644)
+    path = mum.unit_dir / name
+    mallory.run(
+        PY, "-c", "import shutil, sys; shutil.copyfile(*sys.argv[1:])", str(draft), str(path)
+    )
+    draft.unlink()
+
+
+def peak_kib(pid: str) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    assert m, status
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def stage() -> Iterator[tuple[UserManager, UserManager, User]]:
+    with (
+        unprivileged_user() as mallory,
+        guard_manager() as root,
+        UserManager(user=mallory, user_runtime=root.user_runtime) as mum,
+    ):
+        dropin = root.unit_dir / f"{GUARD}.d"
+        dropin.mkdir(exist_ok=True)
+        (dropin / "memory.conf").write_text(f"[Service]\nMemoryMax={shipped_memory_max()}\n")
+        root.systemctl("daemon-reload")
+        write_config(root)
+        restart_guard(root)
+        wait_log(root, rf"manager-connected: watching user:{mallory.uid} manager")
+        yield root, mum, mallory
+
+
+# Her inputs, each written and started as her.
+ARGV_PROCS = 300  # of 64 KiB each: 19 MiB, 37x her share of a pass
+ARGV_SPAWN = (
+    "import os, sys, time\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    if os.fork() == 0:\n"
+    "        os.execv('/bin/sh', ['sh', '-c', 'while :; do sleep 3600; done', 'llama']"
+    " + [f'{i:06}' + 'x ' * 511] * 64)\n"
+    "time.sleep(3600)\n"
+)
+MAPS_LINKS = 60_000  # hard links of one file, each mapped: 3,750x the per-process cap
+MAPS_SPAWN = (
+    "import mmap, os, sys, time\n"
+    "d = sys.argv[1]; n = int(sys.argv[2])\n"
+    "os.makedirs(d, exist_ok=True)\n"
+    "first = os.path.join(d, 'm' * 240 + '0.gguf')\n"
+    "with open(first, 'wb') as f: f.write(b'GGUF' + bytes(4092))\n"
+    "maps = []\n"
+    "for i in range(n):\n"
+    "    p = os.path.join(d, 'm' * 240 + f'{i}.gguf')\n"
+    "    if i: os.link(first, p)\n"
+    "    fd = os.open(p, os.O_RDONLY)\n"
+    "    maps.append(mmap.mmap(fd, 4096, prot=mmap.PROT_READ)); os.close(fd)\n"
+    "ballast = bytearray(300 << 20)  # over MAPS_MIN_RSS: its maps are read\n"
+    "for i in range(0, len(ballast), 4096): ballast[i] = 1\n"
+    "time.sleep(3600)\n"
+)
+LMS_TREE = (
+    "import os, sys\n"
+    "home = sys.argv[1]; n = int(sys.argv[2])\n"
+    "flat = os.path.join(home, 'flat'); models = os.path.join(home, '.lmstudio', 'models')\n"
+    "os.makedirs(flat); os.makedirs(models)\n"
+    "for i in range(n):\n"
+    "    open(os.path.join(flat, f'f{i:04}'), 'w').close()\n"
+    "    os.symlink(flat, os.path.join(models, f'p{i:04}'))\n"
+)
+
+
+def test_every_input_class_at_ten_times_its_cap_leaves_the_guard_within_budget(stage) -> None:
+    root, mum, mallory = stage
+    before = root.show(GUARD, "ActiveState", "NRestarts", "MainPID", "MemoryMax")
+    assert before["MemoryMax"] == str(128 << 20), before  # the shipped unit's, in force
+    home = mallory.home
+    print(f"guard peak (VmHWM) before: {peak_kib(before['MainPID'])} kB")  # docs/security.md
+    tools = root.base / "bin"  # root's, anyone may run what is in it
+    tools.mkdir(exist_ok=True)
+    for name, script in (("argv", ARGV_SPAWN), ("maps", MAPS_SPAWN), ("lms_tree", LMS_TREE)):
+        (tools / f"{name}.py").write_text(script)
+    offset = len(log_text(root))
+
+    # argv: two units of 300 processes with 64 KiB command lines each.
+    assert ARGV_PROCS * 64 * KiB > 10 * ARGV_OWNER_BUDGET > 10 * ARGV_UNIT_BUDGET
+    for i in range(2):
+        her_unit(
+            mum,
+            mallory,
+            f"argv-{i}.service",
+            f"[Service]\nExecStart={PY} {tools}/argv.py {ARGV_PROCS}\n",
+        )
+    # maps: one process mapping 60,000 hard links of one file under 245-byte names.
+    assert MAPS_LINKS > 10 * MAPS_MAX_MODELS
+    her_unit(
+        mum,
+        mallory,
+        "maps.service",
+        f"[Service]\nExecStart={PY} {tools}/maps.py {home}/links {MAPS_LINKS}\n",
+    )
+    # Environment=: 60 lines of 1 MB in a llama-server unit.
+    assert 10 * DETAILS_CAP < 60_000_000
+    server = tools / "llama-server"
+    server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
+    server.chmod(0o755)
+    env = "".join(f"Environment=PAD{i}={'x' * 1_000_000}\n" for i in range(60))
+    her_unit(mum, mallory, "llama-env.service", f"[Service]\nExecStart={server} -m /x.gguf\n{env}")
+    # LM Studio: 4,095 symlinks to one folder of 4,095 files, and `lms load zzzz`.
+    assert 10 * MAX_TOTAL_ENTRIES < 4095 * 4095
+    mallory.run(PY, str(tools / "lms_tree.py"), str(home), "4095")
+    mallory.sh(
+        f"mkdir -p {home}/bin; printf '#!/bin/sh\\nexec sleep 3600\\n' > {home}/bin/lms;"
+        f" chmod +x {home}/bin/lms"
+    )
+    her_unit(mum, mallory, "lms-load.service", f"[Service]\nExecStart={home}/bin/lms load zzzz\n")
+    mum.systemctl("daemon-reload")
+    units = ("argv-0", "argv-1", "maps", "llama-env", "lms-load")
+    for u in units:
+        mum.systemctl("start", f"{u}.service")
+
+    key = f"user:{mallory.uid}"
+    # Each was seen and judged: the LM Studio walk ended, the Environment= was refused.
+    wait_log(root, rf"footprint-unknown: .*{key}:lms-load.service", timeout=60, after=offset)
+    wait_log(
+        root,
+        rf"footprint-unknown: footprint of {key}:llama-env.service unknown \({key}: reading "
+        r"(ExecStart|Environment): (a reply of \d+ bytes|no answer within the deadline)",
+        timeout=60,
+        after=offset,
+    )
+    time.sleep(5)  # a few passes more with all of it running
+
+    # A genuinely over-budget loader after all that: still blocked, before it allocates.
+    big = synth.write(synth.SPECS["deepseek-v3"], root.base / "models")
+    her_unit(mum, mallory, "llama-big.service", f"[Service]\nExecStart={server} -m {big}\n")
+    mum.systemctl("daemon-reload")
+    offset = len(log_text(root))
+    mum.systemctl("start", "--no-block", "llama-big.service")
+    wait_log(root, rf"^warning unit-blocked: {key}:llama-big\.service", after=offset, timeout=30)
+
+    after = root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
+    assert after["ActiveState"] == "active"
+    assert after["NRestarts"] == before["NRestarts"] and after["MainPID"] == before["MainPID"]
+    peak = peak_kib(after["MainPID"])
+    print(f"guard peak (VmHWM) after every input class at 10x its cap: {peak} kB")
+    assert peak < MAX_RSS_KB, peak
+    for u in units:
+        mum.systemctl("stop", f"{u}.service")
