@@ -496,3 +496,47 @@ def test_whether_a_root_only_path_exists_is_not_revealed(stage: Stage) -> None:
     assert first == second
     for name in ("llama-s1.service", "llama-s2.service"):
         stage.mum.systemctl("stop", name, check=False)
+
+
+# --- 9. a loader whose manager is out of view is still hers to judge ---------------------
+
+
+def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage: Stage) -> None:
+    """She renames her manager's socket, then a timer of hers starts a loader that cannot
+    fit. Her processes run below user@UID.service: PID 1's, protected, or no manager's
+    at all, so before they grew unseen. Now they are hers by the kernel's word (cgroup
+    below user@UID.service and her real uid), judged, and killed within her own
+    subtree; once her manager answers again the block completes as any other."""
+    write_config(stage.root, '[loaders.footprint]\n"llama-hide.service" = "100TiB"\n')
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    stage.her_unit("llama-hide.service", f"{stage.server} -m {stage.tiny}")
+    timer = stage.mum.unit_dir / "llama-hide.timer"
+    stage.mallory.run(PY, "-c", f"open({str(timer)!r}, 'w').write('[Timer]\\nOnActiveSec=4s\\n')")
+    stage.mum.systemctl("daemon-reload")
+    stage.mum.systemctl("start", "llama-hide.timer")
+    socket = stage.mum.runtime / "systemd" / "private"
+    hidden = socket.with_name("private.hidden")
+    offset = len(log_text(stage.root))
+    stage.mallory.run("mv", str(socket), str(hidden))
+    try:
+        wait_log(stage.root, rf"manager-lost: {stage.key} manager", after=offset)
+        seen = wait_log(
+            stage.root, rf"loader-seen: model loader {stage.key}:llama-hide\.service.*", 30, offset
+        )
+        assert "its manager is out of view: judged by what the kernel shows" in seen.group(0)
+        killed = wait_log(
+            stage.root, rf"unit-killed: {stage.key}:llama-hide\.service.*", 20, offset
+        )
+        assert "killed its cgroup" in killed.group(0), killed.group(0)
+    finally:
+        stage.mallory.run("mv", str(hidden), str(socket))
+    # Her manager answers again: the block completes, masked like any other.
+    _blocked(stage, "llama-hide.service", offset)
+    assert stage.mum.show("llama-hide.service", "LoadState")["LoadState"] == "masked"
+    # Nobody else's unit was touched.
+    assert stage.root.show("rescue-ssh.service", "LoadState")["LoadState"] == "loaded"
+    stage.mum.systemctl("stop", "llama-hide.timer")
+    write_config(stage.root)
+    stage.root.systemctl("reload", GUARD)

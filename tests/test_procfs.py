@@ -166,7 +166,7 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     budget = _ArgvBudget()
     seen = []
     for i in range(10):
-        procs = [(p, 1 << 20, 0) for p in units[i]]
+        procs: list[tuple[int, int, int | None]] = [(p, 1 << 20, 0) for p in units[i]]
         if i == 0:
             procs.append((9999, 5 << 30, 0))  # the loader, listed last
         ref = UnitRef("user:1000", f"argv-{i}.service")
@@ -180,3 +180,39 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     procs = [(p, 1 << 20, 0) for p in units[10]]
     root = sensor._seen_unit(UnitRef("system", "x.service"), procs, "active", {}, 1.0, "", budget)
     assert root.cmdlines
+
+
+def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
+    """With her manager out of view, a process below user@UID.service is user:UID's (not
+    PID 1's protected user@UID.service): the outermost user@UID.service below slices, and
+    only when the process's real uid is UID. A cgroup she names user@0.service inside her
+    own subtree names nothing of root's."""
+    from spark_guard import log
+    from spark_guard.core.config import Config
+    from spark_guard.sensor import Sensor
+
+    mine = "/user.slice/user-1000.slice/user@1000.service/app.slice/llama.service"
+    nested = (
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/x.slice/user@0.service/a.service"
+    )
+    status = "Name:\tx\nUmask:\t0022\nState:\tS\nUid:\t{0}\t{0}\t{0}\t{0}\n"
+    make_proc(
+        tmp_path / "proc",
+        {
+            1: {"cgroup": f"0::{mine}\n", "status": status.format(1000)},
+            2: {"cgroup": f"0::{nested}\n", "status": status.format(1000)},
+            3: {"cgroup": f"0::{mine}\n", "status": status.format(0)},  # root's process
+            4: {
+                "cgroup": "0::/user.slice/user-1000.slice/user@1000.service/init.scope\n",
+                "status": status.format(1000),
+            },
+        },
+    )
+    sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
+    assert sensor._out_of_view(1, mine) == ("user:1000", "llama.service")
+    # Her own cgroup named user@0.service is a unit of hers, in her manager, never root's.
+    assert sensor._out_of_view(2, nested) == ("user:1000", "user@0.service")
+    assert sensor._out_of_view(3, mine) is None
+    assert (
+        sensor._out_of_view(4, "/user.slice/user-1000.slice/user@1000.service/init.scope") is None
+    )

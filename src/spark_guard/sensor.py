@@ -6,6 +6,7 @@ guard remembers for its judgement is step.GuardState, not here.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from .core.snapshot import (
     CONTAINER,
     MAPS_MAX_MODELS,
     SYSTEM,
+    USER_PREFIX,
     ContainerFacts,
     Foreseen,
     MemoryRule,
@@ -63,6 +65,8 @@ UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is t
 # How long a command (or the daemon's first pass) waits for managers to connect: one
 # bus timeout and a little. The daemon's later passes never wait: they adopt what is in.
 CONNECT_WAIT = 6.0
+# A user manager's cgroup as PID 1 makes it: slices, then user@UID.service.
+_USER_MANAGER_CGROUP = re.compile(r"^((?:/[^/]+\.slice)*/user@(\d+)\.service)(?:/|$)")
 
 
 @dataclass
@@ -311,6 +315,23 @@ class Sensor:
         if graphical and ("graphical.target",) not in self.rescue_groups:
             self.rescue_groups.append(("graphical.target",))
 
+    def _out_of_view(self, pid: int, cgroup: str) -> tuple[str, str] | None:
+        """(user:UID, unit) for a process below user@UID.service whose manager the guard
+        does not hold: renamed socket, stopped, never trusted. Never PID 1's to judge (its
+        user@UID.service is protected), so it would grow unseen. The outermost
+        user@UID.service below slices only (what PID 1 makes; a user's own cgroups are
+        deeper), and the process's real uid must be UID: the kernel's word, not the path's."""
+        m = _USER_MANAGER_CGROUP.match(cgroup)
+        if m is None:
+            return None
+        uid = int(m.group(2))
+        if self.proc.uid(pid) != uid:
+            return None
+        unit = unit_of_cgroup(cgroup, m.group(1))
+        if unit is None or unit == "init.scope":
+            return None
+        return f"{USER_PREFIX}{uid}", unit
+
     def _attribute(self, cgroup: str) -> tuple[str, str] | None:
         """(manager key, unit) for a cgroup path: the deepest manager root wins."""
         best: tuple[int, str, str] | None = None
@@ -367,6 +388,8 @@ class Sensor:
                     continue
                 # No engine has it: whatever its manager says it is (a scope).
             owner = self._attribute(info.cgroup)
+            if owner is None or (owner[0] == SYSTEM and owner[1].startswith("user@")):
+                owner = self._out_of_view(pid, info.cgroup) or owner
             if owner is None:
                 continue
             ref = UnitRef(*owner)
@@ -384,6 +407,17 @@ class Sensor:
             groups.setdefault(ref, [])
         states = self._states(groups)
         states.update({ref: "active" for ref in containers})  # it has processes: it runs
+        unmanaged = {}
+        for ref, procs in groups.items():
+            if ref not in states and procs and ref.manager.startswith(USER_PREFIX):
+                # Her manager did not answer (stopped, frozen, out of view): the kernel
+                # shows processes, so the unit runs; judged on that, never skipped.
+                states[ref] = "active"
+                unmanaged[ref] = (
+                    "its manager is out of view"
+                    if ref.manager not in self.managers
+                    else "its manager is not answering"
+                )
         units = []
         argv = _ArgvBudget()
         for ref, procs in sorted(groups.items()):
@@ -393,6 +427,8 @@ class Sensor:
             seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), argv)
             if ref in starting:
                 seen = replace(seen, starting=True)
+            if ref in unmanaged:
+                seen = replace(seen, unmanaged=unmanaged[ref])
             units.append(seen)
         units = self._foresee(units, memory.total)
         for ref in [r for r in self._units if r not in groups]:

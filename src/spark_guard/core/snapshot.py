@@ -306,6 +306,11 @@ class SeenUnit:
     # off the loop): whose server a client's load lands in. None: not known.
     runs_as: int | None = None
 
+    # Its user manager did not answer, or is out of view: what the kernel shows is all
+    # there is (its processes, their uid, their cgroup), and why. A block ends in a cgroup
+    # kill within her own subtree until the manager answers again.
+    unmanaged: str = ""
+
     # A container (ref.manager == CONTAINER): what its engine said of it.
     container: ContainerFacts | None = None
 

@@ -236,9 +236,16 @@ def _told(loader: Loader) -> list[Event]:
                 "unit_gpu": seen.gpu,
                 "pids": seen.pids,
                 "charged_to": str(loader.charged_to) if loader.charged_to else None,
+                "unmanaged": seen.unmanaged or None,
             },
         )
     ]
+    if seen.unmanaged:
+        out[0] = replace(
+            out[0],
+            msg=f"{out[0].msg}; {seen.unmanaged}: judged by what the kernel shows, and "
+            "a block kills its cgroup until the manager answers",
+        )
     if loader.charged_to is not None:
         # A client: its load is the server's, and the server's footprint says it.
         load = f"{format_size(seen.predicted)} " if seen.predicted is not None else ""
