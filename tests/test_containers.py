@@ -74,6 +74,22 @@ def test_a_container_is_read_from_its_inspect_answer():
     assert c.ref == "container:llm"
 
 
+def test_a_containers_start_is_its_engines_word_to_the_nanosecond_or_none():
+    """State.StartedAt, as Go writes it: the duplicate rule's "first started" for a
+    container, which a guard restart must not reset to when it was first seen."""
+
+    def started(value: object) -> float | None:
+        state = {"Status": "running", "Running": True, "Pid": 4242, "StartedAt": value}
+        return Container.from_inspect(_inspect(State=state)).started_at
+
+    assert started("2026-12-03T07:00:00.123456789Z") == pytest.approx(1796281200.123456)
+    assert started("2026-12-03T08:00:00+01:00") == 1796281200.0
+    assert started("0001-01-01T00:00:00Z") is None  # Go's zero time: never started
+    for bad in ("yesterday", "2026-13-03T07:00:00Z", 5, None, "2" * 100):
+        assert started(bad) is None
+    assert Container.from_inspect(_inspect()).started_at is None
+
+
 def test_an_inspect_answer_without_an_id_is_refused():
     answers: list[object] = [{}, [], None, "x", _inspect(Id="abc"), _inspect(Id=ID.upper())]
     for bad in [*answers, _inspect(Id=5)]:

@@ -208,7 +208,11 @@ def test_a_container_of_roots_engine_keeps_its_model_over_a_users_earlier_unit()
     asks is root's, so its container ranks with root's units."""
     model = "/models/x.gguf"
     fake = unit("user:1000:fake.service", 1.0, ("llama-server", "-m", model))
-    vllm = replace(box("vllm", "vllm/vllm-openai:v0.6"), active_since=30.0, mapped_models=(model,))
+    vllm = replace(
+        box("vllm", "vllm/vllm-openai:v0.6", mounts=(("/models", "/models"),)),
+        active_since=30.0,
+        mapped_models=(model,),
+    )
     got = refused(fake, vllm)
     assert [(u, r) for u, r, _ in got] == [("user:1000:fake.service", "duplicate")], got
     assert "root's unit keeps it over a user's copy" in got[0][2]
@@ -604,9 +608,31 @@ def test_a_root_client_is_charged_to_roots_server_and_an_ambiguous_one_to_none()
 # --- containers (issue 19) -------------------------------------------------------
 
 
-def box(name, image, command=("python3", "serve.py"), **kw):
+def test_a_containers_models_are_compared_by_what_they_are_on_the_host():
+    """A path inside a container is the file its bind mount shows: /models/x.gguf there,
+    from the host's /srv/llm, is /srv/llm/x.gguf, and a host /models/x.gguf is another
+    file; a model of the image's own layers is the same file in each container of that
+    image, and no host file at all."""
+    host = unit("llama.service", 1.0, ("llama-server", "-m", "/srv/llm/x.gguf"))
+    other = unit("other.service", 2.0, ("llama-server", "-m", "/models/x.gguf"))
+    mounted = (("/srv/llm", "/models"),)
+    a = replace(box("a", "debian", ("llama-server", "-m", "/models/x.gguf"), mounts=mounted),
+                active_since=30.0)  # fmt: skip
+    got = refused(host, other, a)
+    assert [(u, r) for u, r, _ in got] == [("container:a", "duplicate")], got
+    assert "/srv/llm/x.gguf is already loaded by llama.service" in got[0][2]
+    # Two containers of one image, each loading the model baked into it.
+    baked = ("llama-server", "-m", "/opt/m.gguf")
+    one = replace(box("one", "acme/llm:1", baked), active_since=10.0)
+    two = replace(box("two", "acme/llm:1", baked), active_since=20.0)
+    lone = unit("opt.service", 5.0, ("llama-server", "-m", "/opt/m.gguf"))  # the host's
+    got = refused(one, two, lone)
+    assert [(u, r) for u, r, _ in got] == [("container:two", "duplicate")], got
+
+
+def box(name, image, command=("python3", "serve.py"), mounts=(), **kw):
     facts = ContainerFacts("a" * 64, image, "/run/docker.sock", "unless-stopped", 0,
-                           image_evidence(image) or "")  # fmt: skip
+                           image_evidence(image) or "", mounts)  # fmt: skip
     return replace(
         SeenUnit(UnitRef(CONTAINER, name), pids=(200,), exec_start=(command,), **kw),
         container=facts,

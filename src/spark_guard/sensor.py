@@ -567,9 +567,15 @@ class Sensor:
                 container.restart,
                 container.max_retries,
                 image_evidence(container.image) or "",
+                container.mounts,
             )
-            # Its command as its ExecStart=; it became active when first seen running.
-            cache.details = UnitDetails((container.command,), cache.since)
+            # Its command as its ExecStart=; it became active when its engine says it
+            # started (a guard restarted since must not make it the newer of a duplicate),
+            # else when first seen running.
+            since = cache.since
+            if container.started_at is not None:
+                since = now - max(0.0, time.time() - container.started_at)
+            cache.details = UnitDetails((container.command,), since)
         elif cache.details is None:
             try:
                 cache.details = self.managers[ref.manager].unit_details(ref.name)

@@ -23,6 +23,7 @@ from .snapshot import (
     MODEL_SUFFIXES,
     SYSTEM,
     USER_PREFIX,
+    ContainerFacts,
     FootprintFrom,
     Loader,
     SeenUnit,
@@ -211,11 +212,32 @@ def model_files(argvs: Iterable[Sequence[str]]) -> list[str]:
 
 def loaded_models(seen: SeenUnit) -> tuple[str, ...]:
     """Models the unit loads on real evidence: mapped by its processes, or given to a known
-    loader on its command line. A path merely named (`sleep infinity /m.gguf`) is not."""
+    loader on its command line. A path merely named (`sleep infinity /m.gguf`) is not.
+    A container's paths are its own: each is named by what it is on the host."""
     lines = (command_line(a) for a in seen.exec_start + seen.cmdlines)
     found = [line.loads for line in lines if line.loads]
     found += [canonical_model(m) for m in seen.mapped_models]
+    if seen.container is not None:
+        found = [on_host(m, seen.container) for m in found]
     return tuple(dict.fromkeys(found))
+
+
+def on_host(path: str, container: ContainerFacts) -> str:
+    """A path inside a container, as the host knows the file: below the deepest bind mount
+    that holds it, the mount's source; else a file of its image's own layers, named by
+    the image (two containers of one image load the same file; a host path of the same
+    text is another file)."""
+    best: tuple[str, str] | None = None
+    for source, dest in container.mounts:
+        d = dest.rstrip("/") or "/"
+        inside = path == d or path.startswith(d + "/") or d == "/"
+        if inside and (best is None or len(d) > len(best[1])):
+            best = (source, d)
+    if best is None:
+        return f"image:{container.image}:{path}"
+    source, d = best
+    rest = path[len(d) :] if d != "/" else path
+    return canonical_model(source.rstrip("/") + "/" + rest.lstrip("/"))
 
 
 def _binary_evidence(lines: Iterable[CommandLine], binaries: tuple[str, ...]) -> str | None:

@@ -331,6 +331,9 @@ class ContainerFacts:
     max_retries: int = 0
     # Why its image makes it a loader (containers.image_evidence), "" if it does not.
     image_evidence: str = ""
+    # Its bind mounts, (source on the host, destination inside): what a path inside it
+    # is on the host (classify.loaded_models compares models by that).
+    mounts: tuple[tuple[str, str], ...] = ()
 
     @property
     def policy(self) -> str:

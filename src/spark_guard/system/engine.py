@@ -40,6 +40,7 @@ import struct
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ..core.snapshot import (
@@ -181,6 +182,9 @@ class Container:
     pid: int = 0
     mounts: tuple[tuple[str, str], ...] = ()  # (source on the host, destination inside)
     labels: tuple[tuple[str, str], ...] = field(default=())
+    # State.StartedAt, seconds since the epoch (None: never started, or not said): when
+    # this run began, by the engine's word, whenever the guard first saw it.
+    started_at: float | None = None
 
     @property
     def ref(self) -> str:
@@ -232,11 +236,31 @@ class Container:
             status=_text(state.get("Status"), STATUS_MAX),
             pid=_int(state.get("Pid"), 0, 1 << 22),
             mounts=tuple(mounts),
+            started_at=_started(state.get("StartedAt")),
             labels=tuple(
                 (printable(k, LABEL_KEY_MAX), _text(v, LABEL_VALUE_MAX))
                 for k, v in list(labels.items())[:LABELS_MAX]
             ),
         )
+
+
+def _started(value: object) -> float | None:
+    """RFC 3339 with nanoseconds, as Go writes it ("2026-12-03T07:00:00.123456789Z");
+    Go's zero time ("0001-01-01T00:00:00Z") is a container never started."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    m = _RFC3339.match(value)
+    if m is None:
+        return None
+    fraction = (m.group(2) or "")[:7]  # ".123456": what datetime takes
+    try:
+        at = datetime.fromisoformat(m.group(1) + fraction + m.group(3).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at.timestamp() if at.year > 1 else None
+
+
+_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
 def inspect_from_disk(config: object, hostconfig: object) -> dict[str, Any]:
