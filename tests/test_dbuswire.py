@@ -9,13 +9,14 @@ foresight reads are kept.
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 
 import pytest
 
 from lab.harness import UserManager
-from spark_guard.core.argv.environment import needed
+from spark_guard.core.argv.environment import KEPT_MAX, needed
 from spark_guard.system import dbuswire
 from spark_guard.system.managers import DETAILS_CAP, DETAILS_TIMEOUT, ManagerError, connect_to
 
@@ -39,6 +40,10 @@ def test_only_what_foresight_reads_is_kept():
         "MY_MODEL=/m/x.gguf",
     )
     assert "MY_MODEL=/m/x.gguf" not in needed(env, [("llama-server", "-m", "/m/x.gguf")])
+    # Any number of wanted names: the last KEPT_MAX, as the last assignment wins.
+    padded = [f"LLAMA_ARG_X{i}=1" for i in range(10_000)] + ["LLAMA_ARG_CTX_SIZE=131072"]
+    kept = needed(padded)
+    assert len(kept) == KEPT_MAX and kept[-1] == "LLAMA_ARG_CTX_SIZE=131072"
 
 
 def test_a_malformed_reply_is_one_error_not_a_crash():
@@ -50,6 +55,54 @@ def test_a_malformed_reply_is_one_error_not_a_crash():
     nested = "a" * 40 + "s"
     with pytest.raises(dbuswire.WireError, match="nested too deep"):
         dbuswire.unmarshal(nested, struct.pack("<I", 4) * 41, "<")
+
+
+def reply(body: bytes, signature: bytes, *, serial: int = 1, sig_type: bytes = b"g") -> bytes:
+    """A method return to call `serial`, its header's SIGNATURE field of type `sig_type`
+    (a peer may send any type there), as a hostile peer would write it."""
+    fields = bytearray()
+    fields += bytes([dbuswire.F_REPLY_SERIAL, 1]) + b"u\0" + struct.pack("<I", serial)
+    fields += b"\0" * (-len(fields) % 8)
+    fields += bytes([dbuswire.F_SIGNATURE, len(sig_type)]) + sig_type + b"\0"
+    if sig_type == b"g":
+        fields += bytes([len(signature)]) + signature + b"\0"
+    else:
+        fields += b"\0" * (-len(fields) % 4) + struct.pack("<I", len(signature)) + signature + b"\0"
+    head = b"l" + bytes([dbuswire.METHOD_RETURN, 0, 1])
+    head += struct.pack("<III", len(body), 2, len(fields)) + bytes(fields)
+    head += b"\0" * (-len(head) % 8)
+    return head + body
+
+
+def answer(message: bytes, signature: str = "as") -> object:
+    a, b = socket.socketpair()
+    try:
+        a.sendall(message)
+        return dbuswire.read_reply(b, 1, time.monotonic() + 2, 1 << 18, signature)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_hostile_reply_is_one_wire_error_never_a_hang_or_a_crash():
+    """Only signatures the guard chose are parsed: a peer's `a()` (an array that never
+    ends), 5,000 nested arrays (RecursionError), a signature sent as a string, a value of
+    another type than asked: each is one WireError, at once."""
+    good = struct.pack("<B", 2) + b"as\0" + struct.pack("<I", 8)
+    good += struct.pack("<I", 3) + b"A=1\0"
+    assert answer(reply(good, b"v")) == ("ok", ["A=1"])
+    hostile = [
+        reply(struct.pack("<B", 3) + b"a()\0" + struct.pack("<I", 8) + b"\0" * 8, b"v"),
+        reply(b"\0" * 16, b"a" * 200 + b"y"),
+        reply(b"\0" * 16, b"a" * 5000 + b"y", sig_type=b"s"),
+        reply(struct.pack("<B", 1) + b"i\0\0" + struct.pack("<i", 7), b"v"),  # not `as`
+        reply(struct.pack("<I", 1) + b"x\0", b"s"),
+    ]
+    for message in hostile:
+        began = time.monotonic()
+        with pytest.raises(dbuswire.WireError):
+            answer(message)
+        assert time.monotonic() - began < 1.0
 
 
 @pytest.mark.systemd
@@ -91,3 +144,40 @@ def test_a_users_huge_environment_is_refused_unread_and_a_real_unit_read_as_pyst
         finally:
             m.close()
     assert DETAILS_CAP < 800_000
+
+
+@pytest.mark.systemd
+def test_a_users_unit_details_held_have_a_budget_across_her_units():
+    """Each unit's ExecStart= within 64 KiB is no limit on forty of them: what the guard
+    holds of one user's units' command lines and environment is DETAILS_OWNER_BUDGET in
+    all; past it a new unit's are not read, and its footprint says why."""
+    from lab.guardunit import guard_manager, write_config
+    from spark_guard import config as config_mod
+    from spark_guard import log
+    from spark_guard.sensor import DETAILS_OWNER_BUDGET, Sensor
+
+    args = " ".join(f"a{i:05}{'x' * 40}" for i in range(1000))  # 47 KiB, 1,000 arguments
+    n = 30
+    with guard_manager() as um:
+        for i in range(n):
+            um.write_unit(
+                f"fat-{i:02}.service", f"[Service]\nExecStart=/bin/sh -c 'exec sleep 3600' {args}\n"
+            )
+        um.systemctl("daemon-reload")
+        um.systemctl("start", *(f"fat-{i:02}.service" for i in range(n)))
+        write_config(um)
+        sensor = Sensor(config_mod.load(str(um.base / "guard.toml")), log.get_logger())
+        try:
+            sensor.refresh_managers()
+            units = {str(u.ref): u for u in sensor.snapshot().units}
+        finally:
+            for m in sensor.managers.values():
+                m.close()
+        assert "user:0:fat-00.service" in units, sorted(units)
+        fat = [units[f"user:0:fat-{i:02}.service"] for i in range(n)]
+        held = sum(len(a) + 1 for u in fat for row in u.exec_start for a in row)
+        assert 0 < held <= DETAILS_OWNER_BUDGET + 64 * 1024, held  # the last one read may pass it
+        refused = [u for u in fat if not u.exec_start]
+        assert refused and len(refused) < n, len(refused)
+        why = sensor._units[refused[0].ref].details
+        assert why is not None and "over 1024 KiB: not read" in why.unreadable

@@ -511,7 +511,9 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
     offset = len(log_text(stage.root))
     stage.root.systemctl("reload", GUARD)
     wait_log(stage.root, "config-reloaded", after=offset)
-    stage.her_unit("llama-hide.service", f"{stage.server} -m {stage.tiny}")
+    # It allocates as a loader does (1 GiB): a steady guard looks at every process when
+    # MemAvailable falls, and at least once a minute.
+    stage.her_unit("llama-hide.service", f"{PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 1024")
     timer = stage.mum.unit_dir / "llama-hide.timer"
     stage.mallory.run(PY, "-c", f"open({str(timer)!r}, 'w').write('[Timer]\\nOnActiveSec=4s\\n')")
     stage.mum.systemctl("daemon-reload")

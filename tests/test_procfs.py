@@ -154,7 +154,7 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
         ARGV_UNIT_BUDGET,
         UnitRef,
     )
-    from spark_guard.sensor import Sensor, _ArgvBudget
+    from spark_guard.sensor import Sensor, _PassBudget
 
     filler = b"sh\0-c\0sleep 1\0" + b"x" * (ARGV_MAX_BYTES - 100) + b"\0"
     loader = b"llama-server\0-m\0/srv/m.gguf\0"
@@ -163,7 +163,7 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     pids[9999] = {"cmdline": loader}
     make_proc(tmp_path / "proc", pids)
     sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
-    budget = _ArgvBudget()
+    budget = _PassBudget()
     seen = []
     for i in range(10):
         procs: list[tuple[int, int, int | None]] = [(p, 1 << 20, 0) for p in units[i]]

@@ -18,7 +18,6 @@ from .core.classify import CommandLine, is_protected
 from .core.config import Config
 from .core.events import Event, EventKind, tell
 from .core.snapshot import (
-    ARGV_MAX_BYTES,
     ARGV_OWNER_BUDGET,
     ARGV_PASS_BUDGET,
     ARGV_UNIT_BUDGET,
@@ -60,6 +59,13 @@ if TYPE_CHECKING:
 
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
+# A maps scan of 65,000 mappings takes ~26 ms: at most this many a pass, biggest first,
+# and at most this many processes' mapped models held per manager (16 paths each).
+MAPS_SCANS_PER_PASS = 8
+# A user's unit details held (ExecStart= within 64 KiB and 16 KiB of Environment= each):
+# a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
+DETAILS_OWNER_BUDGET = 1 << 20
+MAPS_HELD_PER_OWNER = 32
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 # How long a command (or the daemon's first pass) waits for managers to connect: one
@@ -81,24 +87,38 @@ class _UnitCache:
     commands: tuple[CommandLine, ...] | None = None
     # When this run was first seen (a container's: its engine's StartedAt is wall-clock).
     since: float = 0.0
+    details_bytes: int = 0  # what `details` holds of its writer's text
 
 
 @dataclass
 class _ProcCache:
     cmdline: CommandLine | None = None  # read and split once per process
-    argv_bytes: int = 0  # what it holds
+    argv_bytes: int = 0  # what it holds, or would: 0 until read
     models: tuple[str, ...] = ()
     maps_at: float = -MAPS_RECHECK
 
 
-class _ArgvBudget:
-    """The argv bytes one pass may hold: per unit, per manager and in all (snapshot.py's
-    ARGV_*_BUDGET). What is over it is not read, or dropped, and asked again next pass,
-    when the unit's biggest processes come first."""
+class _PassBudget:
+    """What one pass may read and hold of what users control: argv bytes per unit, per
+    manager and in all (snapshot.py's ARGV_*_BUDGET), maps scans, and processes whose
+    mapped models are held per manager. What is over it is not read, or dropped, and
+    asked again next pass, when the unit's biggest processes come first."""
 
     def __init__(self) -> None:
         self.left = ARGV_PASS_BUDGET
         self.by_owner: dict[str, int] = {}
+        # Maps: scans this pass, and processes whose mapped models are held per manager.
+        self.maps_scans = MAPS_SCANS_PER_PASS
+        self.maps_held: dict[str, int] = {}
+        # Unit details (ExecStart=, Environment=) held per user manager, all passes.
+        self.details_held: dict[str, int] = {}
+
+    def hold_maps(self, owner: str) -> bool:
+        held = self.maps_held.get(owner, 0)
+        if held >= MAPS_HELD_PER_OWNER:
+            return False
+        self.maps_held[owner] = held + 1
+        return True
 
     def unit(self, owner: str) -> int:
         return min(ARGV_UNIT_BUDGET, self.left, self.by_owner.get(owner, ARGV_OWNER_BUDGET))
@@ -419,12 +439,16 @@ class Sensor:
                     else "its manager is not answering"
                 )
         units = []
-        argv = _ArgvBudget()
+        budget = _PassBudget()
+        for r, c in self._units.items():
+            budget.details_held[r.manager] = budget.details_held.get(r.manager, 0) + (
+                c.details_bytes
+            )
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
             if state is None:
                 continue
-            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), argv)
+            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), budget)
             if ref in starting:
                 seen = replace(seen, starting=True)
             if ref in unmanaged:
@@ -534,7 +558,7 @@ class Sensor:
         gpu: dict[int, int | None],
         now: float,
         cgroup: str,
-        argv: _ArgvBudget,
+        budget: _PassBudget,
     ) -> SeenUnit:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
@@ -577,35 +601,52 @@ class Sensor:
                 since = now - max(0.0, time.time() - container.started_at)
             cache.details = UnitDetails((container.command,), since)
         elif cache.details is None:
+            held = budget.details_held.get(ref.manager, 0)
             try:
+                if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
+                    raise ManagerError(
+                        f"{ref.manager}: the command lines and environment of its units"
+                        f" held already are over {DETAILS_OWNER_BUDGET >> 10} KiB: not read"
+                    )
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except KeyError:
                 cache.details = UnitDetails((), None)
             except ManagerError as e:
                 cache.details = UnitDetails((), None, unreadable=str(e))
+            d = cache.details
+            cache.details_bytes = sum(len(a) + 1 for row in d.exec_start for a in row) + sum(
+                len(e) for e in d.environment
+            )
+            budget.details_held[ref.manager] = held + cache.details_bytes
         if cache.commands is None:
             cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
-        left = argv.unit(ref.manager)
+        left = budget.unit(ref.manager)
         # The biggest first: a loader is what grows; a crowd of small processes is not.
-        for pid, _, _ in sorted(procs, key=lambda p: -(p[1] + (p[2] or 0))):
+        for pid, p_rss, p_gpu in sorted(procs, key=lambda p: -(p[1] + (p[2] or 0))):
             pc = self._procs.setdefault(pid, _ProcCache())
-            if pc.cmdline is None and left > 0:
-                pc.cmdline = CommandLine(self.proc.cmdline(pid, min(left, ARGV_MAX_BYTES)) or ())
-                pc.argv_bytes = sum(len(a) + 1 for a in pc.cmdline)
+            if (p_rss >= MAPS_MIN_RSS or p_gpu) and budget.hold_maps(ref.manager):
+                if now - pc.maps_at >= MAPS_RECHECK and budget.maps_scans > 0:
+                    budget.maps_scans -= 1
+                    pc.maps_at = now
+                    pc.models = self.proc.mapped_models(pid) or ()
+            else:
+                pc.models = ()  # small, or past its owner's share: not held
+            if pc.cmdline is None and left > 0 and pc.argv_bytes <= left:
+                # Read whole (a cut one would be kept cut for the process's life); its size
+                # is remembered, so one that does not fit is not read again each pass.
+                pc.cmdline = CommandLine(self.proc.cmdline(pid) or ())
+                pc.argv_bytes = max(1, sum(len(a) + 1 for a in pc.cmdline))
             if pc.cmdline is not None and pc.argv_bytes > left:
                 pc.cmdline = None  # over the budget now: dropped, read again when it fits
             if pc.cmdline is not None:
                 left -= pc.argv_bytes
-                argv.spend(ref.manager, pc.argv_bytes)
+                budget.spend(ref.manager, pc.argv_bytes)
         cmdlines: list[CommandLine] = []
         models: list[str] = []
-        for pid, p_rss, p_gpu in procs:
+        for pid, _, _ in procs:
             pc = self._procs[pid]
             if pc.cmdline is not None:
                 cmdlines.append(pc.cmdline)
-            if (p_rss >= MAPS_MIN_RSS or p_gpu) and now - pc.maps_at >= MAPS_RECHECK:
-                pc.maps_at = now
-                pc.models = self.proc.mapped_models(pid) or ()
             models.extend(pc.models)
         return SeenUnit(
             ref,

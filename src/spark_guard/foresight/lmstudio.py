@@ -250,7 +250,8 @@ class _Folders:
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self._cache: dict[tuple[str, bool], list[tuple[str, bool]]] = {}
-        self._listed: set[tuple[int, int]] = set()  # (st_dev, st_ino) of folders listed
+        # (st_dev, st_ino, dirs_only) of the folders listed: each at most once each way
+        self._listed: set[tuple[int, int, bool]] = set()
         self._spent = 0  # entries listed in all
 
     def entries(
@@ -274,12 +275,12 @@ class _Folders:
         out: list[tuple[str, bool]] = []
         try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) in self._listed:
+            if (st.st_dev, st.st_ino, dirs_only) in self._listed:
                 # A folder reached again (a symlink to one listed already) is not followed
                 # twice: what it holds was seen where it was first reached.
                 self._cache[key] = out
                 return out
-            self._listed.add((st.st_dev, st.st_ino))
+            self._listed.add((st.st_dev, st.st_ino, dirs_only))
             with os.scandir(fd) as it:
                 for n, entry in enumerate(it):
                     if n >= MAX_ENTRIES:

@@ -21,6 +21,8 @@ import struct
 import time
 from typing import Any
 
+from ..core.text import printable
+
 FIXED = 16  # endian, type, flags, version, body length, serial, header fields' length
 METHOD_CALL, METHOD_RETURN, ERROR = 1, 2, 3
 # Header field codes.
@@ -105,11 +107,18 @@ def _complete(signature: str, i: int) -> int:
 
 
 class _Reader:
-    def __init__(self, data: bytes, endian: str, base: int = 0) -> None:
+    """Values of signatures this module chose, never the peer's: a variant is read only
+    when its signature is one of `variants` (a peer's signature could nest a thousand
+    levels, or name an empty struct whose array never ends)."""
+
+    def __init__(
+        self, data: bytes, endian: str, base: int = 0, variants: frozenset[str] = frozenset()
+    ) -> None:
         self.data = data
         self.endian = endian
         self.pos = base  # offsets count from the message's start: alignment is relative to it
         self.base = base
+        self.variants = variants
 
     def _align(self, n: int) -> None:
         self.pos += -self.pos % n
@@ -139,8 +148,8 @@ class _Reader:
             return self._take(n + 1)[:-1].decode(errors="replace")
         if c == "v":
             inner = self.value("g", depth + 1)
-            if not inner or _complete(inner, 0) != len(inner):
-                raise WireError(f"a D-Bus variant of signature {inner!r}")
+            if inner not in self.variants:
+                raise WireError(f"a D-Bus variant of signature {inner[:32]!r}, not one asked for")
             return self.value(inner, depth + 1)
         if c == "a":
             (n,) = struct.unpack(self.endian + "I", self._take(4))
@@ -151,7 +160,10 @@ class _Reader:
                 raise WireError("a D-Bus array runs past its message")
             items = []
             while self.pos < end:
+                before = self.pos
                 items.append(self.value(element, depth + 1))
+                if self.pos == before:
+                    raise WireError("a D-Bus array of empty elements")
             return items
         if c in "({":
             inner = signature[1 : _complete(signature, 0) - 1]
@@ -164,18 +176,28 @@ class _Reader:
         raise WireError(f"D-Bus type {c!r} not read here")
 
 
-def unmarshal(signature: str, body: bytes, endian: str, base: int = 0) -> list[Any]:
-    """The values of `body`, each complete type of `signature` in turn."""
-    reader = _Reader(body, endian, base)
+def unmarshal(
+    signature: str,
+    body: bytes,
+    endian: str,
+    base: int = 0,
+    variants: frozenset[str] = frozenset(),
+) -> list[Any]:
+    """The values of `body`, each complete type of `signature` (the caller's own) in turn;
+    a variant only of a signature in `variants`."""
+    reader = _Reader(body, endian, base, variants)
     out, j = [], 0
     try:
         while j < len(signature):
             k = _complete(signature, j)
             out.append(reader.value(signature[j:k]))
             j = k
-    except (IndexError, struct.error) as e:
-        raise WireError(f"a malformed D-Bus message: {e}") from None
+    except (IndexError, struct.error, RecursionError, ValueError) as e:
+        raise WireError(f"a malformed D-Bus message: {type(e).__name__}") from None
     return out
+
+
+HEADER_VARIANTS = frozenset({"o", "s", "u", "g"})  # the types header fields have
 
 
 # --- one call on a connected socket ----------------------------------------------------------
@@ -201,9 +223,12 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def read_reply(sock: socket.socket, serial: int, deadline: float, cap: int) -> tuple[str, Any]:
-    """The reply to call `serial`: ("ok", values) or ("error", its name and text). Other
-    messages (the signals systemd sends every client) are read past, each one bounded."""
+def read_reply(
+    sock: socket.socket, serial: int, deadline: float, cap: int, signature: str
+) -> tuple[str, Any]:
+    """The reply to call `serial`, a variant of `signature`: ("ok", its value) or ("error",
+    its name and text). Other messages (the signals systemd sends every client) are read
+    past, each one bounded; a reply of any other signature is an error."""
     while True:
         fixed = _recv_exactly(sock, FIXED, deadline)
         endian = {b"l"[0]: "<", b"B"[0]: ">"}.get(fixed[0])
@@ -215,7 +240,11 @@ def read_reply(sock: socket.socket, serial: int, deadline: float, cap: int) -> t
             raise TooBig(f"a reply's header of {fields_len} bytes")
         fields_raw = _recv_exactly(sock, fields_len + (-(FIXED + fields_len) % 8), deadline)
         (fields,) = unmarshal(
-            "a(yv)", struct.pack(endian + "I", fields_len) + fields_raw, endian, 12
+            "a(yv)",
+            struct.pack(endian + "I", fields_len) + fields_raw,
+            endian,
+            12,
+            HEADER_VARIANTS,
         )
         header = dict(fields)
         mine = header.get(F_REPLY_SERIAL) == serial and kind in (METHOD_RETURN, ERROR)
@@ -226,11 +255,17 @@ def read_reply(sock: socket.socket, serial: int, deadline: float, cap: int) -> t
         body = _recv_exactly(sock, body_len, deadline)
         if not mine:
             continue
-        values = unmarshal(str(header.get(F_SIGNATURE, "")), body, endian, FIXED + len(fields_raw))
+        said = header.get(F_SIGNATURE, "")
+        at = FIXED + len(fields_raw)
         if kind == ERROR:
-            text = values[0] if values and isinstance(values[0], str) else ""
-            return "error", f"{header.get(F_ERROR_NAME, '?')}: {text}"
-        return "ok", values
+            text = unmarshal("s", body, endian, at)[0] if said == "s" else ""
+            return "error", f"{printable(str(header.get(F_ERROR_NAME, '?')), 128)}: " + (
+                printable(text, 256)
+            )
+        if said != "v":
+            raise WireError(f"a reply of signature {printable(str(said), 32)!r}, not a variant")
+        (value,) = unmarshal("v", body, endian, at, frozenset({signature}))
+        return "ok", value
 
 
 def get_property(
@@ -239,14 +274,16 @@ def get_property(
     interface: bytes,
     prop: bytes,
     *,
+    signature: str,
     timeout: float,
     cap: int,
     peer_pid: int = 0,
     destination: bytes = b"org.freedesktop.systemd1",
 ) -> Any:
-    """One property of object `path`, on a fresh peer-to-peer connection to `address`
-    (a manager's private socket): refused over `cap` bytes, given up after `timeout`
-    seconds. `peer_pid`: the process that must answer (SO_PEERCRED), when known."""
+    """One property of object `path`, of D-Bus type `signature`, on a fresh peer-to-peer
+    connection to `address` (a manager's private socket): refused over `cap` bytes, or
+    of another type; given up after `timeout` seconds. `peer_pid`: the process that must
+    answer (SO_PEERCRED), when known."""
     deadline = time.monotonic() + timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -287,11 +324,9 @@ def get_property(
             raise WireError("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"cannot connect: {e.strerror or e}") from None
-        kind, values = read_reply(sock, 1, deadline, cap)
+        kind, value = read_reply(sock, 1, deadline, cap, signature)
     finally:
         sock.close()
     if kind == "error":
-        raise WireError(values)
-    if len(values) != 1:
-        raise WireError("a Get reply without its one value")
-    return values[0]
+        raise WireError(value)
+    return value

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.argv.environment import needed as needed_environment
-from ..core.snapshot import SYSTEM, manager_uid, user_manager, valid_unit_name
+from ..core.classify import bounded
+from ..core.snapshot import ARGV_MAX_BYTES, SYSTEM, manager_uid, user_manager, valid_unit_name
 from . import dbuswire
 from .cgroupfs import v2_root
 from .procfs import ProcFS
@@ -127,6 +128,21 @@ def paused(proc_root: str, pid: int, cgroup_base: str = "/sys/fs/cgroup") -> str
 @functools.lru_cache(maxsize=4)
 def _v2_root(base: str) -> str:
     return v2_root(base)
+
+
+def _bounded_rows(rows: Iterable[tuple[str, ...]]) -> tuple[tuple[str, ...], ...]:
+    """ExecStart= lines kept within ARGV_MAX_BYTES in all (a service has one; a oneshot a
+    few): each bounded as a command line is, and a line over what is left is dropped."""
+    out = []
+    left = ARGV_MAX_BYTES
+    for row in rows:
+        argv = bounded(row)
+        size = sum(len(a) + 1 for a in argv)
+        if size > left:
+            break
+        out.append(argv)
+        left -= size
+    return tuple(out)
 
 
 def _timed_out(e: BaseException) -> bool:
@@ -428,7 +444,7 @@ class Manager:
             if _s(r[0]) in wanted
         }
 
-    def _get_bounded(self, path: bytes, iface: bytes, prop: bytes) -> Any:
+    def _get_bounded(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
         """A property a user wrote (ExecStart=, Environment=), read on a connection of its
         own: refused over DETAILS_CAP bytes, given up after DETAILS_TIMEOUT (dbuswire.py).
         pystemd would read it whole, however big, with the GIL held."""
@@ -441,6 +457,7 @@ class Manager:
                     path,
                     iface,
                     prop,
+                    signature=sig.decode(),
                     timeout=DETAILS_TIMEOUT,
                     cap=DETAILS_CAP,
                     peer_pid=self.pid,
@@ -454,15 +471,13 @@ class Manager:
         """What a service runs and since when. Environment=: only what foresight reads
         (core/argv/environment.py). A user manager's units are read bounded."""
         path = self.unit_path(name)
-        get = (
-            self._get if self.key == SYSTEM else (lambda p, i, n, _sig: self._get_bounded(p, i, n))
-        )
+        get = self._get if self.key == SYSTEM else self._get_bounded
         exec_start: tuple[tuple[str, ...], ...] = ()
         environment: tuple[str, ...] = ()
         user = ""
         if name.endswith(".service"):
             raw = get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
-            exec_start = tuple(tuple(_s(a) for a in row[1]) for row in raw)
+            exec_start = _bounded_rows(tuple(_s(a) for a in row[1]) for row in raw)
             assignments = (_s(e) for e in get(path, _SERVICE, b"Environment", b"as"))
             environment = needed_environment(assignments, exec_start)
             user = _s(get(path, _SERVICE, b"User", b"s"))
