@@ -62,10 +62,10 @@ MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 # A maps scan of 65,000 mappings takes ~26 ms: at most this many a pass, biggest first,
 # and at most this many processes' mapped models held per manager (16 paths each).
 MAPS_SCANS_PER_PASS = 8
+MAPS_HELD_PER_OWNER = 32
 # A user's unit details held (ExecStart= within 64 KiB and 16 KiB of Environment= each):
 # a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
 DETAILS_OWNER_BUDGET = 1 << 20
-MAPS_HELD_PER_OWNER = 32
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 # How long a command (or the daemon's first pass) waits for managers to connect: one
