@@ -515,7 +515,12 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
     # MemAvailable falls, and at least once a minute.
     stage.her_unit("llama-hide.service", f"{PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 1024")
     timer = stage.mum.unit_dir / "llama-hide.timer"
-    stage.mallory.run(PY, "-c", f"open({str(timer)!r}, 'w').write('[Timer]\\nOnActiveSec=4s\\n')")
+    # AccuracySec=: a timer's default accuracy is a minute, and systemd may take all of it.
+    stage.mallory.run(
+        PY,
+        "-c",
+        f"open({str(timer)!r}, 'w').write('[Timer]\\nOnActiveSec=4s\\nAccuracySec=100ms\\n')",
+    )
     stage.mum.systemctl("daemon-reload")
     stage.mum.systemctl("start", "llama-hide.timer")
     socket = stage.mum.runtime / "systemd" / "private"
@@ -524,9 +529,31 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
     stage.mallory.run("mv", str(socket), str(hidden))
     try:
         wait_log(stage.root, rf"manager-lost: {stage.key} manager", after=offset)
-        seen = wait_log(
-            stage.root, rf"loader-seen: model loader {stage.key}:llama-hide\.service.*", 30, offset
-        )
+        try:
+            seen = wait_log(
+                stage.root,
+                rf"loader-seen: model loader {stage.key}:llama-hide\.service.*",
+                30,
+                offset,
+            )
+        except AssertionError as e:
+            ps = subprocess.run(
+                ["ps", "-o", "pid,uid,stat,args", "-u", str(stage.mallory.uid)],
+                capture_output=True,
+                text=True,
+            ).stdout
+            cgroups = {
+                p: Path(f"/proc/{p}/cgroup").read_text()
+                for p in re.findall(r"^\s*(\d+)", ps, re.M)
+                if Path(f"/proc/{p}/cgroup").exists()
+            }
+            state = stage.state()
+            raise AssertionError(
+                f"{e}\nps:\n{ps}\ncgroups: {cgroups}\nstate units: "
+                f"{[u.get('unit') for u in state.get('loaders', [])]} phase "
+                f"{state.get('phase')}\nher manager:\n"
+                f"{stage.mum.log.read_text(errors='replace')[-3000:]}"
+            ) from None
         assert "its manager is out of view: judged by what the kernel shows" in seen.group(0)
         killed = wait_log(
             stage.root, rf"unit-killed: {stage.key}:llama-hide\.service.*", 20, offset
