@@ -110,7 +110,7 @@ class _PassBudget:
         # Maps: scans this pass, and processes whose mapped models are held per manager.
         self.maps_scans = MAPS_SCANS_PER_PASS
         self.maps_held: dict[str, int] = {}
-        # Unit details (ExecStart=, Environment=) held per user manager, all passes.
+        # Unit details (ExecStart=, Environment=) the unit caches hold, per manager.
         self.details_held: dict[str, int] = {}
 
     def hold_maps(self, owner: str) -> bool:

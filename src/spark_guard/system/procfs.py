@@ -299,19 +299,19 @@ class ProcFS:
         return ProcessInfo(pid, cgroup, rss)
 
     # psutil's cmdline() reads and splits the whole argv: unbounded, see argv_cost.py
-    def cmdline(self, pid: int, limit: int = ARGV_MAX_BYTES) -> tuple[str, ...] | None:
+    def cmdline(self, pid: int) -> tuple[str, ...] | None:
         """The process's arguments, bounded: the first ARGV_MAX_ARGS non-empty ones within
-        the first `limit` bytes (ARGV_MAX_BYTES; snapshot.py says why those figures). The
-        kernel allows megabytes; a process must not make each look read and split them. An
+        the first ARGV_MAX_BYTES bytes (snapshot.py says why those figures). The kernel
+        allows megabytes; a process must not make each look read and split them. An
         argument cut by the byte limit is left out: a cut path would name a file nobody
         gave."""
         try:
             with open(self._path(str(pid), "cmdline"), "rb") as f:
-                raw = f.read(limit + 1)
+                raw = f.read(ARGV_MAX_BYTES + 1)
         except OSError:
             return None
-        if len(raw) > limit:
-            raw = raw[: raw.rfind(b"\0", 0, limit) + 1]
+        if len(raw) > ARGV_MAX_BYTES:
+            raw = raw[: raw.rfind(b"\0", 0, ARGV_MAX_BYTES) + 1]
         args = (a.decode(errors="replace") for a in raw.split(b"\0") if a)
         return tuple(islice(args, ARGV_MAX_ARGS))
 
