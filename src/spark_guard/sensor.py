@@ -596,10 +596,11 @@ class Sensor:
             # Its command as its ExecStart=; it became active when its engine says it
             # started (a guard restarted since must not make it the newer of a duplicate),
             # else when first seen running.
-            since = cache.since
-            if container.started_at is not None:
-                since = now - max(0.0, time.time() - container.started_at)
-            cache.details = UnitDetails((container.command,), since)
+            if cache.details is None:  # once per run: two clocks read each pass would drift
+                since = cache.since
+                if container.started_at is not None:
+                    since = min(since, now - max(0.0, time.time() - container.started_at))
+                cache.details = UnitDetails((container.command,), since)
         elif cache.details is None:
             held = budget.details_held.get(ref.manager, 0)
             try:

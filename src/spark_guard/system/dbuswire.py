@@ -285,7 +285,10 @@ def get_property(
     of another type; given up after `timeout` seconds. `peer_pid`: the process that must
     answer (SO_PEERCRED), when known."""
     deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except OSError as e:  # out of fds or memory: this read fails, not the pass
+        raise WireError(f"cannot connect: {e.strerror or e}") from None
     try:
         sock.settimeout(timeout)
         try:
