@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from spark_guard.system import cgroupfs
 from spark_guard.system.procfs import ProcFS
 
@@ -31,6 +33,51 @@ def test_the_fallback_kill_signals_only_processes_still_in_the_cgroup(tmp_path):
         assert recycled.poll() is None  # never signalled
     finally:
         for p in (ours, recycled):
+            p.kill()
+            p.wait()
+
+
+def test_a_users_job_is_killed_alone_in_a_unit_of_roots(tmp_path):
+    """kill_uid: her job in cron.service's cgroup dies; cron itself (root's), her process
+    that left the cgroup meanwhile, and the one `spare` names are never signalled; and
+    uid 0 is refused outright (root's processes are never a user's group)."""
+    procs = {name: subprocess.Popen(["sleep", "60"]) for name in ("cron", "job", "gone", "kept")}
+    try:
+        unit = tmp_path / "cgroup" / "system.slice" / "cron.service"
+        unit.mkdir(parents=True)
+        (unit / "cgroup.procs").write_text("".join(f"{p.pid}\n" for p in procs.values()))
+        proc = tmp_path / "proc"
+        owners = {"cron": 0, "job": 1000, "gone": 1000, "kept": 1000}
+        for name, p in procs.items():
+            where = "/elsewhere" if name == "gone" else "/system.slice/cron.service"
+            (proc / str(p.pid)).mkdir(parents=True)
+            (proc / str(p.pid) / "cgroup").write_text(f"0::{where}\n")
+            uid = owners[name]
+            (proc / str(p.pid) / "status").write_text(f"Name:\tsleep\nUid:\t{uid}\t{uid}\t0\t0\n")
+        fs = ProcFS(str(proc))
+        kept = procs["kept"].pid
+        count = cgroupfs.kill_uid(
+            str(tmp_path / "cgroup"),
+            "/system.slice/cron.service",
+            1000,
+            uid_of=fs.uid,
+            cgroup_of=fs.cgroup,
+            spare=lambda pids: {kept} & set(pids),
+        )
+        assert count == 1
+        assert procs["job"].wait(5) == -9
+        assert [procs[n].poll() for n in ("cron", "gone", "kept")] == [None, None, None]
+        with pytest.raises(OSError, match="refusing"):
+            cgroupfs.kill_uid(
+                str(tmp_path / "cgroup"),
+                "/system.slice/cron.service",
+                0,
+                uid_of=fs.uid,
+                cgroup_of=fs.cgroup,
+            )
+        assert procs["cron"].poll() is None
+    finally:
+        for p in procs.values():
             p.kill()
             p.wait()
 

@@ -569,3 +569,150 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
     stage.mum.systemctl("stop", "llama-hide.timer")
     write_config(stage.root)
     stage.root.systemctl("reload", GUARD)
+
+
+# --- 10. processes that are no unit: a cgroup of her own, her job in root's unit --------
+
+
+def _gone(stage: Stage, pattern: str, timeout: float = 5) -> bool:
+    """No process of hers matches `pattern` (pgrep -f), within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            ["pgrep", "-u", str(stage.mallory.uid), "-f", "--", pattern],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if not out:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("where", ["hideout", "init.scope"])
+def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
+    stage: Stage, where: str
+) -> None:
+    """She moves her loader out of its unit into a cgroup of her own below her
+    user@UID.service (`hideout`), or into her manager's init.scope: no manager accounts
+    for it there, and before it counted as PID 1's protected user@UID.service, growing
+    unseen. Now it is a group of hers, judged at her level, and a stop kills her
+    processes in it: her manager (the oldest in init.scope) lives on, and nothing of
+    root's is touched."""
+    base = f"/sys/fs/cgroup/unified/{stage.mum.cgroup}"
+    target = f"{base}/{where}"
+    glob = f"*{where}"
+    write_config(stage.root, f'[loaders.footprint]\n"{glob}" = "100TiB"\n')
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    stage.her_unit(
+        "mover.service", f"{PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 64 --hide-{where}"
+    )
+    stage.mum.systemctl("start", "mover.service")
+    pid = stage.mum.show("mover.service", "MainPID")["MainPID"]
+    # From her shell, as her: the cgroup tree below user@UID.service is delegated to her.
+    stage.mallory.sh(f"mkdir -p {target}; echo {pid} > {target}/cgroup.procs")
+    killed = wait_log(
+        stage.root, rf"unit-killed: {stage.key}:\S*{re.escape(where)}: killed .*", 30, offset
+    )
+    assert f"of uid {stage.mallory.uid}" in killed.group(0), killed.group(0)
+    assert "no unit to mask, nothing to undo" in killed.group(0)
+    assert _gone(stage, f"--hide-{where}")
+    seen = wait_log(stage.root, rf"loader-seen: model loader {stage.key}:\S*{where}", 5, offset)
+    assert stage.key in seen.group(0)
+    # Her manager answers still (spared: the oldest in its init.scope), and nothing was
+    # masked or recorded.
+    assert stage.mum.show("mover.service", "LoadState")["LoadState"] == "loaded"
+    assert not list((stage.root.base / "state" / "blocked").glob(f"{stage.key}*"))
+    assert stage.root.show("rescue-ssh.service", "LoadState")["LoadState"] == "loaded"
+    write_config(stage.root)
+    stage.root.systemctl("reload", GUARD)
+
+
+def test_her_job_in_a_unit_of_roots_is_hers_not_the_units(stage: Stage) -> None:
+    """Root's jobs.service runs what users put in its spool as them, as Debian's cron runs
+    crontabs (no pam_systemd: the job stays in cron.service's cgroup). Her job is a fake
+    llama-server naming the model root's llama-root.service loads, started first: before,
+    it counted for jobs.service, root's, which kept the model and got root's later
+    loader refused as the duplicate. Now her processes in root's unit are a group of
+    hers: her copy is the one refused, and killed, her uid named; jobs.service and
+    root's loader run on, unmasked."""
+    spool = stage.root.base / "spool"
+    spool.mkdir(mode=0o1777, exist_ok=True)
+    spool.chmod(0o1777)
+    u = stage.mallory
+    runner = (
+        f'while :; do for f in {spool}/*.job; do [ -f "$f" ] || continue; '
+        f'mv "$f" "$f.run"; setpriv --reuid={u.uid} --regid={u.gid} --clear-groups '
+        'bash "$f.run" & '
+        "done; sleep 0.2; done"
+    )
+    stage.root.write_unit("jobs.service", f"[Service]\nExecStart=/bin/sh -c '{runner}'\n")
+    stage.root.systemctl("start", "jobs.service")
+    offset = len(log_text(stage.root))
+    job = spool / "her.job"
+    stage.mallory.run(
+        PY,
+        "-c",
+        f"open({str(job)!r}, 'w').write('exec -a llama-server {PY} {LAB}/fake_loader.py "
+        f"-m {stage.tiny} --alloc 16 --her-job\\n')",
+    )
+    deadline = time.monotonic() + 10
+    while _gone(stage, "--her-job", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)  # her copy is the first started
+    stage.root.write_unit(
+        "llama-root.service", f"[Service]\nExecStart={stage.server} -m {stage.tiny}\n"
+    )
+    stage.root.systemctl("start", "llama-root.service")
+    killed = wait_log(stage.root, rf"unit-killed: {stage.key}:\S*jobs\.service: .*", 30, offset)
+    assert f"of uid {u.uid}" in killed.group(0) and "duplicate" in killed.group(0), killed.group(0)
+    assert _gone(stage, "--her-job")
+    time.sleep(2)
+    text = log_text(stage.root)[offset:]
+    for unit in ("jobs.service", "llama-root.service"):
+        assert f"decision: stop user:0:{unit}" not in text, text[-3000:]
+    for unit in ("jobs.service", "llama-root.service"):
+        props = stage.root.show(unit, "ActiveState", "LoadState")
+        assert props == {"ActiveState": "active", "LoadState": "loaded"}, (unit, props)
+    stage.root.systemctl("stop", "jobs.service", "llama-root.service")
+
+
+# --- 11. a load asked over a server's API, from outside any unit -----------------------
+
+
+def test_a_server_asked_over_its_api_is_stopped_never_masked(stage: Stage) -> None:
+    """Ollama has no authentication: from an ssh session she asks root's ollama.service
+    for a model that cannot fit. No unit asked the load, so the server's unit is not what
+    brings it back: before, the rule masked and disabled root's server for everyone. Now
+    it is stopped (frozen first), not masked or disabled, nothing recorded: it may start
+    again, loading nothing. (The footprint here is the admin's figure, standing in for
+    the load her request started.)"""
+    ollama = stage.root.base / "bin" / "ollama"
+    ollama.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 --ollama "$@"\n')
+    ollama.chmod(0o755)
+    write_config(stage.root, '[loaders.footprint]\n"ollama.service" = "100TiB"\n')
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    stage.root.write_unit(
+        "ollama.service",
+        f"[Service]\nExecStart={ollama} serve\nRestart=always\n"
+        "[Install]\nWantedBy=default.target\n",
+    )
+    stage.root.systemctl("enable", "--now", "ollama.service")
+    said = wait_log(
+        stage.root, r"unit-stop-requested: stopping user:0:ollama\.service.*", 30, offset
+    )
+    assert "not masking or disabling it" in said.group(0), said.group(0)
+    stage.root.wait_for("ollama.service", "ActiveState", "inactive")
+    props = stage.root.show("ollama.service", "LoadState", "UnitFileState")
+    assert props == {"LoadState": "loaded", "UnitFileState": "enabled"}, props
+    assert not list((stage.root.base / "state" / "blocked").glob("*ollama*"))
+    text = log_text(stage.root)[offset:]
+    assert "unit-blocked: user:0:ollama.service" not in text
+    write_config(stage.root)
+    stage.root.systemctl("reload", GUARD)
+    stage.root.systemctl("disable", "ollama.service")

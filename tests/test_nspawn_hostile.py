@@ -43,6 +43,16 @@ WantedBy=default.target
 """
 
 
+# ($$ and %% are systemd's escapes for $ and %.)
+CRON = """[Service]
+ExecStart=/bin/sh -c 'while :; do for f in /var/spool/jobs/*.job; do [ -f "$$f" ] || continue; \\
+  u=$$(stat -c %%u "$$f"); mv "$$f" "$$f.run"; \\
+  setpriv --reuid=$$u --regid=$$u --clear-groups bash "$$f.run" & done; sleep 0.5; done'
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def her(c: Container, script: str, uid: int = MALLORY) -> str:
     out = c.run("sh", "-ec", script, user=uid, check=False)
     assert out.returncode == 0, out.stderr
@@ -76,10 +86,12 @@ def box(deb: Path):
         c.path("/srv/models").mkdir(parents=True)
         c.path("/srv/models/ds4.gguf").write_bytes(b"GGUF" + b"\0" * 4096)
         c.path("/etc/spark-guard.toml").write_text(CONFIG)
-        # PID 1's cron.service, which Mallory will name her loader after.
-        c.path("/etc/systemd/system/cron.service").write_text(
-            "[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n"
-        )
+        # PID 1's cron.service, which Mallory will name her loader after. It runs what users
+        # leave in its spool as them, as Debian's cron runs crontabs: no pam_systemd, so
+        # a job stays in cron.service's cgroup.
+        c.path("/var/spool/jobs").mkdir(parents=True)
+        os.chmod(c.path("/var/spool/jobs"), 0o1777)
+        c.path("/etc/systemd/system/cron.service").write_text(CRON)
         wants = c.path("/etc/systemd/system/multi-user.target.wants")
         wants.mkdir(parents=True, exist_ok=True)
         (wants / "cron.service").symlink_to("/etc/systemd/system/cron.service")
@@ -247,3 +259,24 @@ def test_the_incidents_pair_as_installed_a_system_client_is_charged_to_her_serve
     c.run("systemctl", "stop", "lms-load.service")
     c.run("spark-guard", "release", server)
     assert c.show("lmstudio-server.service", "LoadState", user=MALLORY)["LoadState"] == "loaded"
+
+
+def test_her_job_in_pid1s_cron_is_hers_and_cron_is_never_blocked(box: Container) -> None:
+    """Her crontab job in PID 1's cron.service (footprint 100TiB in the config, as an admin
+    may give a unit it knows): a fake llama-server. Before, its evidence was cron's, and
+    the installed guard refused cron.service for everyone. Now her processes there are a
+    group of hers, seen as her loader; cron.service runs on, unmasked."""
+    c = box
+    job = "exec -a llama-server python3 /opt/fake-loader.py -m /srv/models/ds4.gguf --alloc 16"
+    her(c, f"echo '{job}' > /var/spool/jobs/fake.job")
+    seen = wait_event(c, "loader-seen", f"user:{MALLORY}:/system.slice/cron.service")
+    assert "llama-server" in seen["MESSAGE"] or "ds4.gguf" in seen["MESSAGE"], seen
+    time.sleep(2)
+    decided = [e["MESSAGE"] for e in journal(c, "decision")]
+    assert not [m for m in decided if m.startswith("stop cron.service")], decided
+    assert c.show("cron.service", "LoadState", "ActiveState") == {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+    }
+    assert c.run("test", "-e", "/run/systemd/system.control/cron.service", check=False).returncode
+    c.run("pkill", "-u", str(MALLORY), "-f", "fake-loader", check=False)

@@ -605,6 +605,65 @@ def test_a_root_client_is_charged_to_roots_server_and_an_ambiguous_one_to_none()
     assert [(str(a.unit), a.clients) for a in d.actions] == [("ollama-preload.service", ())]
 
 
+def test_a_load_asked_over_a_servers_api_stops_it_without_a_mask():
+    """Her curl from an ssh session asks root's ollama.service for a huge model: no unit
+    asked it, so the server's growth is the request's. Under the reserve the server is
+    stopped and never masked or disabled for everyone (how 'stop-only'); a load a unit
+    asks, or one its own unit asks (a preload in it), is blocked as ever."""
+    grown = replace(
+        process_unit("system", "ollama.service", ("ollama", "serve"), rss=70 * GiB),
+        growth=2 * GiB,
+    )
+    d = decide(snap(4 * GiB, grown, rescue=SSH_UP, now=1000.0), Config())
+    assert [(str(a.unit), a.reason, a.how) for a in d.actions] == [
+        ("ollama.service", "reserve", "stop-only")
+    ]
+    assert "no unit asked this load: stopped, not masked or disabled" in d.actions[0].detail
+    curl = ("curl", "-s", "http://127.0.0.1:11434/api/generate", "-d", '{"model":"qwen3:30b"}')
+    client = process_unit("system", "ollama-preload.service", curl, predicted=90 * GiB)
+    d = decide(snap(60 * GiB, grown, client), Config())
+    assert [(str(a.unit), a.how) for a in d.actions] == [("ollama.service", "block")]
+    preloads = replace(grown, exec_start=(("ollama", "serve"), curl))
+    d = decide(snap(4 * GiB, preloads, rescue=SSH_UP, now=1000.0), Config())
+    assert [a.how for a in d.actions] == ["block"]
+
+
+def job(uid, cgroup, since, *argvs, rss=0, growth=0.0):
+    """A group of a user's processes: her job in a system unit's cgroup, her scope."""
+    return SeenUnit(
+        UnitRef(f"user:{uid}", cgroup),
+        pids=(300,),
+        rss=rss,
+        cmdlines=argvs,
+        active_since=since,
+        growth=growth,
+        cgroup=cgroup,
+        group=f"uid {uid}'s job in cron.service",
+    )
+
+
+def test_a_users_job_in_a_system_unit_is_hers_and_killed_not_the_units():
+    """Her crontab job runs in PID 1's cron.service (no pam_systemd): the sensor makes her
+    processes a group of her level. Her fake llama-server there, started first, is the
+    copy refused, never root's later llama.service; and under the reserve it is her job
+    that is killed (how 'kill'), never cron.service masked for everyone."""
+    fake = job(1000, "/system.slice/cron.service", 1.0, ("llama-server", "-m", QWEN))
+    cron = unit("cron.service", 0.5, ("/usr/sbin/cron", "-f"))
+    root = unit("llama.service", 30.0, LLAMA_QWEN)
+    d = decide(snap(100 * GiB, cron, fake, root, rescue=SSH_UP, now=1000.0), Config())
+    assert [(str(a.unit), a.reason, a.how) for a in d.actions] == [
+        ("user:1000:/system.slice/cron.service", "duplicate", "kill")
+    ]
+    assert "no unit to mask, its processes die" in d.actions[0].detail
+    grows = replace(fake, rss=60 * GiB, growth=GiB, cmdlines=(("python3", "x.py", QWEN),))
+    d = decide(snap(4 * GiB, cron, grows, rescue=SSH_UP, now=1000.0), Config())
+    assert [(str(a.unit), a.reason, a.how) for a in d.actions] == [
+        ("user:1000:/system.slice/cron.service", "reserve", "kill")
+    ]
+    # A group is not frozen by the brake: no manager can freeze it; the full look kills.
+    assert brake(Memory(SPARK, 4 * GiB), 1000.0, (), d, Config(), 1.0) == ()
+
+
 # --- containers (issue 19) -------------------------------------------------------
 
 

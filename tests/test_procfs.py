@@ -209,10 +209,24 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
         },
     )
     sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
-    assert sensor._out_of_view(1, mine) == ("user:1000", "llama.service")
+
+    def owner(pid: int, cgroup: str) -> tuple[str, str, str] | None:
+        found = sensor._out_of_view(pid, cgroup, 0)
+        return None if found is None else (str(found.ref), found.cgroup, found.group)
+
+    unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/llama.service"
+    assert owner(1, mine) == ("user:1000:llama.service", unit, "")
     # Her own cgroup named user@0.service is a unit of hers, in her manager, never root's.
-    assert sensor._out_of_view(2, nested) == ("user:1000", "user@0.service")
-    assert sensor._out_of_view(3, mine) is None
-    assert (
-        sensor._out_of_view(4, "/user.slice/user-1000.slice/user@1000.service/init.scope") is None
+    inner = nested.rsplit("/", 1)[0]
+    assert owner(2, nested) == ("user:1000:user@0.service", inner, "")
+    assert owner(3, mine) is None
+    # Her manager's init.scope, and a cgroup of her own that names no unit, are groups of
+    # hers: judged at her level, a stop kills them.
+    scope = "/user.slice/user-1000.slice/user@1000.service/init.scope"
+    assert owner(4, scope) == ("user:1000:init.scope", scope, "her init.scope")
+    hideout = "/user.slice/user-1000.slice/user@1000.service/hideout"
+    assert owner(4, hideout + "/deeper") == (
+        f"user:1000:{hideout}",
+        hideout,
+        "a cgroup of her own below user@1000.service",
     )

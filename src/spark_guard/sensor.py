@@ -22,7 +22,9 @@ from .core.snapshot import (
     ARGV_PASS_BUDGET,
     ARGV_UNIT_BUDGET,
     CONTAINER,
+    FIRST_LOGIN_UID,
     MAPS_MAX_MODELS,
+    NOBODY_UID,
     SYSTEM,
     USER_PREFIX,
     ContainerFacts,
@@ -33,6 +35,8 @@ from .core.snapshot import (
     Snapshot,
     UnitRef,
     judged,
+    manager_uid,
+    user_manager,
     valid_name,
 )
 from .foresight.clients import ServerUnit, predict_client
@@ -66,6 +70,7 @@ MAPS_HELD_PER_OWNER = 32
 # A user's unit details held (ExecStart= within 64 KiB and 16 KiB of Environment= each):
 # a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
 DETAILS_OWNER_BUDGET = 1 << 20
+DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is asked again
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 # How long a command (or the daemon's first pass) waits for managers to connect: one
@@ -88,6 +93,7 @@ class _UnitCache:
     # When this run was first seen (a container's: its engine's StartedAt is wall-clock).
     since: float = 0.0
     details_bytes: int = 0  # what `details` holds of its writer's text
+    retry_at: float = 0.0  # details unreadable: when they are asked for again
 
 
 @dataclass
@@ -96,6 +102,29 @@ class _ProcCache:
     argv_bytes: int = 0  # what it holds, or would: 0 until read
     models: tuple[str, ...] = ()
     maps_at: float = -MAPS_RECHECK
+    # Its real uid (status): read at first sight; a user's cannot change without root's
+    # help, root's can (cron's child turns into her job), so root's is read again once
+    # the process is big and whenever its command line is read.
+    uid: int | None = None
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """Whose a process is: the unit (or group) it counts for, and its cgroup."""
+
+    ref: UnitRef
+    cgroup: str
+    group: str = ""  # what a group of a user's processes is (SeenUnit.group); "": a unit
+
+
+# Root's managers, PID 1 and root's own: a login user's process in one of their units is
+# her job or session there, not theirs.
+_ROOTS = (SYSTEM, user_manager(0))
+
+
+def _human(uid: int | None) -> bool:
+    """A login user's uid: whose jobs in a system unit are theirs, not the unit's."""
+    return uid is not None and uid >= FIRST_LOGIN_UID and uid != NOBODY_UID
 
 
 class _PassBudget:
@@ -335,22 +364,89 @@ class Sensor:
         if graphical and ("graphical.target",) not in self.rescue_groups:
             self.rescue_groups.append(("graphical.target",))
 
-    def _out_of_view(self, pid: int, cgroup: str) -> tuple[str, str] | None:
-        """(user:UID, unit) for a process below user@UID.service whose manager the guard
-        does not hold: renamed socket, stopped, never trusted. Never PID 1's to judge (its
-        user@UID.service is protected), so it would grow unseen. The outermost
-        user@UID.service below slices only (what PID 1 makes; a user's own cgroups are
-        deeper), and the process's real uid must be UID: the kernel's word, not the path's."""
+    def _out_of_view(self, pid: int, cgroup: str, rss: int) -> _Owner | None:
+        """A process below user@UID.service that its manager does not account for: the
+        manager is out of view (renamed socket, stopped, never trusted), or the process
+        sits in a cgroup of her own that names no unit of it (`.../hideout`). Never PID 1's
+        to judge (its user@UID.service is protected), so it would grow unseen. The
+        outermost user@UID.service below slices only (what PID 1 makes; a user's own
+        cgroups are deeper), and the process's real uid must be UID: the kernel's word,
+        not the path's. A unit of hers is hers (user:UID:UNIT); anything else is a group."""
         m = _USER_MANAGER_CGROUP.match(cgroup)
         if m is None:
             return None
         uid = int(m.group(2))
-        if self.proc.uid(pid) != uid:
+        if uid == 0 or self._uid(pid, rss) != uid:
             return None
-        unit = unit_of_cgroup(cgroup, m.group(1))
-        if unit is None or unit == "init.scope":
+        base = m.group(1)
+        unit = unit_of_cgroup(cgroup, base)
+        key = user_manager(uid)
+        if unit is not None and unit.endswith(".service"):
+            return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit))
+        if unit is not None:
+            return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit), f"her {unit}")
+        first = next(p for p in cgroup[len(base) :].split("/") if p)
+        path = f"{base}/{first}"
+        return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
+
+    def _uid(self, pid: int, rss: int, *, again: bool = False) -> int | None:
+        """The process's real uid (_ProcCache.uid says when it is read again)."""
+        pc = self._procs.setdefault(pid, _ProcCache())
+        if pc.uid is None or (pc.uid == 0 and (again or rss >= MAPS_MIN_RSS)):
+            pc.uid = self.proc.uid(pid)
+        return pc.uid
+
+    def _owner(self, pid: int, cgroup: str, rss: int) -> _Owner | None:
+        """The unit a process counts for, by its manager's word and the kernel's: a
+        process of a login user in a scope of root's managers, or in a unit of theirs that
+        does not run as her, is a group of hers (_split_jobs does the units)."""
+        owner = self._attribute(cgroup)
+        if owner is None or (owner[0] == SYSTEM and owner[1].startswith("user@")):
+            hers = self._out_of_view(pid, cgroup, rss)
+            if hers is not None:
+                return hers
+        if owner is None:
             return None
-        return f"{USER_PREFIX}{uid}", unit
+        ref = UnitRef(*owner)
+        own = unit_cgroup(cgroup, ref.name)
+        if ref.name.endswith(".service") or ref == self.guard_unit:
+            return _Owner(ref, own)
+        uid = self._uid(pid, rss)
+        if ref.manager in _ROOTS and _human(uid):
+            assert uid is not None
+            return _Owner(UnitRef(user_manager(uid), own), own, f"uid {uid}'s processes in {ref}")
+        if ref.manager != SYSTEM and uid and uid == manager_uid(ref.manager):
+            return _Owner(ref, own, f"her {ref.name}")
+        return _Owner(ref, own)
+
+    def _split_jobs(
+        self,
+        groups: dict[UnitRef, list[tuple[int, int, int | None]]],
+        cgroups: dict[UnitRef, str],
+        what: dict[UnitRef, str],
+    ) -> None:
+        """A login user's processes in a service of root's that runs as someone else (her
+        crontab's jobs in Debian's cron.service, which has no pam_systemd) are hers: a
+        group of her level, judged and killed alone. The service runs as the lowest uid
+        among its processes (its main process came first and she cannot be older); its
+        evidence and memory are its own processes' only."""
+        for ref in [r for r in groups if r.manager in _ROOTS and r.name.endswith(".service")]:
+            if ref == self.guard_unit:
+                continue
+            procs = groups[ref]
+            uids = {pid: self._uid(pid, rss + (g or 0)) for pid, rss, g in procs}
+            known = [u for u in uids.values() if u is not None]
+            runs_as = min(known, default=0)
+            jobs = {u for u in known if _human(u) and u != runs_as}
+            if not jobs:
+                continue
+            for uid in sorted(jobs):
+                own = cgroups.get(ref, "")
+                group = UnitRef(user_manager(uid), own or ref.name)
+                groups.setdefault(group, []).extend(p for p in procs if uids[p[0]] == uid)
+                cgroups.setdefault(group, own)
+                what[group] = f"uid {uid}'s job in {ref}"
+            groups[ref] = [p for p in procs if uids[p[0]] not in jobs]
 
     def _attribute(self, cgroup: str) -> tuple[str, str] | None:
         """(manager key, unit) for a cgroup path: the deepest manager root wins."""
@@ -390,6 +486,7 @@ class Sensor:
         engines = bool(self.containers.engines) and self.containers.present()
         seen_ids: set[str] = set()
         containers: dict[UnitRef, tuple[Container, str]] = {}
+        what: dict[UnitRef, str] = {}  # the groups of users' processes (SeenUnit.group)
         for pid in self.proc.pids():
             info = self.proc.process(pid)
             if info is None:
@@ -407,14 +504,14 @@ class Sensor:
                     cgroups.setdefault(ref, container_cgroup(info.cgroup, cid))
                     continue
                 # No engine has it: whatever its manager says it is (a scope).
-            owner = self._attribute(info.cgroup)
-            if owner is None or (owner[0] == SYSTEM and owner[1].startswith("user@")):
-                owner = self._out_of_view(pid, info.cgroup) or owner
+            owner = self._owner(pid, info.cgroup, info.rss + (gpu.get(pid) or 0))
             if owner is None:
                 continue
-            ref = UnitRef(*owner)
-            groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
-            cgroups.setdefault(ref, unit_cgroup(info.cgroup, ref.name))
+            groups.setdefault(owner.ref, []).append((pid, info.rss, gpu.get(pid, 0)))
+            cgroups.setdefault(owner.ref, owner.cgroup)
+            if owner.group:
+                what[owner.ref] = owner.group
+        self._split_jobs(groups, cgroups, what)
         if engines:
             self.containers.forget(seen_ids)
             self._report_engines()
@@ -425,8 +522,9 @@ class Sensor:
         starting = self._start_jobs(groups)
         for ref in starting:
             groups.setdefault(ref, [])
-        states = self._states(groups)
-        states.update({ref: "active" for ref in containers})  # it has processes: it runs
+        states = self._states({r: p for r, p in groups.items() if r not in what})
+        # A container or a group has processes: it runs (no manager has its state).
+        states.update({ref: "active" for ref in [*containers, *what] if groups.get(ref)})
         unmanaged = {}
         for ref, procs in groups.items():
             if ref not in states and procs and ref.manager.startswith(USER_PREFIX):
@@ -441,14 +539,17 @@ class Sensor:
         units = []
         budget = _PassBudget()
         for r, c in self._units.items():
-            budget.details_held[r.manager] = budget.details_held.get(r.manager, 0) + (
-                c.details_bytes
-            )
+            if r in groups:  # a unit gone since the last pass holds nothing of her budget
+                budget.details_held[r.manager] = budget.details_held.get(r.manager, 0) + (
+                    c.details_bytes
+                )
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
             if state is None:
                 continue
-            seen = self._seen_unit(ref, procs, state, gpu, now, cgroups.get(ref, ""), budget)
+            seen = self._seen_unit(
+                ref, procs, state, gpu, now, cgroups.get(ref, ""), budget, what.get(ref, "")
+            )
             if ref in starting:
                 seen = replace(seen, starting=True)
             if ref in unmanaged:
@@ -559,6 +660,7 @@ class Sensor:
         now: float,
         cgroup: str,
         budget: _PassBudget,
+        group: str = "",
     ) -> SeenUnit:
         pids = tuple(p for p, _, _ in procs)
         rss = sum(r for _, r, _ in procs)
@@ -574,9 +676,9 @@ class Sensor:
 
         if not cache.since:
             cache.since = now
-        interesting = (ref.name.endswith(".service") or ref.is_container) and not is_protected(
-            ref, self.config, self.guard_unit
-        )
+        interesting = (
+            ref.name.endswith(".service") or ref.is_container or group
+        ) and not is_protected(ref, self.config, self.guard_unit)
         if not interesting:
             return SeenUnit(
                 ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth, cgroup=cgroup
@@ -601,19 +703,32 @@ class Sensor:
                 if container.started_at is not None:
                     since = min(since, now - max(0.0, time.time() - container.started_at))
                 cache.details = UnitDetails((container.command,), since)
-        elif cache.details is None:
+        elif group:
+            # No unit, no ExecStart=: its processes' command lines say what it runs, and
+            # it became active when the guard first saw it.
+            if cache.details is None:
+                cache.details = UnitDetails((), cache.since)
+        elif cache.details is None or (cache.details.unreadable and now >= cache.retry_at):
             held = budget.details_held.get(ref.manager, 0)
+            if cache.details is not None:  # asked again: what the last answer made goes
+                cache.commands, cache.prediction, cache.predicted = None, None, False
             try:
                 if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
                     raise ManagerError(
                         f"{ref.manager}: the command lines and environment of its units"
                         f" held already are over {DETAILS_OWNER_BUDGET >> 10} KiB: not read"
                     )
+                if ref.manager in self._left_out_now:
+                    # Another manager's call timed out in this pass: this one waits too.
+                    raise ManagerError(f"{ref.manager}: not asked in this pass")
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except KeyError:
                 cache.details = UnitDetails((), None)
             except ManagerError as e:
+                # Asked again later (its manager paused or slow, her budget spent): a
+                # unit read at a bad moment is not left unread for its whole run.
                 cache.details = UnitDetails((), None, unreadable=str(e))
+                cache.retry_at = now + DETAILS_RETRY
             d = cache.details
             cache.details_bytes = sum(len(a) + 1 for row in d.exec_start for a in row) + sum(
                 len(e) for e in d.environment
@@ -637,6 +752,12 @@ class Sensor:
                 # is remembered, so one that does not fit is not read again each pass.
                 pc.cmdline = CommandLine(self.proc.cmdline(pid) or ())
                 pc.argv_bytes = max(1, sum(len(a) + 1 for a in pc.cmdline))
+                was = pc.uid
+                if was == 0 and self._uid(pid, p_rss, again=True) != was:
+                    # Root's a moment ago (cron's child), a user's now that it runs her
+                    # command: not this unit's evidence; the next pass counts it as hers.
+                    pc.cmdline, pc.argv_bytes = None, 0
+                    continue
             if pc.cmdline is not None and pc.argv_bytes > left:
                 pc.cmdline = None  # over the budget now: dropped, read again when it fits
             if pc.cmdline is not None:
@@ -663,6 +784,7 @@ class Sensor:
             growth=growth,
             cgroup=cgroup,
             container=facts,
+            group=group,
         )
 
     def _report_engines(self) -> None:
@@ -720,12 +842,14 @@ class Sensor:
                 # Said where a loader's footprint is: why its unit gave no command line.
                 cache.prediction = Prediction(None, cache.details.unreadable)
                 cache.predicted = True
-            elif not cache.predicted:
+            elif not cache.predicted and (seen.cmdlines or not seen.group):
                 details = cache.details
+                # A group has no ExecStart=: its processes' command lines, as read.
+                lines = seen.cmdlines if seen.group else details.exec_start
                 env = parse_environment(details.environment)
                 cache.prediction = predict_client(
                     self.predictor,
-                    details.exec_start,
+                    lines,
                     env,
                     mem_total,
                     manager=seen.ref.manager,
@@ -733,7 +857,7 @@ class Sensor:
                     servers=self._ollama_servers(),
                     wait=self.wait_for_models,
                 ) or self.predictor.predict(
-                    details.exec_start,
+                    lines,
                     env,
                     mem_total,
                     owner=owner_of(seen.ref.manager),

@@ -74,7 +74,7 @@ from ..core.block import (
 )
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
-from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
+from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged, manager_uid
 from ..system import cgroupfs
 from ..system.engine import Engine
 from ..system.managers import ManagerError, UnitState
@@ -207,6 +207,7 @@ class Blocker:
         # keeps its record, the only account of the links its release must put back.
         self._refresh()
         cgroups = {ld.ref: ld.seen.cgroup for ld in decision.loaders}
+        groups = {ld.ref: ld.seen.group for ld in decision.loaders if ld.seen.group}
         engines = dict(engines or {}) | {
             ld.ref: ld.seen.container.engine for ld in decision.loaders if ld.seen.container
         }
@@ -214,6 +215,13 @@ class Blocker:
         boxes = []
         for action in actions:
             key = str(action.unit)
+            if action.how == "kill":
+                # No unit: nothing to mask, so nothing recorded or to undo.
+                self._kill_group(action, cgroups.get(action.unit, ""), groups.get(action.unit))
+                continue
+            if action.how == "stop-only":
+                self._stop_only(action, cgroups.get(action.unit, ""))
+                continue
             if self.store.releasing(action.unit):
                 continue  # an admin's release is under way: judged again once it is done
             record = self.records.get(key)
@@ -792,6 +800,115 @@ class Blocker:
                 cgroup=record.cgroup,
                 error=why,
                 msg=f"{record.ref}: killed its cgroup ({why})",
+            ),
+        )
+
+    def _kill_group(self, action: Action, cgroup: str, group: str | None) -> None:
+        """A group of a user's processes (SeenUnit.group): her processes in its cgroup are
+        killed, by the kernel's word (her real uid, still in it), and nobody else's: the
+        system unit her job ran in, her manager in its init.scope, root's session. The
+        journal names her uid."""
+        key = str(action.unit)
+        uid = manager_uid(action.unit.manager)
+
+        def spare(pids: list[int]) -> set[int]:
+            # Her manager is the oldest process of its init.scope: she cannot be older.
+            if not cgroup.endswith("/init.scope") or not pids:
+                return set()
+            starts = {p: self.proc.start_ticks(p) for p in pids}
+            known = {p: t for p, t in starts.items() if t is not None}
+            return {min(known, key=lambda p: known[p])} if known else set()
+
+        try:
+            count = cgroupfs.kill_uid(
+                self.cgroup_root,
+                cgroup,
+                uid,
+                uid_of=self.proc.uid,
+                cgroup_of=self.proc.cgroup,
+                spare=spare,
+            )
+        except OSError as e:
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.UNIT_STOP_FAILED,
+                    "error",
+                    unit=key,
+                    manager=action.unit.manager,
+                    error=str(e),
+                    msg=f"cannot kill {key}: {e}",
+                ),
+            )
+            return
+        what = group or "processes that are no unit"
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_KILLED,
+                "warning",
+                unit=key,
+                manager=action.unit.manager,
+                uid=uid,
+                how=f"SIGKILL to {count} process(es) of uid {uid} in {cgroup}",
+                cgroup=cgroup,
+                reason=action.reason,
+                error=action.detail,
+                msg=f"{key}: killed {count} process(es) of uid {uid} in {cgroup} "
+                f"({action.reason}); {what}: no unit to mask, nothing to undo",
+            ),
+        )
+
+    def _stop_only(self, action: Action, cgroup: str) -> None:
+        """A server that loads on request, asked over its API from outside any unit: the
+        load was the request's, so the server is stopped (frozen first) and not masked or
+        disabled; it may start again, loading nothing. Its manager silent: its cgroup is
+        killed."""
+        key = str(action.unit)
+        manager = self.managers.get(action.unit.manager)
+        frozen = False
+        try:
+            if manager is None:
+                raise ManagerError(f"{action.unit.manager} manager is not connected")
+            if action.unit.manager not in self._no_freezer:
+                try:
+                    manager.freeze_unit(action.unit.name)
+                    frozen = True
+                except ManagerError as e:
+                    if any(w in str(e).lower() for w in _NOT_ANSWERING):
+                        raise
+            job = manager.stop_unit(action.unit.name)
+        except ManagerError as e:
+            try:
+                how = cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
+            except OSError as k:
+                how = f"its cgroup could not be killed either: {k}"
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.UNIT_STOP_FAILED,
+                    "error",
+                    unit=key,
+                    manager=action.unit.manager,
+                    error=str(e),
+                    how=how,
+                    msg=f"cannot stop {key}: {e}; {how}",
+                ),
+            )
+            return
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOP_REQUESTED,
+                "warning",
+                unit=key,
+                manager=action.unit.manager,
+                job=job,
+                how="stop-only",
+                reason=action.reason,
+                frozen=frozen,
+                msg=f"stopping {key} ({action.reason}), not masking or disabling it: it "
+                "loads on request and no unit asked this load (asked over its API)",
             ),
         )
 

@@ -264,12 +264,14 @@ def expected_footprint(ref: UnitRef, config: Config) -> int | None:
 def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) -> Loader | None:
     """A Loader with its evidence, or None if nothing marks the unit as one.
 
-    Only services and containers are loaders: slices and scopes are not restarted
-    by the manager and are not what autostarts a model (a container's scope is seen
-    as its container, whose engine restarts it).
+    Services and containers are loaders, and groups of a user's processes that are no
+    unit the guard can block (SeenUnit.group: her scopes, cgroups, jobs in system
+    units; a stop kills them). Root's scopes are not judged: they are its sessions,
+    not restarted by a manager, not what autostarts a model (a container's scope is
+    seen as its container, whose engine restarts it).
     """
     ref = seen.ref
-    if not (ref.name.endswith(".service") or ref.is_container) or is_protected(
+    if not (ref.name.endswith(".service") or ref.is_container or seen.group) or is_protected(
         ref, config, guard_unit
     ):
         return None

@@ -32,6 +32,7 @@ from .snapshot import (
     Phase,
     Reason,
     Snapshot,
+    StopHow,
     UnitRef,
     judged,
     server_managers,
@@ -218,6 +219,19 @@ def charge_clients(
     return tuple(out)
 
 
+def stop_how(loader: Loader) -> StopHow:
+    """How a stop of this loader is done (snapshot.StopHow). A group of a user's processes
+    is no unit: killed. A server that loads on request, with no client unit charged to it
+    and no load asked by its own unit, was asked over its API from outside any unit (her
+    curl in an ssh session): the load is the request's, not the unit's, so it is stopped
+    and left to start again (loading nothing), never masked or disabled for everyone."""
+    if loader.seen.group:
+        return "kill"
+    if loader.serves and not loader.asks and not loader.clients:
+        return "stop-only"
+    return "block"
+
+
 def decide(snapshot: Snapshot, config: Config) -> Decision:
     reserve = config.reserve_for(snapshot.memory.total)
     current_phase = phase(snapshot, config)
@@ -256,6 +270,14 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 kind = "warn"
             if loader.clients:
                 detail += "; the load asked by " + ", ".join(printable(c) for c in loader.clients)
+            how = stop_how(loader)
+            if how == "kill":
+                detail += f"; {printable(loader.seen.group)}: no unit to mask, its processes die"
+            elif how == "stop-only":
+                detail += (
+                    "; it loads on request and no unit asked this load: stopped, "
+                    "not masked or disabled"
+                )
             actions[key] = Action(
                 kind,
                 loader.ref,
@@ -264,6 +286,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                 _figures(snapshot, reserve, loader, **extra),
                 since=loader.seen.active_since,
                 clients=loader.clients,
+                how=how,
             )
 
     def decision(acts: tuple[Action, ...]) -> Decision:
@@ -478,4 +501,7 @@ def brake(
         rate = slope([*history, (now, available)], max(BRAKE_WINDOW, lookahead), now)
         if rate >= -_SLOPE_NOISE or available + rate * lookahead >= reserve:
             return ()
-    return tuple(ld.ref for ld in last.loaders if ld.seen.growth > 0 or ld.ref in new)
+    # A group of a user's processes is no unit a manager can freeze: the full look kills it.
+    return tuple(
+        ld.ref for ld in last.loaders if (ld.seen.growth > 0 or ld.ref in new) and not ld.seen.group
+    )

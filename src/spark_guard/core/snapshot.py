@@ -75,6 +75,19 @@ class ServerKind(StrEnum):
 
 
 ActionKind = Literal["stop", "warn"]
+# How a stop is done: "block" (stop, disable, mask, verify: a unit Restart= or a boot
+# would bring back), "kill" (processes that are no unit the guard can block: a scope, a
+# cgroup of a user's own, a user's job in a system unit; killed by the kernel's word,
+# nothing is written), "stop-only" (a server that loads on request was asked over its
+# API from outside any unit: stopped, never masked or disabled, since its next start
+# loads nothing by itself).
+StopHow = Literal["block", "kill", "stop-only"]
+
+# The first uid of a login user (login.defs UID_MIN on Debian and Ubuntu), and nobody's.
+# A process of such a uid inside a system unit not running as it is that user's job
+# (Debian's cron has no pam_systemd), not the unit's; system users are the admin's.
+FIRST_LOGIN_UID = 1000
+NOBODY_UID = 65534
 
 # A loader takes tens of seconds per start, so restarts closer than this are a
 # storm, not a load being retried: doctor counts restarts within it, and audit
@@ -310,6 +323,10 @@ class SeenUnit:
     # there is (its processes, their uid, their cgroup), and why. A block ends in a cgroup
     # kill within her own subtree until the manager answers again.
     unmanaged: str = ""
+    # Not a unit the guard can stop and mask (a scope, a cgroup of a user's own below her
+    # user@UID.service, a user's job inside a system unit): what it is. Judged as a unit
+    # of her level (ref.manager is her user:UID); a stop kills its processes of her uid.
+    group: str = ""
 
     # A container (ref.manager == CONTAINER): what its engine said of it.
     container: ContainerFacts | None = None
@@ -410,6 +427,7 @@ class Action:
     since: float | None = None
     # On a server: the client units whose loads it was refused or blocked for.
     clients: tuple[UnitRef, ...] = ()
+    how: StopHow = "block"
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ def take(
             Event(
                 EventKind.DRY_RUN,
                 "warning",
-                f"dry run: would stop, mask and disable {a.unit}",
+                f"dry run: would {_WOULD[a.how]} {a.unit}",
                 {"unit": str(a.unit), "manager": a.unit.manager, "action": "stop"},
             )
             for a in stops
@@ -178,6 +178,9 @@ def take(
         last_action=last,
     )
     return state, events, tuple(taken), stops
+
+
+_WOULD = {"block": "stop, mask and disable", "kill": "kill", "stop-only": "stop (not mask)"}
 
 
 def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) -> GuardState:

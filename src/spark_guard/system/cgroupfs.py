@@ -104,3 +104,47 @@ def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> s
     if count == 0 and not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such cgroup")
     return f"SIGKILL to {count} process(es) listed in {path}"
+
+
+KILL_ROUNDS = 4  # a process that forked meanwhile is found on the next listing
+
+
+def kill_uid(
+    root: str,
+    cgroup: str,
+    uid: int,
+    *,
+    uid_of: Callable[[int], int | None],
+    cgroup_of: Callable[[int], str | None],
+    spare: Callable[[list[int]], set[int]] | None = None,
+) -> int:
+    """SIGKILL the processes of real uid `uid` in the cgroup's subtree, and no other: a
+    user's job inside a system unit, her scope, a cgroup of her own. Through a pidfd, each
+    checked after it is pinned (her uid, still in the subtree), listed again until a
+    listing finds none (a fork meanwhile). `spare`: of the listed pids, those to leave
+    (her manager in its init.scope). Returns how many were signalled."""
+    if not cgroup or cgroup == "/" or uid == 0:
+        raise OSError(f"refusing to kill uid {uid}'s processes in cgroup {cgroup!r}")
+    inside = cgroup.rstrip("/") + "/"
+    done: set[int] = set()  # signalled already (a dying process may still be listed)
+    for _ in range(KILL_ROUNDS):
+        listed = pids(root, cgroup)
+        left = set(listed) - (spare(listed) if spare else set()) - done
+        signalled = 0
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                fd = os.pidfd_open(pid)
+                try:
+                    where = cgroup_of(pid)
+                    if where is None or not (where + "/").startswith(inside):
+                        continue
+                    if uid_of(pid) != uid:
+                        continue
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signalled += 1
+                    done.add(pid)
+                finally:
+                    os.close(fd)
+        if not signalled:
+            break
+    return len(done)
