@@ -18,7 +18,13 @@ import pytest
 from lab.harness import UserManager
 from spark_guard.core.argv.environment import KEPT_MAX, needed
 from spark_guard.system import dbuswire
-from spark_guard.system.managers import DETAILS_CAP, DETAILS_TIMEOUT, ManagerError, connect_to
+from spark_guard.system.managers import (
+    DETAILS_CAP,
+    DETAILS_TIMEOUT,
+    ManagerError,
+    ManagerSilent,
+    connect_to,
+)
 
 
 def test_only_what_foresight_reads_is_kept():
@@ -105,6 +111,25 @@ def test_a_hostile_reply_is_one_wire_error_never_a_hang_or_a_crash():
         assert time.monotonic() - began < 1.0
 
 
+def test_a_peer_that_never_answers_is_no_answer_within_the_deadline():
+    """Silence is its own error (the caller marks the manager silent for SILENT_FOR, so
+    a stopped or slow manager costs one deadline, not one per unit); a refusal is not."""
+    a, b = socket.socketpair()
+    try:
+        began = time.monotonic()
+        with pytest.raises(dbuswire.WireError) as silent:
+            dbuswire.read_reply(b, 1, time.monotonic() + 0.3, 1 << 18, "as")
+        assert 0.25 < time.monotonic() - began < 1.0
+        assert dbuswire.timed_out(silent.value)
+        a.sendall(reply(b"\0" * 16, b"a" * 200 + b"y"))
+        with pytest.raises(dbuswire.WireError) as refused:
+            dbuswire.read_reply(b, 1, time.monotonic() + 1, 1 << 18, "as")
+        assert not dbuswire.timed_out(refused.value)
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.systemd
 def test_a_users_huge_environment_is_refused_unread_and_a_real_unit_read_as_pystemd_does():
     big = "".join(f"Environment=PAD{i}={'x' * 200_000}\n" for i in range(4))
@@ -136,11 +161,19 @@ def test_a_users_huge_environment_is_refused_unread_and_a_real_unit_read_as_pyst
             with pytest.raises(
                 ManagerError,
                 match=r"reading Environment: (a reply of \d+ bytes|no answer within the deadline)",
-            ):
+            ) as refused:
                 m.unit_details("llama-huge.service")
             assert time.monotonic() - began < DETAILS_TIMEOUT + 0.5
-            # The connection the guard keeps is untouched: the next read answers.
-            assert m.unit_details("llama-a.service") == details
+            if isinstance(refused.value, ManagerSilent):
+                # Slow as a frozen manager is: silent for SILENT_FOR, so thirty units of
+                # hers cost one deadline, not thirty. The next read fails at once.
+                began = time.monotonic()
+                with pytest.raises(ManagerSilent, match="not asked"):
+                    m.unit_details("llama-a.service")
+                assert time.monotonic() - began < 0.2
+            else:
+                # The connection the guard keeps is untouched: the next read answers.
+                assert m.unit_details("llama-a.service") == details
         finally:
             m.close()
     assert DETAILS_CAP < 800_000
@@ -154,7 +187,7 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
     from lab.guardunit import guard_manager, write_config
     from spark_guard import config as config_mod
     from spark_guard import log
-    from spark_guard.sensor import DETAILS_OWNER_BUDGET, Sensor
+    from spark_guard.sensor import DETAILS_OWNER_BUDGET, DETAILS_RETRY, Sensor
 
     args = " ".join(f"a{i:05}{'x' * 40}" for i in range(1000))  # 47 KiB, 1,000 arguments
     n = 30
@@ -166,18 +199,29 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
         um.systemctl("daemon-reload")
         um.systemctl("start", *(f"fat-{i:02}.service" for i in range(n)))
         write_config(um)
-        sensor = Sensor(config_mod.load(str(um.base / "guard.toml")), log.get_logger())
+        now = [time.monotonic()]
+        sensor = Sensor(
+            config_mod.load(str(um.base / "guard.toml")), log.get_logger(), clock=lambda: now[0]
+        )
         try:
             sensor.refresh_managers()
             units = {str(u.ref): u for u in sensor.snapshot().units}
+            # A unit refused now is asked again later, not left unread for its whole run:
+            # once the others are gone, its details fit and are read.
+            left = [r for r, u in units.items() if r.startswith("user:0:fat-") and not u.exec_start]
+            why = sensor._units[units[left[0]].ref].details if left else None
+            others = [r.split(":")[-1] for r in units if r.startswith("user:0:fat-")]
+            um.systemctl("stop", *(n for n in others if f"user:0:{n}" not in left))
+            now[0] += DETAILS_RETRY
+            later = {str(u.ref): u for u in sensor.snapshot().units}
         finally:
             for m in sensor.managers.values():
                 m.close()
+        assert left and all(later[r].exec_start for r in left), left
         assert "user:0:fat-00.service" in units, sorted(units)
         fat = [units[f"user:0:fat-{i:02}.service"] for i in range(n)]
         held = sum(len(a) + 1 for u in fat for row in u.exec_start for a in row)
         assert 0 < held <= DETAILS_OWNER_BUDGET + 64 * 1024, held  # the last one read may pass it
         refused = [u for u in fat if not u.exec_start]
         assert refused and len(refused) < n, len(refused)
-        why = sensor._units[refused[0].ref].details
         assert why is not None and "over 1024 KiB: not read" in why.unreadable

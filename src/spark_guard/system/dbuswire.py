@@ -44,6 +44,14 @@ class TooBig(WireError):
     """The reply is over the caller's cap: refused unread."""
 
 
+class NoAnswer(WireError):
+    """The peer did not answer within the deadline (stopped, frozen, or slow)."""
+
+
+def timed_out(e: WireError) -> bool:
+    return isinstance(e, NoAnswer)
+
+
 # --- marshalling (what a Properties.Get call needs) --------------------------------------
 
 
@@ -208,12 +216,12 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
     while got < n:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise WireError("no answer within the deadline")
+            raise NoAnswer("no answer within the deadline")
         sock.settimeout(left)
         try:
             chunk = sock.recv(min(n - got, 1 << 16))
         except TimeoutError:
-            raise WireError("no answer within the deadline") from None
+            raise NoAnswer("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"the connection failed: {e.strerror or e}") from None
         if not chunk:
@@ -324,7 +332,7 @@ def get_property(
                 )
             )
         except TimeoutError:
-            raise WireError("no answer within the deadline") from None
+            raise NoAnswer("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"cannot connect: {e.strerror or e}") from None
         kind, value = read_reply(sock, 1, deadline, cap, signature)

@@ -463,6 +463,11 @@ class Manager:
                     peer_pid=self.pid,
                 )
         except dbuswire.WireError as e:
+            if dbuswire.timed_out(e):
+                # Silent as a pystemd call that timed out: not asked again for SILENT_FOR,
+                # so thirty new units of hers cost one deadline, not thirty.
+                self.silent_until = time.monotonic() + SILENT_FOR
+                raise ManagerSilent(f"{self.key}: {what}: {e}") from None
             raise ManagerError(f"{self.key}: {what}: {e}") from None
         finally:
             self.heartbeat()
