@@ -32,6 +32,7 @@ grace = "1h"
 [loaders.footprint]
 "llama*" = "100TiB"
 "cron.service" = "100TiB"
+"sshd@*" = "100TiB"
 """
 
 HER_LOADER = """[Service]
@@ -280,3 +281,58 @@ def test_her_job_in_pid1s_cron_is_hers_and_cron_is_never_blocked(box: Container)
     }
     assert c.run("test", "-e", "/run/systemd/system.control/cron.service", check=False).returncode
     c.run("pkill", "-u", str(MALLORY), "-f", "fake-loader", check=False)
+
+
+def test_her_unit_named_as_pid1s_sshd_is_hers_and_blocked_as_installed(box: Container) -> None:
+    """The default protected names are PID 1's: her own sshd@llm.service (a loader the
+    config sizes, sshd@* = 100TiB) is hers, judged and blocked in her manager; PID 1's
+    units are untouched."""
+    c = box
+    unit = "/home/mallory/.config/systemd/user/sshd@.service"
+    her(
+        c,
+        f"sed 's/--alloc 16/--alloc 16 --sshd/' {unit.rsplit('/', 1)[0]}/llama-m.service > {unit}",
+    )
+    her(c, "systemctl --user daemon-reload; systemctl --user start --no-block sshd@llm.service")
+    blocked = wait_event(c, "unit-blocked", f"user:{MALLORY}:sshd@llm.service")
+    assert "spark-guard release" in blocked["MESSAGE"]
+    assert c.show("sshd@llm.service", "LoadState", user=MALLORY)["LoadState"] == "masked"
+    assert c.show("cron.service", "LoadState")["LoadState"] == "loaded"
+    c.run("spark-guard", "release", f"user:{MALLORY}:sshd@llm.service")
+    her(c, f"systemctl --user stop sshd@llm.service; rm {unit}; systemctl --user daemon-reload")
+
+
+def test_her_manager_taken_out_of_view_still_has_her_level_as_installed(box: Container) -> None:
+    """She renames her manager's socket; a timer of hers then starts a loader that cannot
+    fit. Her processes are below user@1000.service, PID 1's protected unit: by the
+    kernel's word they are hers, and the installed guard kills the loader within her
+    subtree; once her manager answers again the block completes, masked."""
+    c = box
+    d = "/home/mallory/.config/systemd/user"
+    her(
+        c,
+        f"sed 's/--alloc 16/--alloc 64 --hidden/' {d}/llama-m.service > {d}/llama-hide.service; "
+        f"printf '[Timer]\\nOnActiveSec=4s\\nAccuracySec=100ms\\n' > {d}/llama-hide.timer; "
+        "systemctl --user daemon-reload; systemctl --user start llama-hide.timer",
+    )
+    private = f"/run/user/{MALLORY}/systemd/private"
+    her(c, f"mv {private} {private}.hidden")
+    try:
+        killed = wait_event(c, "unit-killed", f"user:{MALLORY}:llama-hide.service", timeout=60)
+        assert "killed its cgroup" in killed["MESSAGE"], killed
+        seen = [
+            e["MESSAGE"]
+            for e in journal(c, "loader-seen")
+            if e.get("SG_UNIT") == f"user:{MALLORY}:llama-hide.service"
+        ]
+        assert any("its manager is out of view" in m for m in seen), seen
+    finally:
+        her(c, f"mv {private}.hidden {private}")
+    wait_event(c, "unit-blocked", f"user:{MALLORY}:llama-hide.service")
+    assert c.show("llama-hide.service", "LoadState", user=MALLORY)["LoadState"] == "masked"
+    assert c.show("cron.service", "LoadState", "ActiveState") == {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+    }
+    c.run("spark-guard", "release", f"user:{MALLORY}:llama-hide.service")
+    her(c, "systemctl --user stop llama-hide.timer llama-hide.service")
