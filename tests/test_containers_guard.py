@@ -284,3 +284,57 @@ def test_while_dockerd_does_not_answer_its_files_say_who_and_the_kernel_stops_it
         record = json.loads((um.base / "state/blocked/container:llm.json").read_text())
         assert record["container"]["restart"] == "unless-stopped"
         d.docker("rm", "-f", "llm")
+
+
+def test_her_earlier_fake_never_gets_roots_loader_container_stopped(
+    dockerd: DockerD, mallory: User, public_dir: Path
+) -> None:
+    """Issue 28 §3, as a real uid against a real dockerd: mallory's unit runs `exec -a
+    llama-server tail -f /dev/null -- -m <model>`, naming the host file that root's
+    container loads through its bind mount (/models/x.gguf inside), and starts first.
+    Before, root's container was stopped as the duplicate. A container of root's engine
+    ranks with root's units, and its model is the mount's source on the host: her unit is
+    the copy refused; the container runs on, its policy untouched."""
+    d = dockerd
+    models = public_dir / "models"
+    models.mkdir()
+    model = models / "x.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 4096)
+    model.chmod(0o644)
+    with (
+        guard_manager() as um,
+        UserManager(user=mallory, user_runtime=um.user_runtime) as hers,
+    ):
+        _config(um, d)
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        wait_log(um, rf"watching user:{mallory.uid} manager")
+        offset = len(log_text(um))
+        fake = f"exec -a llama-server tail -f /dev/null -- -m {model}"
+        hers.write_unit("fake.service", f"[Service]\nExecStart=/bin/bash -c '{fake}'\n")
+        hers.systemctl("start", "fake.service")
+        time.sleep(1.5)  # hers is the first started
+        # Root's loader container: it maps the model through its bind mount and holds
+        # 300 MiB, so the guard reads its maps (a process under 256 MiB is not scanned).
+        script = (
+            "import mmap, time\n"
+            "f = open('/models/x.gguf', 'rb')\n"
+            "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+            "held = b'x' * (300 << 20)\n"
+            "time.sleep(3600)\n"
+        )
+        d.docker(
+            "run", "-d", "--name", "llm", "--network", "none", "--restart", "unless-stopped",
+            "-v", f"{models}:/models:ro", d.tag("vllm/vllm-openai:test"), "python3", "-c", script,
+        )  # fmt: skip
+        refused = wait_log(
+            um, rf"decision: stop user:{mallory.uid}:fake\.service: .*", 30, offset
+        ).group(0)
+        assert f"{model} is already loaded by container:llm" in refused, refused
+        assert "root's unit keeps it over a user's copy" in refused, refused
+        time.sleep(2)
+        text = log_text(um)[offset:]
+        assert "decision: stop container:llm" not in text, text[-3000:]
+        assert _state(d, "llm") == (True, "unless-stopped")
+        d.docker("rm", "-f", "llm")
+        um.systemctl("stop", GUARD)
