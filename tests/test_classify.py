@@ -36,6 +36,18 @@ def test_name_patterns_of_the_default_family():
         assert loader.evidence[0].startswith("name:")
 
 
+def test_a_name_pattern_is_matched_at_the_start_of_a_word():
+    """Issue 29 §4: "llama" is inside "ollama": ollama.service is named by "ollama", and a
+    name only holding a pattern inside a word (helms, myllama) is no evidence."""
+    ollama = classify(seen("ollama.service"), C)
+    assert ollama is not None and ollama.evidence[0] == "name:ollama"
+    for name, word in (("llama3-70b.service", "llama"), ("srv-qwen@1.service", "qwen")):
+        loader = classify(seen(name), C)
+        assert loader is not None and loader.evidence[0] == f"name:{word}", name
+    for name in ("helms.service", "myllama.service", "bigguf.service"):
+        assert classify(seen(name), C) is None, name
+
+
 def test_plain_units_are_not_loaders():
     for name in ("nginx.service", "cron.service", "postgresql@15-main.service"):
         assert classify(seen(name, exec_start=(("/usr/sbin/nginx",),)), C) is None

@@ -249,6 +249,18 @@ def _binary_evidence(lines: Iterable[CommandLine], binaries: tuple[str, ...]) ->
     return None
 
 
+def names_word(name: str, pattern: str) -> bool:
+    """Whether `pattern` begins a word of `name` (after its start or a character that is
+    not a letter or digit): "llama" names llama-server.service and llama3.service, not
+    ollama.service, whose "llama" is inside a word."""
+    i = name.find(pattern)
+    while i >= 0:
+        if i == 0 or not name[i - 1].isalnum():
+            return True
+        i = name.find(pattern, i + 1)
+    return False
+
+
 def expected_footprint(ref: UnitRef, config: Config) -> int | None:
     """The admin's figure for this unit, from [loaders.footprint] (globs allowed)."""
     name = config_name(ref)
@@ -280,7 +292,7 @@ def classify(seen: SeenUnit, config: Config, guard_unit: UnitRef | None = None) 
         evidence.append(seen.container.image_evidence)
     lowered = ref.name.lower()
     for pattern in config.loader_patterns:
-        if pattern.lower() in lowered:
+        if names_word(lowered, pattern.lower()):
             evidence.append(f"name:{pattern}")
             break
     lines = [command_line(a) for a in seen.exec_start + seen.cmdlines]
