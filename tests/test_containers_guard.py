@@ -338,3 +338,93 @@ def test_her_earlier_fake_never_gets_roots_loader_container_stopped(
         assert _state(d, "llm") == (True, "unless-stopped")
         d.docker("rm", "-f", "llm")
         um.systemctl("stop", GUARD)
+
+
+def test_a_rm_container_is_blocked_when_stopped_followed_by_name_and_released_when_gone(
+    dockerd: DockerD,
+) -> None:
+    """Issue 29 §1: `docker run --rm --name X` has no restart policy to change, and docker
+    refuses to update one marked for removal: the block never completed. Now it is done
+    once the container is stopped (and removed); the same name run again is the same
+    loader, blocked again; and release, with the container gone, says so and ends."""
+    d = dockerd
+    with guard_manager() as um:
+        _config(um, d, '[loaders.footprint]\n"container:rmllm" = "100GiB"\n')
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        offset = len(log_text(um))
+
+        def run_rm() -> str:
+            return d.docker(
+                "run", "-d", "--rm", "--name", "rmllm", "--network", "none",
+                d.tag("vllm/vllm-openai:test"), "python3", "-c", LEAVES,
+            ).strip()  # fmt: skip
+
+        first = run_rm()
+        wait_log(um, r"unit-blocked.*container:rmllm", timeout=30, after=offset)
+        assert _wait(lambda: "rmllm" not in d.docker("ps", "-a", "--format", "{{.Names}}"))
+        record = json.loads((um.base / "state/blocked/container:rmllm.json").read_text())
+        assert (record["step"], record["container"]["id"]) == ("blocked", first)
+        assert "removed on its stop (--rm)" in json.dumps(record["history"]), record["history"]
+        # Run again under its name (a unit's Restart= would): stopped again, followed.
+        offset = len(log_text(um))
+        second = run_rm()
+        assert second != first
+        wait_log(um, r"unit-blocked.*container:rmllm", timeout=30, after=offset)
+        assert _wait(lambda: "rmllm" not in d.docker("ps", "-a", "--format", "{{.Names}}"))
+        record = json.loads((um.base / "state/blocked/container:rmllm.json").read_text())
+        assert record["step"] == "blocked", record
+        out = _cli(um, "release", "container:rmllm")
+        assert out.returncode == 0, out.stderr
+        assert "the container no longer exists, nothing to put back" in out.stdout, out.stdout
+        assert not (um.base / "state/blocked/container:rmllm.json").exists()
+        assert not (um.base / "motd.d/spark-guard").exists()
+        um.systemctl("stop", GUARD)
+
+
+def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released(
+    dockerd: DockerD,
+) -> None:
+    """Issue 29 §1, the most common autostart: a unit runs `docker run --rm --name vllm`
+    with Restart=always. Its cgroup holds only the client; the loader is the container.
+    The container is refused on its footprint and stopped; the unit is blocked with it
+    (masked: its Restart= cannot make a new container of that name); a release of both
+    puts the unit back and says the container is gone."""
+    d = dockerd
+    with guard_manager() as um:
+        _config(um, d, '[loaders.footprint]\n"container:vllm" = "100GiB"\n')
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        offset = len(log_text(um))
+        image = d.tag("vllm/vllm-openai:test")
+        run = (
+            f"/usr/bin/docker -H unix://{d.socket} run --rm --name vllm --network none "
+            f'{image} python3 -c "import time; held = bytes(64 << 20); time.sleep(3600)"'
+        )
+        um.write_unit(
+            "vllm-wrap.service",
+            f"[Service]\nExecStart={run}\nRestart=always\nRestartSec=1\n"
+            "[Install]\nWantedBy=default.target\n",
+        )
+        um.systemctl("enable", "--now", "vllm-wrap.service")
+        wait_log(um, r"unit-blocked.*container:vllm", timeout=40, after=offset)
+        wait_log(um, r"unit-blocked: user:0:vllm-wrap\.service", timeout=20, after=offset)
+        # Its client proxies the stop to the container, whose python (PID 1 there) has no
+        # handler: the guard's KillUnit ends it, so "failed" is as down as "inactive".
+        assert _wait(
+            lambda: (
+                um.show("vllm-wrap.service", "ActiveState")["ActiveState"] in ("inactive", "failed")
+            )
+        )
+        assert um.show("vllm-wrap.service", "LoadState")["LoadState"] == "masked"
+        time.sleep(3)  # RestartSec=1 three times over: nothing made a new container
+        assert "vllm" not in d.docker("ps", "-a", "--format", "{{.Names}}").split()
+        out = _cli(um, "release", "--all")
+        assert out.returncode == 0, out.stderr
+        assert "released container:vllm: the container no longer exists" in out.stdout, out.stdout
+        assert um.show("vllm-wrap.service", "LoadState", "UnitFileState") == {
+            "LoadState": "loaded",
+            "UnitFileState": "enabled",
+        }
+        um.systemctl("disable", "vllm-wrap.service")
+        um.systemctl("stop", GUARD)

@@ -170,7 +170,7 @@ def test_containers_blocked_stay_down_across_a_dockerd_restart_and_come_back_exa
 
     for name, record in records.items():
         back = release(engine, record)
-        assert back.running, name
+        assert back is not None and back.running, name
         assert (back.restart, back.max_retries) == (
             _state(record).restart,
             _state(record).max_retries,

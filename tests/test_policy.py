@@ -664,6 +664,34 @@ def test_a_users_job_in_a_system_unit_is_hers_and_killed_not_the_units():
     assert brake(Memory(SPARK, 4 * GiB), 1000.0, (), d, Config(), 1.0) == ()
 
 
+def test_the_unit_that_runs_a_stopped_container_is_blocked_with_it():
+    """Issue 29 §1: vllm-wrap.service runs `docker run --rm --name vllm ...` under
+    Restart=always. The container is refused on its footprint; the unit would make a new
+    one of its name at its next start: it is blocked with it, for the same reason."""
+    config = parse('[loaders.footprint]\n"container:vllm" = "100GiB"\n')
+    wrap = unit(
+        "vllm-wrap.service",
+        5.0,
+        ("/usr/bin/docker", "run", "--rm", "--name", "vllm", "vllm/vllm-openai"),
+    )
+    other = unit("web.service", 5.0, ("/usr/bin/docker", "run", "--name", "web", "nginx"))
+    box_ = replace(box("vllm", "vllm/vllm-openai:v0.6"), active_since=6.0)
+    d = decide(snap(60 * GiB, wrap, other, box_), config)
+    got = [(str(a.unit), a.reason, a.how) for a in d.actions]
+    assert got == [
+        ("container:vllm", "footprint", "block"),
+        ("vllm-wrap.service", "footprint", "block"),
+    ]
+    assert d.actions[1].detail.startswith("it runs container:vllm, stopped: expects")
+    # Protected, it is left alone (the container is still stopped).
+    keep = parse(
+        '[loaders.footprint]\n"container:vllm" = "100GiB"\n'
+        '[protected]\nextra = ["vllm-wrap.service"]\n'
+    )
+    d = decide(snap(60 * GiB, wrap, box_), keep)
+    assert [str(a.unit) for a in d.actions] == ["container:vllm"]
+
+
 # --- containers (issue 19) -------------------------------------------------------
 
 

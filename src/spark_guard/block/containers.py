@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from ..core.text import printable
@@ -72,21 +73,36 @@ def block(
     remember: Callable[[Record], bool] | None = None,
     answered: Callable[[], None] | None = None,
     seen_running: bool = False,
-) -> Container:
+) -> Container | None:
     """Stop `record`'s container through `engine` and set its restart policy to `no`; the
-    container as it then is. Its policy before, and whether it ran, go into
-    `record.container` and are handed to `remember` (which saves the record, False if it
-    cannot) before anything changes; a record that has them already (blocked before,
-    running again) keeps them: they are what release() puts back. The stop changes
-    nothing that lasts and goes out either way; the policy is changed only once the record
-    of the old one is on disk. ContainerBlockError if a step fails
-    or does not hold when inspected again (the container is left as far as it got)."""
+    container as it then is (None: it no longer exists, nor one of its name). Its policy
+    before, and whether it ran, go into `record.container` and are handed to `remember`
+    (which saves the record, False if it cannot) before anything changes; a record that
+    has them already (blocked before, running again) keeps them: they are what release()
+    puts back. The stop changes nothing that lasts and goes out either way; the policy is
+    changed only once the record of the old one is on disk. A `--rm` container has no
+    policy to set: its block is done once it is stopped (and removed). A container whose
+    recorded id is gone is followed by its name. ContainerBlockError if a step fails or
+    does not hold when inspected again (the container is left as far as it got)."""
     name = record.unit
     try:
-        ref = record.container.id if record.container else name
-        now = engine.inspect(ref)  # its policy as it is now, not as it was seen
+        now = _current(engine, record)  # its policy as it is now, not as it was seen
         if answered is not None:
             answered()  # the engine answers: the stop is its to do
+        if now is None:
+            # Removed (`--rm`), and none of its name made since: nothing runs, nothing
+            # can start it; what re-creates it is judged when it runs.
+            record.note("removed by its engine: nothing of it left to stop")
+            return None
+        if record.container is not None and now.id != record.container.id:
+            # Its id is gone and a container of its name runs: re-created (`docker run
+            # --rm --name X` again, by a unit's Restart=). The same loader: the block
+            # follows it, and what release puts back is the new one's.
+            record.note(
+                f"container {record.container.id[:12]} is gone; {now.id[:12]} of the same "
+                "name is blocked in its place"
+            )
+            record.container = None
         if record.container is None:
             record.container = ContainerState(
                 id=now.id,
@@ -101,11 +117,20 @@ def block(
             record.note(f"container {now.id[:12]}: restart policy {now.policy}")
             if remember is not None:
                 remember(record)  # now, in case the guard dies during the stop
-        elif now.id != record.container.id:
-            raise _fail(name, f"is now container {now.id[:12]}, not the one recorded")
         if engine.stop(now.id, stop_timeout):
             record.note(f"stopped through {engine.path}")
-        after = engine.inspect(now.id)
+        try:
+            after = engine.inspect(now.id)
+        except EngineError as e:
+            if e.status != 404:
+                raise
+            # `--rm`: its engine removed it on the stop. No policy to set; nothing of it
+            # can start again, and a re-creation of its name is blocked as it comes.
+            record.note("removed on its stop (--rm): no restart policy to set")
+            return replace(now, running=False)
+        if now.auto_remove and not after.running:
+            record.note("stopped; it is removed on its stop (--rm): no restart policy to set")
+            return after
         if after.running:
             raise _fail(name, f"still running after the stop ({after.status})")
         if remember is not None and not remember(record):
@@ -131,6 +156,18 @@ def block(
     return after
 
 
+def _current(engine: EnginePort, record: Record) -> Container | None:
+    """The container the record is of: its recorded id, or once that is gone a container
+    of its name (a re-created one); None when neither exists."""
+    for ref in ([record.container.id] if record.container else []) + [record.unit]:
+        try:
+            return engine.inspect(ref)
+        except EngineError as e:
+            if e.status != 404:
+                raise
+    return None
+
+
 def holds(engine: EnginePort, record: Record) -> str:
     """ "" if the block still holds (policy `no`, not running); else what changed."""
     assert record.container is not None
@@ -147,16 +184,24 @@ def holds(engine: EnginePort, record: Record) -> str:
     return ""
 
 
-def release(engine: EnginePort, record: Record, *, start: bool = True) -> Container:
+def release(engine: EnginePort, record: Record, *, start: bool = True) -> Container | None:
     """Put back the exact restart policy of `record`'s container and start it if it was
-    running before the block (and `start`); the container as it then is.
+    running before the block (and `start`); the container as it then is, None when it no
+    longer exists (removed: nothing of the block is left to undo).
     ContainerBlockError if it is gone (a container of the same name made since is not
     the one blocked) or the policy does not hold."""
     state = record.container
     if state is None:
         raise _fail(record.unit, "the record has no account of its policy: nothing to put back")
     try:
-        now = engine.inspect(state.id)
+        try:
+            now = engine.inspect(state.id)
+        except EngineError as e:
+            if e.status != 404:
+                raise
+            # Removed since (`--rm`, or by hand): nothing of the block is left on it.
+            record.note(f"container {state.id[:12]} no longer exists: nothing to put back")
+            return None
         if now.name != record.unit:
             raise _fail(record.unit, f"its id now has the name {now.name}: not released")
         if (now.restart or "no", now.max_retries) != (state.restart or "no", state.max_retries):

@@ -59,6 +59,7 @@ class Released:
     # A container's: its restart policy put back, and whether it was started.
     policy: str = ""
     started: bool = False
+    gone: bool = False  # the container no longer exists: nothing was left to put back
 
 
 def select(records: Iterable[Record], names: Iterable[str], store: RecordStore) -> list[Record]:
@@ -197,8 +198,8 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
     except BaseException:
         _abandon(store, current, archived)  # interrupted: still blocked, as on record
         raise
-    done = Released(current, archived, False, policy=container.policy)
-    done.started = container.was_running and now.running
+    done = Released(current, archived, False, policy=container.policy, gone=now is None)
+    done.started = container.was_running and now is not None and now.running
     with store.lock():
         _finish(store, current, archived)  # its history: the policy put back, started
     return done
@@ -256,7 +257,13 @@ def released_event(done: Released) -> Event:
             manager=r.manager,
             restart=done.policy,
             record=done.archived,
-            msg=f"{r.ref} released: restart policy {done.policy} put back"
+            msg=f"{r.ref} released: "
+            + (
+                f"container {r.container.id[:12] if r.container else '?'} no longer exists, "
+                "nothing to put back"
+                if done.gone
+                else f"restart policy {done.policy} put back"
+            )
             + ("; started" if done.started else ""),
         )
     return Event.of(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 
+from .argv.engines import launched_container
 from .argv.loadspec import SpecError, parse
 from .argv.servers import client_kind, server_kind
 from .config import Config
@@ -187,6 +188,8 @@ class CommandLine(tuple[str, ...]):
     # A server that loads on request (servers.py): the kind it runs, or the kind it asks.
     serves: ServerKind | None
     asks: ServerKind | None
+    # The container a docker/podman client runs in the foreground (argv/engines.py).
+    launches: str | None
 
     def __new__(cls, argv: Iterable[str]) -> CommandLine:
         args = bounded(argv)
@@ -197,6 +200,7 @@ class CommandLine(tuple[str, ...]):
         line.loads = _loads(args)  # loadspec unwraps wrappers and shells from the raw words
         line.serves = server_kind(args)
         line.asks = client_kind(args)
+        line.launches = launched_container(args)
         return line
 
 
@@ -238,6 +242,13 @@ def on_host(path: str, container: ContainerFacts) -> str:
     source, d = best
     rest = path[len(d) :] if d != "/" else path
     return canonical_model(source.rstrip("/") + "/" + rest.lstrip("/"))
+
+
+def launched_containers(seen: SeenUnit) -> tuple[str, ...]:
+    """The containers the unit's docker or podman client runs (`run --name X`): a unit
+    that wraps `docker run` is what brings its container back (Restart=)."""
+    lines = (command_line(a) for a in seen.exec_start + seen.cmdlines)
+    return tuple(dict.fromkeys(ln.launches for ln in lines if ln.launches))
 
 
 def _binary_evidence(lines: Iterable[CommandLine], binaries: tuple[str, ...]) -> str | None:

@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from .classify import SHOWN_PATH_MAX, classify, loaded_models
+from .classify import (
+    SHOWN_PATH_MAX,
+    classify,
+    is_protected,
+    launched_containers,
+    loaded_models,
+)
 from .config import Config, Steady
 from .quantities import format_size
 from .snapshot import (
@@ -375,7 +381,37 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             )
             deficit -= loader.seen.used
 
+    _tie_launchers(snapshot, config, actions)
     return decision(tuple(actions.values()))
+
+
+def _tie_launchers(snapshot: Snapshot, config: Config, actions: dict[str, Action]) -> None:
+    """A container stopped while a unit runs it in the foreground (`docker run --rm
+    --name X` under Restart=always) comes back with the unit's next start, as a new
+    container of its name: the unit is stopped and blocked with it, for the same reason."""
+    stopped = {a.unit.name: a for a in actions.values() if a.unit.is_container}
+    if not stopped:
+        return
+    for seen in snapshot.units:
+        if seen.ref.is_container or str(seen.ref) in actions or seen.group:
+            continue
+        if not seen.ref.name.endswith(".service") or is_protected(
+            seen.ref, config, snapshot.guard_unit
+        ):
+            continue
+        for name in launched_containers(seen):
+            action = stopped.get(name)
+            if action is None:
+                continue
+            actions[str(seen.ref)] = replace(
+                action,
+                unit=seen.ref,
+                detail=f"it runs {action.unit}, stopped: {action.detail}",
+                since=seen.active_since,
+                how="block",
+                clients=(),
+            )
+            break
 
 
 # How fast memory can be filled, as earlyoom assumes it for RAM (6000 MiB/s): a quiet guard

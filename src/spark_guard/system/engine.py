@@ -185,6 +185,8 @@ class Container:
     # State.StartedAt, seconds since the epoch (None: never started, or not said): when
     # this run began, by the engine's word, whenever the guard first saw it.
     started_at: float | None = None
+    # HostConfig.AutoRemove (`docker run --rm`): removed when it stops, no policy to change.
+    auto_remove: bool = False
 
     @property
     def ref(self) -> str:
@@ -209,7 +211,8 @@ class Container:
             raise ValueError("no container id (64 hex) in the answer")
         config = _dict(top.get("Config"))
         state = _dict(top.get("State"))
-        policy = _dict(_dict(top.get("HostConfig")).get("RestartPolicy"))
+        host = _dict(top.get("HostConfig"))
+        policy = _dict(host.get("RestartPolicy"))
         name = top.get("Name")
         name = name[1:] if isinstance(name, str) and name.startswith("/") else name
         image = config.get("Image") if isinstance(config.get("Image"), str) else top.get("Image")
@@ -237,6 +240,7 @@ class Container:
             pid=_int(state.get("Pid"), 0, 1 << 22),
             mounts=tuple(mounts),
             started_at=_started(state.get("StartedAt")),
+            auto_remove=host.get("AutoRemove") is True,
             labels=tuple(
                 (printable(k, LABEL_KEY_MAX), _text(v, LABEL_VALUE_MAX))
                 for k, v in list(labels.items())[:LABELS_MAX]

@@ -78,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
         tell(log, released_event(done))
         if record.ref.is_container:
             print(
-                f"released {p(record.ref)}: restart policy {p(done.policy)} put back"
+                f"released {p(record.ref)}: "
+                + (
+                    "the container no longer exists, nothing to put back"
+                    if done.gone
+                    else f"restart policy {p(done.policy)} put back"
+                )
                 + ("; started" if done.started else "")
             )
             continue
