@@ -182,6 +182,14 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     assert root.cmdlines
 
 
+def test_a_cgroup_name_with_line_breaks_of_other_kinds_is_read_whole(tmp_path):
+    """A user names her own cgroups: \x1c, \r or U+2028 in a name split it under
+    str.splitlines(), and every pass raised. Only \n ends a line of /proc/PID/cgroup."""
+    name = "/user.slice/user-1000.slice/user@1000.service/a\x1cb\rc\u2028d"
+    make_proc(tmp_path / "proc", {7: {"cgroup": f"0::{name}\n"}})
+    assert ProcFS(str(tmp_path / "proc")).cgroup(7) == name
+
+
 def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
     """With her manager out of view, a process below user@UID.service is user:UID's (not
     PID 1's protected user@UID.service): the outermost user@UID.service below slices, and
@@ -224,6 +232,8 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
     # hers: judged at her level, a stop kills them.
     scope = "/user.slice/user-1000.slice/user@1000.service/init.scope"
     assert owner(4, scope) == ("user:1000:init.scope", scope, "her init.scope")
+    # In user@UID.service itself (her manager before systemd 254): no group, no error.
+    assert owner(4, "/user.slice/user-1000.slice/user@1000.service") is None
     hideout = "/user.slice/user-1000.slice/user@1000.service/hideout"
     assert owner(4, hideout + "/deeper") == (
         f"user:1000:{hideout}",

@@ -385,7 +385,11 @@ class Sensor:
             return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit))
         if unit is not None:
             return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit), f"her {unit}")
-        first = next(p for p in cgroup[len(base) :].split("/") if p)
+        first = next((p for p in cgroup[len(base) :].split("/") if p), None)
+        if first is None:
+            # In user@UID.service itself (her manager, on systemd before 254): a kill there
+            # would take her whole tree. Left as before: PID 1's user@UID.service.
+            return None
         path = f"{base}/{first}"
         return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
 

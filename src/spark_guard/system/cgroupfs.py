@@ -132,7 +132,7 @@ def kill_uid(
         left = set(listed) - (spare(listed) if spare else set()) - done
         signalled = 0
         for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 fd = os.pidfd_open(pid)
                 try:
                     where = cgroup_of(pid)

@@ -258,8 +258,12 @@ class ProcFS:
         except OSError:
             return None
         unified = named = None
-        for line in text.splitlines():
-            _, controllers, path = line.split(":", 2)
+        # "\n" only: a cgroup name may hold \r, \x1c or U+2028 (splitlines() splits on them).
+        for line in text.split("\n"):
+            fields = line.split(":", 2)
+            if len(fields) != 3:
+                continue  # malformed, or the tail of a name with a newline: not ours to read
+            _, controllers, path = fields
             if controllers == "":
                 unified = path
             elif controllers == "name=systemd":
