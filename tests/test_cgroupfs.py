@@ -126,3 +126,56 @@ def test_a_manager_stopped_or_frozen_is_seen_paused_without_a_call():
             (cgroup / "cgroup.freeze").write_text("0")
             time.sleep(0.05)
             cgroup.rmdir()
+
+
+def test_her_fork_storm_and_her_subuids_leave_nothing_of_hers_in_her_tree():
+    """In her delegated subtree (any_user) every process but root's is hers, her user
+    namespace's subuids too; a loop that forks as fast as it can is listed and killed
+    until none is left, not for a fixed number of rounds. Root's process there lives."""
+    import os
+    import time
+    from pathlib import Path
+
+    from lab.harness import CGROUP_ROOTS
+
+    root = CGROUP_ROOTS[0]
+    if os.geteuid() != 0 or not Path(root, "cgroup.procs").exists():
+        pytest.skip("no cgroup v2 hierarchy of ours to kill in")
+    tree = f"/sg-kill-{os.getpid()}.slice/user@4242.service/hideout"
+    path = Path(root + tree)
+    path.mkdir(parents=True)
+    drop = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups"]
+    sub = ["setpriv", "--reuid=104242", "--regid=104242", "--clear-groups"]
+    procs = [
+        subprocess.Popen(["sh", "-c", f'echo $$ > {path}/cgroup.procs; exec "$@"', "sh", *argv])
+        for argv in (
+            [*drop, "sh", "-c", "while :; do sleep 60 & done"],
+            [*sub, "sleep", "60"],
+            ["sleep", "60"],  # root's
+        )
+    ]
+    try:
+        deadline = time.monotonic() + 5
+        while len(cgroupfs.pids(root, tree)) < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(cgroupfs.pids(root, tree)) >= 50  # a storm under way
+        fs = ProcFS()
+        tree_of = cgroupfs.user_tree(tree)
+        assert tree_of is not None and tree_of[1] == 4242
+        count = cgroupfs.kill_uid(
+            root, tree, 4242, uid_of=fs.uid, cgroup_of=fs.cgroup, any_user=True
+        )
+        assert count >= 50
+        time.sleep(0.2)
+        left = cgroupfs.pids(root, tree)
+        assert left == [procs[2].pid], [(p, fs.uid(p)) for p in left]
+        assert procs[1].wait(5) == -9
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for pid in cgroupfs.pids(root, tree):
+            os.kill(pid, 9)
+        time.sleep(0.2)
+        for d in (path, path.parent, path.parent.parent):
+            d.rmdir()

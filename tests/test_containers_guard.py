@@ -428,3 +428,61 @@ def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released
         }
         um.systemctl("disable", "vllm-wrap.service")
         um.systemctl("stop", GUARD)
+
+
+def test_a_unit_that_runs_compose_up_is_blocked_with_its_projects_container(
+    dockerd: DockerD,
+) -> None:
+    """Issue 29 §1, compose: llm-stack.service runs `docker-compose -f
+    /srv/llm/compose.yaml up` (attached, Restart=always), whose vllm service has
+    `restart: always`. (A stand-in client does what compose does there: start the
+    project's labelled container again, or create it, and attach.) The container is
+    refused on its footprint, stopped, its policy set to no; the unit is blocked with it,
+    since its next `up` would start the container again whatever its policy; both stay
+    down; `release --all` puts back the policy and the unit."""
+    d = dockerd
+    with guard_manager() as um:
+        _config(um, d, '[loaders.footprint]\n"container:llm-vllm-1" = "100GiB"\n')
+        um.systemctl("start", GUARD)
+        um.wait_for(GUARD, "ActiveState", "active")
+        offset = len(log_text(um))
+        image = d.tag("vllm/vllm-openai:test")
+        client = um.base / "bin" / "docker-compose"
+        client.parent.mkdir(exist_ok=True)
+        docker = f"/usr/bin/docker -H unix://{d.socket}"
+        # As compose does through the API: create the project's container if it is not
+        # there, start it, and wait on it (no `run --name` or `start -a` client to see).
+        client.write_text(
+            "#!/bin/sh\n"
+            f"{docker} create --name llm-vllm-1 --label com.docker.compose.project=llm "
+            "--label com.docker.compose.service=vllm --restart always --network none "
+            f'{image} python3 -c "import time; held = bytes(64 << 20); time.sleep(3600)"'
+            " >/dev/null 2>&1\n"
+            f"{docker} start llm-vllm-1 >/dev/null\n"
+            f"exec {docker} wait llm-vllm-1\n"
+        )
+        client.chmod(0o755)
+        um.write_unit(
+            "llm-stack.service",
+            f"[Service]\nExecStart={client} -f /srv/llm/compose.yaml up\nRestart=always\n"
+            "RestartSec=1\n[Install]\nWantedBy=default.target\n",
+        )
+        um.systemctl("enable", "--now", "llm-stack.service")
+        said = wait_log(um, r"unit-blocked: user:0:llm-stack\.service.*", timeout=40, after=offset)
+        # Its python is PID 1 in the container, deaf to SIGTERM: the engine's stop waits
+        # its timeout, then kills.
+        wait_log(um, r"unit-blocked: container:llm-vllm-1 ", timeout=40, after=offset)
+        assert "it runs container:llm-vllm-1" in said.group(0), said.group(0)
+        assert um.show("llm-stack.service", "LoadState")["LoadState"] == "masked"
+        time.sleep(3)  # RestartSec=1 three times over: nothing started it again
+        assert _state(d, "llm-vllm-1") == (False, "no"), log_text(um)[offset:][-3000:]
+        out = _cli(um, "release", "--all", "--no-start")
+        assert out.returncode == 0, out.stderr
+        assert _state(d, "llm-vllm-1") == (False, "always")
+        assert um.show("llm-stack.service", "LoadState", "UnitFileState") == {
+            "LoadState": "loaded",
+            "UnitFileState": "enabled",
+        }
+        um.systemctl("disable", "llm-stack.service")
+        um.systemctl("stop", GUARD)
+        d.docker("rm", "-f", "llm-vllm-1")

@@ -27,3 +27,27 @@ def test_anything_else_names_no_container():
         (),
     ):
         assert launched_container(argv) is None, argv
+
+
+def test_an_attached_compose_up_launches_its_project():
+    """`docker compose up` in a unit (Restart=always) starts every container of its
+    project again: its project is named by -p, or by the folder of its first -f file, as
+    compose normalizes names; `up -d` returns at once (the containers' own policy is what
+    restarts them), and without -p or -f the project is the unit's working directory's,
+    not known from the command line."""
+    f = "/srv/LLM Stack/compose.yaml"
+    assert launched_container(["/usr/bin/docker", "compose", "-f", f, "up"]) == "compose:llmstack"
+    assert launched_container(["docker", "compose", "-p", "Vllm_1", "up", "vllm"]) == (
+        "compose:vllm_1"
+    )
+    assert launched_container(["docker-compose", "--project-name=llm", "up"]) == "compose:llm"
+    assert launched_container(["sh", "-c", f"exec podman-compose -f '{f}' up"]) == (
+        "compose:llmstack"
+    )
+    for argv in (
+        ["docker", "compose", "-p", "llm", "up", "-d"],
+        ["docker", "compose", "up"],
+        ["docker", "compose", "-p", "llm", "down"],
+        ["docker", "compose", "-f", "relative.yaml", "up"],
+    ):
+        assert launched_container(argv) is None, argv

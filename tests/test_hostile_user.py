@@ -574,12 +574,12 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
 # --- 10. processes that are no unit: a cgroup of her own, her job in root's unit --------
 
 
-def _gone(stage: Stage, pattern: str, timeout: float = 5) -> bool:
-    """No process of hers matches `pattern` (pgrep -f), within `timeout`."""
+def _gone(stage: Stage, pattern: str, timeout: float = 5, uid: int | None = None) -> bool:
+    """No process of hers (or of `uid`) matches `pattern` (pgrep -f), within `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         out = subprocess.run(
-            ["pgrep", "-u", str(stage.mallory.uid), "-f", "--", pattern],
+            ["pgrep", "-u", str(stage.mallory.uid if uid is None else uid), "-f", "--", pattern],
             capture_output=True,
             text=True,
         ).stdout.split()
@@ -590,19 +590,24 @@ def _gone(stage: Stage, pattern: str, timeout: float = 5) -> bool:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("where", ["hideout", "init.scope"])
+@pytest.mark.parametrize("where", ["hideout", "init.scope", "ghost.service", "subuid"])
 def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     stage: Stage, where: str
 ) -> None:
     """She moves her loader out of its unit into a cgroup of her own below her
-    user@UID.service (`hideout`), or into her manager's init.scope: no manager accounts
-    for it there, and before it counted as PID 1's protected user@UID.service, growing
-    unseen. Now it is a group of hers, judged at her level, and a stop kills her
-    processes in it: her manager (the oldest in init.scope) lives on, and nothing of
-    root's is touched."""
+    user@UID.service (`hideout`), into her manager's init.scope, or into one she named
+    `ghost.service`, a unit her manager does not know; or her loader runs as one of her
+    subuids, as a rootless container's does (`subuid`: root stands in for newuidmap). No
+    manager accounts for it there, and before it counted as PID 1's protected
+    user@UID.service (or as a unit that does not run), growing unseen. Now it is a group
+    of hers, judged at her level, and a stop kills her processes in it: her manager (the
+    oldest in init.scope) lives on, and nothing of root's is touched."""
     base = f"/sys/fs/cgroup/unified/{stage.mum.cgroup}"
     target = f"{base}/{where}"
     glob = f"*{where}"
+    if where == "subuid":
+        _her_subuid_loader(stage, target, glob)
+        return
     write_config(stage.root, f'[loaders.footprint]\n"{glob}" = "100TiB"\n')
     offset = len(log_text(stage.root))
     stage.root.systemctl("reload", GUARD)
@@ -631,21 +636,63 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     stage.root.systemctl("reload", GUARD)
 
 
-def test_her_job_in_a_unit_of_roots_is_hers_not_the_units(stage: Stage) -> None:
+def _her_subuid_loader(stage: Stage, target: str, glob: str) -> None:
+    """A loader of her user namespace's (uid 100000 + hers) in a cgroup of her tree."""
+    write_config(stage.root, f'[loaders.footprint]\n"{glob}" = "100TiB"\n')
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    sub = 100000 + stage.mallory.uid
+    os.makedirs(target, exist_ok=True)
+    loader = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={sub}",
+            f"--regid={sub}",
+            "--clear-groups",
+            PY,
+            f"{LAB}/fake_loader.py",
+            "-m",
+            str(stage.tiny),
+            "--alloc",
+            "64",
+            "--subuid",
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        Path(target, "cgroup.procs").write_text(str(loader.pid))
+        killed = wait_log(stage.root, rf"unit-killed: {stage.key}:\S*subuid: killed .*", 30, offset)
+        assert "no unit to mask, nothing to undo" in killed.group(0), killed.group(0)
+        assert loader.wait(5) == -9  # SIGKILL: the kill reached her subuid
+        assert not list((stage.root.base / "state" / "blocked").glob(f"{stage.key}*"))
+        assert stage.root.show("rescue-ssh.service", "LoadState")["LoadState"] == "loaded"
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait()
+        write_config(stage.root)
+        stage.root.systemctl("reload", GUARD)
+
+
+@pytest.mark.parametrize("as_", ["her uid", "her subuid"])
+def test_her_job_in_a_unit_of_roots_is_hers_not_the_units(stage: Stage, as_: str) -> None:
     """Root's jobs.service runs what users put in its spool as them, as Debian's cron runs
-    crontabs (no pam_systemd: the job stays in cron.service's cgroup). Her job is a fake
-    llama-server naming the model root's llama-root.service loads, started first: before,
-    it counted for jobs.service, root's, which kept the model and got root's later
-    loader refused as the duplicate. Now her processes in root's unit are a group of
-    hers: her copy is the one refused, and killed, her uid named; jobs.service and
-    root's loader run on, unmasked."""
+    crontabs (no pam_systemd: the job stays in cron.service's cgroup), or as one of her
+    subuids (her job in a user namespace of hers). Her job is a fake llama-server naming
+    the model root's llama-root.service loads, started first: before, it counted for
+    jobs.service, root's, which kept the model and got root's later loader refused as
+    the duplicate (and a subuid, outside a login range, would again). Now her processes
+    in root's unit are a group of their uid: her copy is the one refused, and killed,
+    the uid named; jobs.service and root's loader run on, unmasked."""
     spool = stage.root.base / "spool"
     spool.mkdir(mode=0o1777, exist_ok=True)
     spool.chmod(0o1777)
     u = stage.mallory
+    uid = u.uid if as_ == "her uid" else 100000 + u.uid
     runner = (
         f'while :; do for f in {spool}/*.job; do [ -f "$f" ] || continue; '
-        f'mv "$f" "$f.run"; setpriv --reuid={u.uid} --regid={u.gid} --clear-groups '
+        f'mv "$f" "$f.run"; setpriv --reuid={uid} --regid={uid} --clear-groups '
         'bash "$f.run" & '
         "done; sleep 0.2; done"
     )
@@ -660,16 +707,16 @@ def test_her_job_in_a_unit_of_roots_is_hers_not_the_units(stage: Stage) -> None:
         f"-m {stage.tiny} --alloc 16 --her-job\\n')",
     )
     deadline = time.monotonic() + 10
-    while _gone(stage, "--her-job", 0) and time.monotonic() < deadline:
+    while _gone(stage, "--her-job", 0, uid) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.5)  # her copy is the first started
     stage.root.write_unit(
         "llama-root.service", f"[Service]\nExecStart={stage.server} -m {stage.tiny}\n"
     )
     stage.root.systemctl("start", "llama-root.service")
-    killed = wait_log(stage.root, rf"unit-killed: {stage.key}:\S*jobs\.service: .*", 30, offset)
-    assert f"of uid {u.uid}" in killed.group(0) and "duplicate" in killed.group(0), killed.group(0)
-    assert _gone(stage, "--her-job")
+    killed = wait_log(stage.root, rf"unit-killed: user:{uid}:\S*jobs\.service: .*", 30, offset)
+    assert f"of uid {uid}" in killed.group(0) and "duplicate" in killed.group(0), killed.group(0)
+    assert _gone(stage, "--her-job", uid=uid)
     time.sleep(2)
     text = log_text(stage.root)[offset:]
     for unit in ("jobs.service", "llama-root.service"):
@@ -716,3 +763,56 @@ def test_a_server_asked_over_its_api_is_stopped_never_masked(stage: Stage) -> No
     write_config(stage.root)
     stage.root.systemctl("reload", GUARD)
     stage.root.systemctl("disable", "ollama.service")
+
+
+def test_a_server_that_will_not_stop_is_killed_and_one_that_preloads_is_blocked(
+    stage: Stage,
+) -> None:
+    """Root's server, asked over its API, is stopped without a mask; but its ExecStop=
+    never ends and TimeoutStopSec=infinity. Before, it stayed deactivating, holding its
+    memory, counted as leaving. Now the stop is escalated as a block's is: SIGKILL after
+    the stop timeout, still not masked. A server whose own unit asks the load
+    (ExecStartPost= preloads it with curl) loads by itself: blocked, masked, and released
+    as any other."""
+    ollama = stage.root.base / "bin" / "ollama"
+    ollama.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 --ollama "$@"\n')
+    ollama.chmod(0o755)
+    write_config(
+        stage.root,
+        '[guard]\nstop_timeout = "2s"\n[loaders.footprint]\n"ollama-*.service" = "100TiB"\n',
+    )
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    stage.root.write_unit(
+        "ollama-stuck.service",
+        f"[Service]\nExecStart={ollama} serve\nExecStop=/bin/sleep infinity\n"
+        "TimeoutStopSec=infinity\n",
+    )
+    stage.root.systemctl("start", "ollama-stuck.service")
+    said = wait_log(
+        stage.root, r"unit-stop-requested: stopping user:0:ollama-stuck\.service.*", 30, offset
+    )
+    assert "not masking or disabling it" in said.group(0), said.group(0)
+    killed = wait_log(stage.root, r"unit-killed: user:0:ollama-stuck\.service: .*", 30, offset)
+    assert "did not stop within 2s" in killed.group(0), killed.group(0)
+    # SIGKILLed: its result is the signal's, so it ends failed, not inactive.
+    stage.root.wait_for("ollama-stuck.service", "ActiveState", "failed")
+    assert stage.root.show("ollama-stuck.service", "LoadState")["LoadState"] == "loaded"
+    # Its own unit preloads a model: the load is the unit's.
+    offset = len(log_text(stage.root))
+    curl = (
+        "-/usr/bin/curl -s -m 1 http://127.0.0.1:11434/api/generate "
+        """-d '{"model":"qwen3:30b","keep_alive":-1}'"""
+    )
+    stage.root.write_unit(
+        "ollama-preload.service",
+        f"[Service]\nExecStart={ollama} serve\nExecStartPost={curl}\n",
+    )
+    stage.root.systemctl("start", "ollama-preload.service")
+    wait_log(stage.root, r"^warning unit-blocked: user:0:ollama-preload\.service.*", 40, offset)
+    assert stage.root.show("ollama-preload.service", "LoadState")["LoadState"] == "masked"
+    write_config(stage.root)
+    stage.root.systemctl("reload", GUARD)
+    stage.guard("release", "user:0:ollama-preload.service", "--no-start", check=True)
+    assert stage.root.show("ollama-preload.service", "LoadState")["LoadState"] == "loaded"

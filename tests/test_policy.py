@@ -628,6 +628,28 @@ def test_a_load_asked_over_a_servers_api_stops_it_without_a_mask():
     assert [a.how for a in d.actions] == ["block"]
 
 
+def test_stop_only_is_for_any_server_and_leaves_a_containers_unit_alone():
+    """Anyone can ask any server over its API (no authentication): a user's own server,
+    asked by another user, is stopped without a mask too, never blocked for her load. A
+    container server's stop-only leaves the unit that runs it alone: its next start makes
+    one that loads nothing by itself."""
+    grown = replace(
+        process_unit("user:1000", "ollama.service", ("ollama", "serve"), rss=70 * GiB),
+        growth=2 * GiB,
+    )
+    d = decide(snap(4 * GiB, grown, rescue=SSH_UP, now=1000.0), Config())
+    assert [(str(a.unit), a.how) for a in d.actions] == [("user:1000:ollama.service", "stop-only")]
+    config = parse('[loaders.footprint]\n"container:ollama" = "100GiB"\n')
+    wrap = unit(
+        "ollama-wrap.service", 5.0, ("/usr/bin/docker", "run", "--name", "ollama", "ollama/ollama")
+    )
+    server = replace(
+        box("ollama", "ollama/ollama:0.5", command=("/bin/ollama", "serve")), active_since=6.0
+    )
+    d = decide(snap(60 * GiB, wrap, server), config)
+    assert [(str(a.unit), a.how) for a in d.actions] == [("container:ollama", "stop-only")]
+
+
 def job(uid, cgroup, since, *argvs, rss=0, growth=0.0):
     """A group of a user's processes: her job in a system unit's cgroup, her scope."""
     return SeenUnit(
@@ -690,6 +712,28 @@ def test_the_unit_that_runs_a_stopped_container_is_blocked_with_it():
     )
     d = decide(snap(60 * GiB, wrap, box_), keep)
     assert [str(a.unit) for a in d.actions] == ["container:vllm"]
+
+
+def test_the_unit_that_runs_compose_up_is_blocked_with_its_projects_container():
+    """llm-stack.service runs `docker compose -f /srv/llm/compose.yaml up` (attached,
+    Restart=always); the compose file's vllm service (`restart: always`) is refused on its
+    footprint. The unit would start the project again: it is blocked with it. Another
+    project's unit is left alone."""
+    config = parse('[loaders.footprint]\n"container:llm-vllm-1" = "100GiB"\n')
+    stack = unit(
+        "llm-stack.service",
+        5.0,
+        ("/usr/bin/docker", "compose", "-f", "/srv/llm/compose.yaml", "up"),
+    )
+    web = unit("web.service", 5.0, ("/usr/bin/docker", "compose", "-p", "web", "up"))
+    vllm = box("llm-vllm-1", "vllm/vllm-openai:v0.6", active_since=6.0)
+    assert vllm.container is not None
+    vllm = replace(vllm, container=replace(vllm.container, project="llm", restart="always"))
+    d = decide(snap(60 * GiB, stack, web, vllm), config)
+    assert [(str(a.unit), a.reason, a.how) for a in d.actions] == [
+        ("container:llm-vllm-1", "footprint", "block"),
+        ("llm-stack.service", "footprint", "block"),
+    ]
 
 
 # --- containers (issue 19) -------------------------------------------------------

@@ -192,9 +192,9 @@ def test_a_cgroup_name_with_line_breaks_of_other_kinds_is_read_whole(tmp_path):
 
 def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
     """With her manager out of view, a process below user@UID.service is user:UID's (not
-    PID 1's protected user@UID.service): the outermost user@UID.service below slices, and
-    only when the process's real uid is UID. A cgroup she names user@0.service inside her
-    own subtree names nothing of root's."""
+    PID 1's protected user@UID.service): the outermost user@UID.service below slices,
+    whatever its uid but root's (her subuids run there: rootless containers). A cgroup she
+    names user@0.service inside her own subtree names nothing of root's."""
     from spark_guard import log
     from spark_guard.core.config import Config
     from spark_guard.sensor import Sensor
@@ -210,6 +210,7 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
             1: {"cgroup": f"0::{mine}\n", "status": status.format(1000)},
             2: {"cgroup": f"0::{nested}\n", "status": status.format(1000)},
             3: {"cgroup": f"0::{mine}\n", "status": status.format(0)},  # root's process
+            5: {"cgroup": f"0::{mine}\n", "status": status.format(101000)},  # her subuid
             4: {
                 "cgroup": "0::/user.slice/user-1000.slice/user@1000.service/init.scope\n",
                 "status": status.format(1000),
@@ -228,6 +229,7 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
     inner = nested.rsplit("/", 1)[0]
     assert owner(2, nested) == ("user:1000:user@0.service", inner, "")
     assert owner(3, mine) is None
+    assert owner(5, mine) == ("user:1000:llama.service", unit, "")
     # Her manager's init.scope, and a cgroup of her own that names no unit, are groups of
     # hers: judged at her level, a stop kills them.
     scope = "/user.slice/user-1000.slice/user@1000.service/init.scope"
@@ -240,3 +242,62 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
         hideout,
         "a cgroup of her own below user@1000.service",
     )
+
+
+def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
+    """In a service of PID 1's: her crontab's job (uid 1000), one she runs as her subuid
+    (101000), a directory user's (70000), and what root's unit runs as a user (`sudo -u
+    1001`) are groups of their uids, whether or not a login made them (exim's .forward
+    pipe, atd: no loginuid); the unit's own processes (root's), a DynamicUser= process
+    (61200) and Debian's system users (libvirt-qemu, 64055) stay the unit's. A PID reused
+    by another process is read afresh, not taken for the one before."""
+    from spark_guard import log
+    from spark_guard.core.config import Config
+    from spark_guard.core.snapshot import UnitRef
+    from spark_guard.sensor import Sensor
+
+    cron = "/system.slice/cron.service"
+    status = "Name:\tx\nUid:\t{0}\t{0}\t{0}\t{0}\n"
+    procs = {10: 0, 11: 1000, 12: 1001, 13: 61200, 14: 64055, 15: 101000, 16: 70000}
+    make_proc(
+        tmp_path / "proc",
+        {
+            pid: {
+                "cgroup": f"0::{cron}\n",
+                "status": status.format(uid),
+                "stat": f"{pid} (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {pid * 100} 0 0\n",
+            }
+            for pid, uid in procs.items()
+        },
+    )
+    sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
+    ref = UnitRef("system", "cron.service")
+    groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {
+        ref: [(pid, 1 << 20, 0) for pid in procs]
+    }
+    cgroups = {ref: cron}
+    what: dict[UnitRef, str] = {}
+    for pid in procs:
+        sensor._fresh(pid, cron, 1 << 20)
+    sensor._split_jobs(groups, cgroups, what)
+    assert {str(r): [p for p, _, _ in v] for r, v in groups.items()} == {
+        "cron.service": [10, 13, 14],
+        f"user:1000:{cron}": [11],
+        f"user:1001:{cron}": [12],
+        f"user:101000:{cron}": [15],
+        f"user:70000:{cron}": [16],
+    }
+    assert what[UnitRef("user:1000", cron)] == "uid 1000's job in cron.service"
+    # PID 11 is reused by a process of root's service in another cgroup: read afresh.
+    other = "/system.slice/llama.service"
+    (tmp_path / "proc" / "11" / "cgroup").write_text(f"0::{other}\n")
+    (tmp_path / "proc" / "11" / "status").write_text(status.format(0))
+    sensor._fresh(11, other, 1 << 20)
+    assert sensor._uid(11, 1 << 20) == 0
+    # In the same cgroup, a big one whose start time changed is another process too.
+    (tmp_path / "proc" / "16" / "status").write_text(status.format(0))
+    (tmp_path / "proc" / "16" / "stat").write_text(
+        "16 (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99999 0 0\n"
+    )
+    sensor._fresh(16, cron, 1 << 30)
+    assert sensor._uid(16, 1 << 30) == 0

@@ -27,3 +27,7 @@ def test_parse_ref_takes_the_manager_from_the_text_or_the_default():
     assert parse_ref("x.service", "user:1000") == UnitRef("user:1000", "x.service")
     # Taken as written: whether that manager exists is for connecting to say.
     assert parse_ref("user:abc:x", SYSTEM) == UnitRef("user:abc", "x.service")
+    # A group of a user's processes is named by its cgroup, whose name is hers (':' in it
+    # too): no unit type is added.
+    hideout = "/user.slice/user-1000.slice/user@1000.service/hide:out"
+    assert parse_ref(f"user:1000:{hideout}", SYSTEM) == UnitRef("user:1000", hideout)

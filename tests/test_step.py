@@ -265,3 +265,25 @@ def test_a_load_a_client_asked_for_is_foreseen_on_top_of_what_the_server_held():
     # The client gone, its charge is forgotten.
     after = step(passes[-1].state, seen(9.0, 40 * GiB, server(62 * GiB)), Config(), dry_run=False)
     assert after.state.charge_bases == {}
+
+
+def test_a_users_groups_are_not_counted_after_they_are_gone():
+    """A group of a user's processes is named by its cgroup, which she names: a loader
+    count kept for each would grow the guard with every cgroup she makes."""
+
+    def group(path, since):
+        return SeenUnit(
+            UnitRef("user:1000", path),
+            pids=(300,),
+            cmdlines=(("llama-server", "-m", "/srv/models/x.gguf"),),
+            active_since=since,
+            cgroup=path,
+            group="a cgroup of her own",
+        )
+
+    base = "/user.slice/user-1000.slice/user@1000.service"
+    passes = [seen(float(i), 100 * GiB, group(f"{base}/h{i}", float(i))) for i in range(1, 40)]
+    for out in replay(passes):
+        state = out.state
+    assert list(state.starts) == [f"user:1000:{base}/h39"]
+    assert len(state.started_at) == 1

@@ -6,13 +6,14 @@ guard remembers for its judgement is step.GuardState, not here.
 
 from __future__ import annotations
 
-import re
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .containers import image_evidence
+from .core.argv.engines import COMPOSE_PROJECT_LABEL, project_name
 from .core.argv.servers import OLLAMA
 from .core.classify import CommandLine, is_protected
 from .core.config import Config
@@ -24,8 +25,8 @@ from .core.snapshot import (
     CONTAINER,
     FIRST_LOGIN_UID,
     MAPS_MAX_MODELS,
-    NOBODY_UID,
     SYSTEM,
+    SYSTEM_RANGE,
     USER_PREFIX,
     ContainerFacts,
     Foreseen,
@@ -42,6 +43,7 @@ from .core.snapshot import (
 from .foresight.clients import ServerUnit, predict_client
 from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
+from .system import cgroupfs
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id
 from .system.gpu import GpuWatch, unified_memory
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+GROUP_START_PIDS = 64  # a group's start: the oldest of its first processes (a read each)
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 # A maps scan of 65,000 mappings takes ~26 ms: at most this many a pass, biggest first,
 # and at most this many processes' mapped models held per manager (16 paths each).
@@ -77,7 +81,6 @@ UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is t
 # bus timeout and a little. The daemon's later passes never wait: they adopt what is in.
 CONNECT_WAIT = 6.0
 # A user manager's cgroup as PID 1 makes it: slices, then user@UID.service.
-_USER_MANAGER_CGROUP = re.compile(r"^((?:/[^/]+\.slice)*/user@(\d+)\.service)(?:/|$)")
 
 
 @dataclass
@@ -106,6 +109,11 @@ class _ProcCache:
     # help, root's can (cron's child turns into her job), so root's is read again once
     # the process is big and whenever its command line is read.
     uid: int | None = None
+    # Whose entry this is: a PID reused by another process (a fork storm wraps pid_max
+    # within a pass) must not inherit its cmdline, uid or models. A new cgroup resets it,
+    # and a big process's start time is checked every pass (_fresh).
+    cgroup: str = ""
+    start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,8 +131,10 @@ _ROOTS = (SYSTEM, user_manager(0))
 
 
 def _human(uid: int | None) -> bool:
-    """A login user's uid: whose jobs in a system unit are theirs, not the unit's."""
-    return uid is not None and uid >= FIRST_LOGIN_UID and uid != NOBODY_UID
+    """A user's uid (snapshot.py's FIRST_LOGIN_UID and SYSTEM_RANGE): whose processes in a
+    scope or a service of root's are theirs, not the unit's. Debian's system users,
+    DynamicUser= and nobody are not; a directory's users and subuids are."""
+    return uid is not None and uid >= FIRST_LOGIN_UID and uid not in SYSTEM_RANGE
 
 
 class _PassBudget:
@@ -369,16 +379,17 @@ class Sensor:
         manager is out of view (renamed socket, stopped, never trusted), or the process
         sits in a cgroup of her own that names no unit of it (`.../hideout`). Never PID 1's
         to judge (its user@UID.service is protected), so it would grow unseen. The
-        outermost user@UID.service below slices only (what PID 1 makes; a user's own
-        cgroups are deeper), and the process's real uid must be UID: the kernel's word,
-        not the path's. A unit of hers is hers (user:UID:UNIT); anything else is a group."""
-        m = _USER_MANAGER_CGROUP.match(cgroup)
-        if m is None:
+        outermost user@UID.service below slices only (cgroupfs.user_tree). Whatever runs
+        in her delegated subtree is hers, whichever uid: hers, her user namespaces'
+        subuids (rootless Podman), or a process only root could have put there; root's own
+        (a setuid helper) is left to PID 1's unit. A unit of hers is hers (user:UID:UNIT);
+        anything else is a group."""
+        tree = cgroupfs.user_tree(cgroup)
+        if tree is None:
             return None
-        uid = int(m.group(2))
-        if uid == 0 or self._uid(pid, rss) != uid:
+        base, uid = tree
+        if uid == 0 or self._uid(pid, rss) in (0, None):
             return None
-        base = m.group(1)
         unit = unit_of_cgroup(cgroup, base)
         key = user_manager(uid)
         if unit is not None and unit.endswith(".service"):
@@ -392,6 +403,27 @@ class Sensor:
             return None
         path = f"{base}/{first}"
         return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
+
+    def _oldest(self, pids: tuple[int, ...], now: float) -> float:
+        """When the oldest of these processes started, on the guard's clock (stat's start
+        time is CLOCK_BOOTTIME's); `now` if none can say."""
+        starts = [t for t in (self.proc.start_ticks(p) for p in pids[:GROUP_START_PIDS]) if t]
+        if not starts:
+            return now
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - min(starts) / CLOCK_TICKS
+        return now - max(0.0, age)
+
+    def _fresh(self, pid: int, cgroup: str, rss: int) -> None:
+        """Forget what was read of `pid` if it is another process now: its cgroup changed,
+        or (a big one, whose figures count) its start time did."""
+        pc = self._procs.get(pid)
+        if pc is not None and pc.cgroup != cgroup:
+            pc = None
+        if pc is not None and rss >= MAPS_MIN_RSS and self.proc.start_ticks(pid) != pc.start:
+            pc = None
+        if pc is None:
+            # Its start, once: a big process is compared with it every pass.
+            self._procs[pid] = _ProcCache(cgroup=cgroup, start=self.proc.start_ticks(pid))
 
     def _uid(self, pid: int, rss: int, *, again: bool = False) -> int | None:
         """The process's real uid (_ProcCache.uid says when it is read again)."""
@@ -429,28 +461,30 @@ class Sensor:
         cgroups: dict[UnitRef, str],
         what: dict[UnitRef, str],
     ) -> None:
-        """A login user's processes in a service of root's that runs as someone else (her
-        crontab's jobs in Debian's cron.service, which has no pam_systemd) are hers: a
-        group of her level, judged and killed alone. The service runs as the lowest uid
-        among its processes (its main process came first and she cannot be older); its
-        evidence and memory are its own processes' only."""
+        """A user's processes in a service of root's managers (her crontab's jobs in Debian's
+        cron.service, which has no pam_systemd; a .forward pipe exim runs; her job run as
+        one of her subuids) are hers: a group of her level, judged and killed alone; the
+        unit's evidence and memory are its own processes' only. Hers by the kernel's word:
+        a user's uid (_human) that is not the one the service runs as (the lowest among
+        its processes: its main process came first). A service of root's that runs its
+        server as a user (`sudo -u`) has that server judged as the user's group, killed;
+        the unit itself is judged by its own ExecStart= (docs/security.md)."""
         for ref in [r for r in groups if r.manager in _ROOTS and r.name.endswith(".service")]:
             if ref == self.guard_unit:
                 continue
             procs = groups[ref]
             uids = {pid: self._uid(pid, rss + (g or 0)) for pid, rss, g in procs}
-            known = [u for u in uids.values() if u is not None]
-            runs_as = min(known, default=0)
-            jobs = {u for u in known if _human(u) and u != runs_as}
-            if not jobs:
+            runs_as = min((u for u in uids.values() if u is not None), default=0)
+            theirs = {pid: uid for pid, uid in uids.items() if _human(uid) and uid != runs_as}
+            if not theirs:
                 continue
-            for uid in sorted(jobs):
-                own = cgroups.get(ref, "")
+            own = cgroups.get(ref, "")
+            for uid in sorted({u for u in theirs.values() if u is not None}):
                 group = UnitRef(user_manager(uid), own or ref.name)
-                groups.setdefault(group, []).extend(p for p in procs if uids[p[0]] == uid)
+                groups.setdefault(group, []).extend(p for p in procs if theirs.get(p[0]) == uid)
                 cgroups.setdefault(group, own)
                 what[group] = f"uid {uid}'s job in {ref}"
-            groups[ref] = [p for p in procs if uids[p[0]] not in jobs]
+            groups[ref] = [p for p in procs if p[0] not in theirs]
 
     def _attribute(self, cgroup: str) -> tuple[str, str] | None:
         """(manager key, unit) for a cgroup path: the deepest manager root wins."""
@@ -495,6 +529,7 @@ class Sensor:
             info = self.proc.process(pid)
             if info is None:
                 continue  # exited while we looked: normal
+            self._fresh(pid, info.cgroup, info.rss + (gpu.get(pid) or 0))
             cid = container_id(info.cgroup) if engines else None
             if cid is not None:
                 seen_ids.add(cid)
@@ -526,7 +561,8 @@ class Sensor:
         starting = self._start_jobs(groups)
         for ref in starting:
             groups.setdefault(ref, [])
-        states = self._states({r: p for r, p in groups.items() if r not in what})
+        states, ghosts = self._states({r: p for r, p in groups.items() if r not in what})
+        what.update(ghosts)
         # A container or a group has processes: it runs (no manager has its state).
         states.update({ref: "active" for ref in [*containers, *what] if groups.get(ref)})
         unmanaged = {}
@@ -639,9 +675,13 @@ class Sensor:
                     found.add(ref)
         return found
 
-    def _states(self, groups: dict[UnitRef, Any]) -> dict[UnitRef, str]:
-        """ActiveState of every unit with processes: one call per manager."""
+    def _states(self, groups: dict[UnitRef, Any]) -> tuple[dict[UnitRef, str], dict[UnitRef, str]]:
+        """ActiveState of every unit with processes: one call per manager. And the units of
+        a user manager that it does not run, though processes sit in their cgroup (a cgroup
+        of hers named `x.service` in her delegated subtree, or what KillMode=process left
+        behind): groups of hers, never its units (what they are, for SeenUnit.group)."""
         out: dict[UnitRef, str] = {}
+        ghosts: dict[UnitRef, str] = {}
         for key, m in self._in_turn():
             if self._spent(key):
                 continue
@@ -652,8 +692,18 @@ class Sensor:
                 self._failed(key, e)
                 continue
             for name, st in states.items():
-                out[UnitRef(key, name)] = st.active_state
-        return out
+                ref = UnitRef(key, name)
+                if (
+                    key not in _ROOTS
+                    and groups.get(ref)  # a start job has no process yet: a unit, starting
+                    and (st.load_state == "not-found" or st.active_state in ("inactive", "failed"))
+                ):
+                    ghosts[ref] = f"processes in {name}, which her manager " + (
+                        "does not know" if st.load_state == "not-found" else "does not run"
+                    )
+                    continue
+                out[ref] = st.active_state
+        return out, ghosts
 
     def _seen_unit(
         self,
@@ -698,6 +748,7 @@ class Sensor:
                 container.max_retries,
                 image_evidence(container.image) or "",
                 container.mounts,
+                project_name(dict(container.labels).get(COMPOSE_PROJECT_LABEL, "")),
             )
             # Its command as its ExecStart=; it became active when its engine says it
             # started (a guard restarted since must not make it the newer of a duplicate),
@@ -709,9 +760,10 @@ class Sensor:
                 cache.details = UnitDetails((container.command,), since)
         elif group:
             # No unit, no ExecStart=: its processes' command lines say what it runs, and
-            # it became active when the guard first saw it.
+            # it became active when its oldest process started (a guard restart must not
+            # make it the newer of a duplicate), or when the guard first saw it.
             if cache.details is None:
-                cache.details = UnitDetails((), cache.since)
+                cache.details = UnitDetails((), min(cache.since, self._oldest(pids, now)))
         elif cache.details is None or (cache.details.unreadable and now >= cache.retry_at):
             held = budget.details_held.get(ref.manager, 0)
             if cache.details is not None:  # asked again: what the last answer made goes

@@ -49,8 +49,10 @@ import contextlib
 import functools
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.block import (
@@ -75,6 +77,7 @@ from ..core.block import (
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
 from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged, manager_uid
+from ..core.text import printable
 from ..system import cgroupfs
 from ..system.engine import Engine
 from ..system.managers import ManagerError, UnitState
@@ -129,6 +132,19 @@ class ManagerPort(Protocol):
 def _cannot_freeze(error: str) -> bool:
     """The manager has no freezer (cgroup v1/hybrid, or a systemd before 246)."""
     return "NotSupported" in error or "not support" in error or "UnknownMethod" in error
+
+
+@dataclass
+class _LooseStop:
+    """A stop with no record (stop-only): kept here until the unit settles, escalated on
+    time and on memory as a block's stop is (core.block.escalate). A container's runs in
+    a thread of its own (`box`): the engine's stop escalates to SIGKILL by itself."""
+
+    ref: UnitRef
+    cgroup: str
+    stopping: Stopping
+    box: threading.Thread | None = None
+    error: str = ""
 
 
 class Blocker:
@@ -191,6 +207,7 @@ class Blocker:
         self._killed: set[str] = set()  # containers whose cgroup this guard killed meanwhile
         self._silent_engines: dict[str, float] = {}  # engine socket -> silent until
         self._engine_of: dict[str, str] = {}  # container -> the socket its block asks
+        self._loose: dict[str, _LooseStop] = {}  # stop-only stops under way
 
     # --- entry points ---------------------------------------------------------
 
@@ -213,14 +230,24 @@ class Blocker:
         }
         batch = []
         boxes = []
+        # The kills of groups share one budget on the loop: a fork storm in each of many
+        # groups must not hold it for long; what is left is killed again next pass.
+        kill_until = time.monotonic() + cgroupfs.KILL_DEADLINE
         for action in actions:
             key = str(action.unit)
             if action.how == "kill":
                 # No unit: nothing to mask, so nothing recorded or to undo.
-                self._kill_group(action, cgroups.get(action.unit, ""), groups.get(action.unit))
+                self._kill_group(
+                    action, cgroups.get(action.unit, ""), groups.get(action.unit), kill_until
+                )
                 continue
             if action.how == "stop-only":
-                self._stop_only(action, cgroups.get(action.unit, ""))
+                if action.unit.is_container:
+                    self._stop_only_container(
+                        action, cgroups.get(action.unit, ""), engines.get(action.unit, "")
+                    )
+                else:
+                    self._stop_only(action, cgroups.get(action.unit, ""))
                 continue
             if self.store.releasing(action.unit):
                 continue  # an admin's release is under way: judged again once it is done
@@ -287,6 +314,7 @@ class Blocker:
             self._sweep_at = now + SWEEP_EVERY
             self.store.sweep()
             banner.sweep(self.motd, self.issue)
+        self._advance_loose()
         todo = []
         boxes = []
         for key, record in self.records.items():
@@ -414,7 +442,7 @@ class Blocker:
             )
             or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
             for r in self.records.values()
-        )
+        ) or any(ls.stopping.due(now) for ls in self._loose.values())
 
     # --- the steps ------------------------------------------------------------
 
@@ -556,7 +584,7 @@ class Blocker:
         record.note(f"stop requested ({job})")
         if record.step == Step.STOP:
             self._move(record, Step.PLAN)
-        if frozen and self._ignores_sigterm(record):
+        if frozen and self._ignores_sigterm(record.cgroup):
             # SIGTERM would end nothing: the stop would wait out its timeout, thawed and
             # allocating. Killed now, the frozen processes never run another instruction.
             self._kill_unit(record, "it ignores SIGTERM (seen while frozen)")
@@ -582,9 +610,9 @@ class Blocker:
         record.note("frozen (FreezeUnit)")
         return True
 
-    def _ignores_sigterm(self, record: Record) -> bool:
-        """Whether any process of the unit has SIGTERM set to SIG_IGN (/proc/PID/status)."""
-        for pid in cgroupfs.pids(self.cgroup_root, record.cgroup):
+    def _ignores_sigterm(self, cgroup: str) -> bool:
+        """Whether any process of the cgroup has SIGTERM set to SIG_IGN (/proc/PID/status)."""
+        for pid in cgroupfs.pids(self.cgroup_root, cgroup):
             try:
                 with open(os.path.join(self.proc.root, str(pid), "status"), "rb") as f:
                     for line in f:
@@ -803,13 +831,18 @@ class Blocker:
             ),
         )
 
-    def _kill_group(self, action: Action, cgroup: str, group: str | None) -> None:
+    def _kill_group(
+        self, action: Action, cgroup: str, group: str | None, until: float | None = None
+    ) -> None:
         """A group of a user's processes (SeenUnit.group): her processes in its cgroup are
         killed, by the kernel's word (her real uid, still in it), and nobody else's: the
-        system unit her job ran in, her manager in its init.scope, root's session. The
-        journal names her uid."""
-        key = str(action.unit)
+        system unit her job ran in, her manager in its init.scope, root's session. In her
+        delegated subtree every non-root process is hers (her user namespaces' subuids).
+        The journal names her uid."""
+        key = printable(str(action.unit))
         uid = manager_uid(action.unit.manager)
+        tree = cgroupfs.user_tree(cgroup)
+        any_user = tree is not None and tree[1] == uid
 
         def spare(pids: list[int]) -> set[int]:
             # Her manager is the oldest process of its init.scope: she cannot be older.
@@ -827,6 +860,8 @@ class Blocker:
                 uid_of=self.proc.uid,
                 cgroup_of=self.proc.cgroup,
                 spare=spare,
+                any_user=any_user,
+                until=until,
             )
         except OSError as e:
             tell(
@@ -841,7 +876,8 @@ class Blocker:
                 ),
             )
             return
-        what = group or "processes that are no unit"
+        what = printable(group or "processes that are no unit")
+        shown = printable(cgroup)
         tell(
             self.log,
             Event.of(
@@ -850,11 +886,11 @@ class Blocker:
                 unit=key,
                 manager=action.unit.manager,
                 uid=uid,
-                how=f"SIGKILL to {count} process(es) of uid {uid} in {cgroup}",
+                how=f"SIGKILL to {count} process(es) of uid {uid} in {shown}",
                 cgroup=cgroup,
                 reason=action.reason,
                 error=action.detail,
-                msg=f"{key}: killed {count} process(es) of uid {uid} in {cgroup} "
+                msg=f"{key}: killed {count} process(es) of uid {uid} in {shown} "
                 f"({action.reason}); {what}: no unit to mask, nothing to undo",
             ),
         )
@@ -862,9 +898,12 @@ class Blocker:
     def _stop_only(self, action: Action, cgroup: str) -> None:
         """A server that loads on request, asked over its API from outside any unit: the
         load was the request's, so the server is stopped (frozen first) and not masked or
-        disabled; it may start again, loading nothing. Its manager silent: its cgroup is
-        killed."""
+        disabled; it may start again, loading nothing. The stop is escalated as a block's
+        is (_advance_loose): a server with TimeoutStopSec=infinity is killed on time. Its
+        manager silent: its cgroup is killed."""
         key = str(action.unit)
+        if key in self._loose:
+            return  # one under way: its escalation goes on from its own stop
         manager = self.managers.get(action.unit.manager)
         frozen = False
         try:
@@ -879,10 +918,7 @@ class Blocker:
                         raise
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
-            try:
-                how = cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
-            except OSError as k:
-                how = f"its cgroup could not be killed either: {k}"
+            how = self._kill_cgroup_of(cgroup)
             tell(
                 self.log,
                 Event.of(
@@ -896,6 +932,7 @@ class Blocker:
                 ),
             )
             return
+        loose = self._loose[key] = _LooseStop(action.unit, cgroup, Stopping.at(self.clock()))
         tell(
             self.log,
             Event.of(
@@ -911,6 +948,158 @@ class Blocker:
                 "loads on request and no unit asked this load (asked over its API)",
             ),
         )
+        if frozen and self._ignores_sigterm(cgroup):
+            self._escalate_loose(loose, Escalation.KILL_UNIT, "it ignores SIGTERM (seen frozen)")
+            loose.stopping = loose.stopping.killed(self.clock())
+
+    def _stop_only_container(self, action: Action, cgroup: str, engine: str) -> None:
+        """A container server's stop-only: stopped through its engine, its restart policy
+        left as it is (a stop by hand is not restarted by it; dockerd's next start may,
+        loading nothing). In a thread: the engine's stop waits its timeout, then kills."""
+        key = str(action.unit)
+        if key in self._loose:
+            return  # one under way
+        loose = self._loose[key] = _LooseStop(action.unit, cgroup, Stopping.at(self.clock()))
+        if not engine:
+            loose.error = "no engine known for it"  # said by _advance_loose
+            return
+        api = self.engine(engine, self.engine_timeout)
+        timeout = max(1, round(self.config.stop_timeout))
+
+        def stop() -> None:
+            try:
+                api.stop(action.unit.name, timeout)
+            except Exception as e:  # reported by _advance_loose, in the loop
+                loose.error = str(e) or type(e).__name__
+
+        loose.box = threading.Thread(target=stop, name=f"stop-only {key}", daemon=True)
+        loose.box.start()
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOP_REQUESTED,
+                "warning",
+                unit=key,
+                manager=action.unit.manager,
+                job=None,
+                how=f"stop-only, engine {engine}",
+                reason=action.reason,
+                frozen=False,
+                msg=f"stopping {key} through {engine} ({action.reason}), its restart policy "
+                "left as it is: it loads on request and no unit asked this load",
+            ),
+        )
+
+    def _advance_loose(self) -> None:
+        """Each stop-only stop: settled (said, and forgotten), or escalated on time and on
+        memory (SIGKILL through its manager, then its cgroup's kill), or given up (a new
+        decision stops it again)."""
+        if not self._loose:
+            return
+        memory = self._available()
+        for key, loose in list(self._loose.items()):
+            now = self.clock()
+            if loose.error and (loose.box is None or not loose.box.is_alive()):
+                # Its engine did not stop it (or none is known): killed from the kernel's
+                # side, said, and forgotten (a new decision stops it again).
+                del self._loose[key]
+                how = self._kill_cgroup_of(loose.cgroup) if loose.cgroup else "no cgroup known"
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.UNIT_STOP_FAILED,
+                        "error",
+                        unit=key,
+                        manager=loose.ref.manager,
+                        error=loose.error,
+                        how=how,
+                        msg=f"cannot stop {key} through its engine: {loose.error}; {how}",
+                    ),
+                )
+                continue
+            if self._loose_settled(loose):
+                del self._loose[key]
+                waited = now - loose.stopping.sent
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.UNIT_STOPPED,
+                        "info",
+                        unit=key,
+                        manager=loose.ref.manager,
+                        seconds=round(waited, 3),
+                        msg=f"{key} stopped after {waited:.2f}s (not masked or disabled)",
+                    ),
+                )
+                continue
+            if not loose.stopping.due(now):
+                continue
+            after, what, why = escalate(
+                loose.stopping, now, memory, self.config.stop_timeout, self.config.kill_timeout
+            )
+            if what is None:
+                continue
+            loose.stopping = after
+            if what == Escalation.GIVE_UP:
+                del self._loose[key]
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.UNIT_STOP_FAILED,
+                        "error",
+                        unit=key,
+                        manager=loose.ref.manager,
+                        error=why,
+                        msg=f"cannot stop {key}: {why}",
+                    ),
+                )
+                continue
+            self._escalate_loose(loose, what, why)
+
+    def _loose_settled(self, loose: _LooseStop) -> bool:
+        if loose.ref.is_container:
+            if loose.box is not None and loose.box.is_alive():
+                return False
+            # Stopped by its engine, or the engine failed and nothing is left to kill.
+            return not cgroupfs.pids(self.cgroup_root, loose.cgroup) if loose.cgroup else True
+        manager = self.managers.get(loose.ref.manager)
+        if manager is None:
+            return not cgroupfs.pids(self.cgroup_root, loose.cgroup)
+        try:
+            st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
+        except ManagerError:
+            return False  # not answering: the deadlines still run
+        return st is None or st.active_state in SETTLED or st.load_state == "not-found"
+
+    def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
+        manager = self.managers.get(loose.ref.manager)
+        if what == Escalation.KILL_UNIT and manager is not None and not loose.ref.is_container:
+            try:
+                manager.kill_unit(loose.ref.name, signal.SIGKILL)
+                how = "KillUnit SIGKILL"
+            except ManagerError as e:
+                how = self._kill_cgroup_of(loose.cgroup) + f" (KillUnit: {e})"
+        else:
+            how = self._kill_cgroup_of(loose.cgroup)
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_KILLED,
+                "warning",
+                unit=str(loose.ref),
+                manager=loose.ref.manager,
+                how=how,
+                error=why,
+                msg=f"{loose.ref}: {how}: {why}",
+            ),
+        )
+
+    def _kill_cgroup_of(self, cgroup: str) -> str:
+        """Its cgroup killed from the kernel's side; what was done, or why not."""
+        try:
+            return cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
+        except OSError as e:
+            return f"its cgroup {printable(cgroup) or '(unknown)'} could not be killed: {e}"
 
     def _disable(self, record: Record, manager: ManagerPort) -> None:
         if any(not lr.removed for lr in record.links):

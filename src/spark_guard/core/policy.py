@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from .argv.engines import COMPOSE
 from .classify import (
     SHOWN_PATH_MAX,
     classify,
@@ -228,9 +229,10 @@ def charge_clients(
 def stop_how(loader: Loader) -> StopHow:
     """How a stop of this loader is done (snapshot.StopHow). A group of a user's processes
     is no unit: killed. A server that loads on request, with no client unit charged to it
-    and no load asked by its own unit, was asked over its API from outside any unit (her
-    curl in an ssh session): the load is the request's, not the unit's, so it is stopped
-    and left to start again (loading nothing), never masked or disabled for everyone."""
+    and no load asked by its own unit (ExecStart= or ExecStartPost=: a preload), was asked
+    over its API from outside any unit (a curl in an ssh session, anyone's: the API has no
+    authentication): the load is the request's, not the unit's, so it is stopped and left
+    to start again (loading nothing), never masked or disabled, whoever's server it is."""
     if loader.seen.group:
         return "kill"
     if loader.serves and not loader.asks and not loader.clients:
@@ -389,9 +391,16 @@ def _tie_launchers(snapshot: Snapshot, config: Config, actions: dict[str, Action
     """A container stopped while a unit runs it in the foreground (`docker run --rm
     --name X` under Restart=always) comes back with the unit's next start, as a new
     container of its name: the unit is stopped and blocked with it, for the same reason."""
-    stopped = {a.unit.name: a for a in actions.values() if a.unit.is_container}
+    # A stop-only container is not blocked: its unit's next start makes one that loads
+    # nothing by itself, so the unit is left as it is too.
+    stopped = {a.unit.name: a for a in actions.values() if a.unit.is_container and a.how == "block"}
     if not stopped:
         return
+    # A unit that runs `docker compose up` launches every container of its project.
+    for seen in snapshot.units:
+        action = stopped.get(seen.ref.name)
+        if seen.container is not None and seen.container.project and action is not None:
+            stopped.setdefault(COMPOSE + seen.container.project, action)
     for seen in snapshot.units:
         if seen.ref.is_container or str(seen.ref) in actions or seen.group:
             continue

@@ -83,11 +83,14 @@ ActionKind = Literal["stop", "warn"]
 # loads nothing by itself).
 StopHow = Literal["block", "kill", "stop-only"]
 
-# The first uid of a login user (login.defs UID_MIN on Debian and Ubuntu), and nobody's.
-# A process of such a uid inside a system unit not running as it is that user's job
-# (Debian's cron has no pam_systemd), not the unit's; system users are the admin's.
+# Users' uids: from login.defs' UID_MIN (1000 on Debian and Ubuntu) up, less Debian's
+# 60000-65535 (its own system users such as libvirt-qemu's 64055, systemd's DynamicUser=
+# 61184-65519, nobody's 65534). A directory's users (LDAP, AD: often above 65535) and user
+# namespaces' subuids are users': a process of such a uid inside a system unit not
+# running as it is that user's job (Debian's cron has no pam_systemd, exim runs a
+# .forward pipe, atd a job, a user namespace maps her to a subuid), not the unit's.
 FIRST_LOGIN_UID = 1000
-NOBODY_UID = 65534
+SYSTEM_RANGE = range(60000, 65536)
 
 # A loader takes tens of seconds per start, so restarts closer than this are a
 # storm, not a load being retried: doctor counts restarts within it, and audit
@@ -193,14 +196,17 @@ class UnitRef:
 
 def parse_ref(text: str, default_manager: str) -> UnitRef:
     """'llama' or 'llama.service' (on `default_manager`), 'user:1000:llama.service',
-    'container:NAME'."""
+    'container:NAME', and a group of a user's processes, named by its cgroup
+    ('user:1000:/user.slice/.../hideout', whose name is hers, ':' in it too)."""
     if text.startswith(CONTAINER_PREFIX):
         return UnitRef(CONTAINER, text[len(CONTAINER_PREFIX) :])
-    name = text if "." in text.rsplit(":", 1)[-1] else f"{text}.service"
-    if name.startswith(USER_PREFIX) and name.count(":") >= 2:
-        _, uid, unit = name.split(":", 2)
-        return UnitRef(USER_PREFIX + uid, unit)
-    return UnitRef(default_manager, name)
+    manager, name = default_manager, text
+    if text.startswith(USER_PREFIX) and text.count(":") >= 2:
+        _, uid, name = text.split(":", 2)
+        manager = USER_PREFIX + uid
+    if "." not in name and "/" not in name:
+        name += ".service"
+    return UnitRef(manager, name)
 
 
 @dataclass(frozen=True)
@@ -351,6 +357,8 @@ class ContainerFacts:
     # Its bind mounts, (source on the host, destination inside): what a path inside it
     # is on the host (classify.loaded_models compares models by that).
     mounts: tuple[tuple[str, str], ...] = ()
+    # The compose project it belongs to (its com.docker.compose.project label), "": none.
+    project: str = ""
 
     @property
     def policy(self) -> str:

@@ -38,6 +38,10 @@ from .snapshot import (
 
 # Samples of MemAvailable kept for the trend: 600 reads is a minute at poll.min.
 HISTORY_MAX = 600
+# Loaders whose runs are counted (state.json, the metrics) once gone: the most recent ones
+# up to this many. A group of a user's processes is named by its cgroup, which she names:
+# its count goes with it, or a user making cgroups would grow the guard without bound.
+STARTS_KEPT = 256
 
 # (unit, kind, reason, the run of the unit it was taken on): one action, not repeated.
 ActionKey = tuple[str, str, str, float | None]
@@ -63,6 +67,9 @@ class GuardState:
     # the brake freezes a new loader before any growth of it was measured.
     loaders: frozenset[UnitRef] = frozenset()
     new_loaders: frozenset[UnitRef] = frozenset()
+    # Those of them that were groups of a user's processes (named by her cgroups): their
+    # run counts go as soon as they are gone.
+    groups: frozenset[UnitRef] = frozenset()
     # When each loader's current run began, and how many runs were seen (restart storms).
     started_at: Mapping[UnitRef, float] = field(default_factory=_nothing)
     starts: Mapping[str, int] = field(default_factory=_nothing)
@@ -208,12 +215,21 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
         if since is not None and started_at.get(loader.ref) != since:
             started_at[loader.ref] = since
             starts[str(loader.ref)] = starts.get(str(loader.ref), 0) + 1
+    for ref in state.groups - refs:
+        started_at.pop(ref, None)  # a group gone
+        starts.pop(str(ref), None)
+    if len(started_at) > STARTS_KEPT:
+        gone = sorted((t, r) for r, t in started_at.items() if r not in refs)
+        for _, ref in gone[: len(started_at) - STARTS_KEPT]:
+            del started_at[ref]
+            starts.pop(str(ref), None)
     return replace(
         state,
         told=frozenset(told & refs),
         charge_bases=MappingProxyType(bases),
         loaders=refs,
         new_loaders=refs - state.loaders,
+        groups=frozenset(ld.ref for ld in decision.loaders if ld.seen.group),
         started_at=MappingProxyType(started_at),
         starts=MappingProxyType(starts),
     )

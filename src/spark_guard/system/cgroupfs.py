@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import time
 from collections.abc import Callable
 
 
@@ -106,7 +108,19 @@ def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> s
     return f"SIGKILL to {count} process(es) listed in {path}"
 
 
-KILL_ROUNDS = 4  # a process that forked meanwhile is found on the next listing
+# How long kill_uid goes on listing by default: a fork storm's children are listed and
+# killed until none of hers is left, or until then (each round is a listing and a pidfd
+# per process). It runs on the guard's loop: what is left is killed again next pass.
+KILL_DEADLINE = 0.25
+_USER_TREE = re.compile(r"^((?:/[^/]+\.slice)*/user@(\d+)\.service)(?:/|$)")
+
+
+def user_tree(cgroup: str) -> tuple[str, int] | None:
+    """(user@UID.service's cgroup, UID) when `cgroup` lies in a user manager's delegated
+    subtree: the outermost user@UID.service below slices only (what PID 1 makes; a user's
+    own cgroups are deeper). None otherwise."""
+    m = _USER_TREE.match(cgroup)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def kill_uid(
@@ -117,34 +131,43 @@ def kill_uid(
     uid_of: Callable[[int], int | None],
     cgroup_of: Callable[[int], str | None],
     spare: Callable[[list[int]], set[int]] | None = None,
+    any_user: bool = False,
+    until: float | None = None,
 ) -> int:
     """SIGKILL the processes of real uid `uid` in the cgroup's subtree, and no other: a
-    user's job inside a system unit, her scope, a cgroup of her own. Through a pidfd, each
-    checked after it is pinned (her uid, still in the subtree), listed again until a
-    listing finds none (a fork meanwhile). `spare`: of the listed pids, those to leave
-    (her manager in its init.scope). Returns how many were signalled."""
+    user's job inside a system unit, her scope, a cgroup of her own. `any_user`: any uid
+    but root's (her delegated subtree, where her user namespaces' subuids run too). Through
+    a pidfd, each checked after it is pinned (the uid, still in the subtree), listed again
+    until a listing finds none of hers left (forks meanwhile, dying ones), or until
+    `until` (time.monotonic()), by default KILL_DEADLINE from now. `spare`: of the listed
+    pids, those to leave (her manager in its init.scope). Returns how many were signalled."""
     if not cgroup or cgroup == "/" or uid == 0:
         raise OSError(f"refusing to kill uid {uid}'s processes in cgroup {cgroup!r}")
     inside = cgroup.rstrip("/") + "/"
+
+    def theirs(pid: int) -> bool:
+        owner = uid_of(pid)
+        return owner == uid or (any_user and owner is not None and owner != 0)
+
     done: set[int] = set()  # signalled already (a dying process may still be listed)
-    for _ in range(KILL_ROUNDS):
+    deadline = time.monotonic() + KILL_DEADLINE if until is None else until
+    while True:
         listed = pids(root, cgroup)
-        left = set(listed) - (spare(listed) if spare else set()) - done
-        signalled = 0
+        left = set(listed) - (spare(listed) if spare else set())
+        alive = 0
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 fd = os.pidfd_open(pid)
                 try:
                     where = cgroup_of(pid)
-                    if where is None or not (where + "/").startswith(inside):
+                    if where is None or not (where + "/").startswith(inside) or not theirs(pid):
                         continue
-                    if uid_of(pid) != uid:
-                        continue
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    signalled += 1
-                    done.add(pid)
+                    alive += 1
+                    if pid not in done:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        done.add(pid)
                 finally:
                     os.close(fd)
-        if not signalled:
-            break
-    return len(done)
+        if not alive or time.monotonic() >= deadline:
+            return len(done)
+        time.sleep(0.005)  # the killed ones leave the listing as they exit

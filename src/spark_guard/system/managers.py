@@ -482,7 +482,10 @@ class Manager:
         user = ""
         if name.endswith(".service"):
             raw = get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
-            exec_start = _bounded_rows(tuple(_s(a) for a in row[1]) for row in raw)
+            # And ExecStartPost=: a preload there (`curl .../api/generate`) is a load the
+            # unit asks of its own server, as one in ExecStart= is.
+            post = get(path, _SERVICE, b"ExecStartPost", b"a(sasbttttuii)")
+            exec_start = _bounded_rows(tuple(_s(a) for a in row[1]) for row in [*raw, *post])
             assignments = (_s(e) for e in get(path, _SERVICE, b"Environment", b"as"))
             environment = needed_environment(assignments, exec_start)
             user = _s(get(path, _SERVICE, b"User", b"s"))

@@ -30,6 +30,8 @@ def _plain(obj: Any) -> Any:
         return out
     if isinstance(obj, list | tuple):
         return [_plain(x) for x in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted(_plain(x) for x in obj)
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     return obj

@@ -14,19 +14,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 from .. import config as config_mod
 from .. import log as log_mod
 from ..block.blocker import Blocker
 from ..core.block import Step
-from ..core.classify import is_protected
+from ..core.classify import classify, is_protected
+from ..core.config import Config
 from ..core.quantities import format_size
-from ..core.snapshot import CONTAINER, Action, Decision, Phase, Reason, UnitRef
+from ..core.snapshot import (
+    CONTAINER,
+    Action,
+    Decision,
+    Loader,
+    Phase,
+    Reason,
+    UnitRef,
+    manager_uid,
+)
 from ..core.text import printable as p
+from ..sensor import Sensor
+from ..system import cgroupfs
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.procfs import ProcError, ProcFS
 from .inventory import UnitInfo, collect, collect_containers
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 RESCUE_LOCK_WAIT = 30.0  # seconds: a daemon's pass holds the lock for well under one
 
@@ -76,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
             for i in boxes.loaders
             if i.container in running
         }
-        actions = tuple(
-            Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders
-        ) + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
+        groups = _loader_groups(config, log)
+        actions = (
+            tuple(Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders)
+            + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
+            + tuple(Action("stop", g.ref, Reason.RESCUE, why, figures, how="kill") for g in groups)
+        )
         # A running daemon may be blocking the same units: rescue waits for the store's
         # lock, and then adopts what the daemon's records say.
         blocker = Blocker(managers, config, log, lock_wait=RESCUE_LOCK_WAIT)
@@ -90,11 +109,10 @@ def run(args: argparse.Namespace) -> int:
             or blocker.records[str(a.unit)].step != Step.BLOCKED
         )
         if todo:
-            blocker.block(
-                todo, Decision(Phase.RESCUE, config.reserve_for(memory.total), (), todo), engines
-            )
+            reserve = config.reserve_for(memory.total)
+            blocker.block(todo, Decision(Phase.RESCUE, reserve, groups, todo), engines)
             blocker.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
-        ok = _report(loaders, managers, proc, blocker, running)
+        ok = _report(loaders, managers, proc, blocker, running, groups)
         return 0 if ok and not boxes.errors else 1
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
@@ -104,12 +122,30 @@ def run(args: argparse.Namespace) -> int:
             m.close()
 
 
+def _loader_groups(config: Config, log: FilteringBoundLogger) -> tuple[Loader, ...]:
+    """Loaders that are no unit: a user's processes in a cgroup of her own, in her scope,
+    her job in a system unit, those below a manager out of view (SeenUnit.group). No
+    manager lists them; the kernel shows them, as it shows the daemon."""
+    sensor = Sensor(config, log)
+    try:
+        sensor.refresh_managers()
+        snap = sensor.snapshot(rescue=False)
+    finally:
+        sensor.close()
+    return tuple(
+        loader
+        for seen in snap.units
+        if seen.group and (loader := classify(seen, config, snap.guard_unit)) is not None
+    )
+
+
 def _report(
     loaders: list[UnitInfo],
     managers: dict[str, Manager],
     proc: ProcFS,
     blocker: Blocker,
     boxes: list[Container],
+    groups: tuple[Loader, ...] = (),
 ) -> bool:
     ok = True
     print(f"{'UNIT':40} {'LOAD':10} {'ACTIVE':10} BLOCK")
@@ -143,7 +179,17 @@ def _report(
             f"{p(record.step) if record else 'not recorded'}"
             + (f"  ({p(record.problem)})" if record and record.problem else "")
         )
-    if not loaders and not boxes:
+    for g in groups:
+        # Killed, not blocked: nothing holds them down but the kill (no unit to mask).
+        uid = manager_uid(g.ref.manager)
+        tree = cgroupfs.user_tree(g.seen.cgroup)
+        hers = tree is not None and tree[1] == uid  # her subtree: her subuids are hers too
+        owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.cgroup_root, g.seen.cgroup)]
+        left = [o for o in owners if o == uid or (hers and o not in (0, None))]
+        ok = ok and not left
+        shown = f"{len(left)} left" if left else "killed"
+        print(f"{p(g.ref):40} {'no unit':10} {shown:10} {p(g.seen.group)}")
+    if not loaders and not boxes and not groups:
         print("no model loaders found on any running manager or engine")
     memory = proc.memory()
     print(
@@ -161,6 +207,10 @@ def _report(
     )
     if loaders or boxes:
         print("undo: spark-guard release --all (or one UNIT)")
+    if groups:
+        print(
+            "killed processes that are no unit: nothing to undo; their owners may start them again"
+        )
     return ok
 
 
