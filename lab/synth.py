@@ -680,3 +680,31 @@ def write_projector(p: ProjectorSpec, directory: Path) -> Path:
     w.close()
     os.truncate(path, _data_end(path))
     return path
+
+
+def write_lora(base: Spec, rank: int, directory: Path, name: str = "") -> Path:
+    """A LoRA adapter for `base` (sparse) as convert_lora_to_gguf.py writes one: A and B
+    matrices of `rank` for each attention projection of every layer, F16. Returns its
+    path; its tensors are rank x (n_embd + n_embd) halves per projection."""
+    path = directory / f"{name or base.name + f'-lora-r{rank}'}.gguf"
+    w = gguf.GGUFWriter(path, base.arch)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(2 * rank))
+    e = base.n_embd
+    for il in range(base.n_layer):
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            for half, dims in (("lora_a", (e, rank)), ("lora_b", (rank, e))):
+                w.add_tensor_info(
+                    f"blk.{il}.{t}.weight.{half}",
+                    tuple(reversed(dims)),
+                    np.dtype(np.float32),
+                    _nbytes(dims, Q.F16),
+                    raw_dtype=Q.F16,
+                )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    os.truncate(path, _data_end(path))
+    return path

@@ -225,3 +225,57 @@ def test_a_projector_adds_its_weights_and_its_compute_buffer(models, projectors)
     audio = Model("a.gguf", {"clip.has_audio_encoder": True}, (), 0, 1)
     odd = Model("b", {"clip.has_vision_encoder": True, "clip.vision.patch_size": "14"}, (), 0, 1)
     assert projector_compute_bytes(audio) == projector_compute_bytes(odd) == (0, "")
+
+
+QWEN3_06B = synth.Spec("Qwen3-0.6B", "qwen3", 28, 1024, 16, 8, 128, 128, 40960, 151936, n_ff=3072)
+
+
+def test_a_draft_model_and_lora_adapters_are_counted(tmp_path):
+    """llama-server -md loads a second model with a context of its own (llama.cpp's
+    common_base_params_to_speculative: the main -c, slots and ubatch, the draft's own KV
+    types), and --lora/--lora-scaled adapters beside the model: before, all three were
+    "not counted". Now the draft's weights and KV cache are exact, as estimate() has them
+    at the draft's settings, its compute buffer approximate, and the adapters' tensors
+    exact; no second CUDA context is counted."""
+    from spark_guard.core.argv.loadspec import parse
+    from spark_guard.foresight.estimate import RUNTIME
+    from spark_guard.foresight.predict import Predictor
+
+    main = synth.write(synth.SPECS["qwen3-32b"], tmp_path)
+    draft = synth.write(QWEN3_06B, tmp_path)
+    a = synth.write_lora(synth.SPECS["qwen3-32b"], 16, tmp_path, "style")
+    b = synth.write_lora(synth.SPECS["qwen3-32b"], 64, tmp_path, "domain")
+    argv = [
+        "llama-server", "-m", str(main), "-c", "16384", "-np", "2", "-fa", "on",
+        "-md", str(draft), "-ctkd", "q8_0", "-ctvd", "q8_0", "-ngld", "99",
+        "--lora", str(a), "--lora-scaled", f"{b}:0.5",
+    ]  # fmt: skip
+    spec = parse(argv)
+    assert spec is not None and spec.draft == str(draft) and spec.loras == (str(a), str(b))
+    assert spec.draft_settings is not None
+    assert (spec.draft_settings.n_ctx, spec.draft_settings.n_parallel) == (16384, 2)
+    assert (spec.draft_settings.cache_type_k, spec.draft_settings.cache_type_v) == ("q8_0",) * 2
+    got = Predictor().for_spec(spec, 128 * 1024**3)
+    assert got.bytes is not None and got.estimate is not None, got.source
+    assert "with draft Qwen3-0.6B.gguf, ctx 16384" in got.source
+    assert "with 2 LoRA adapter(s)" in got.source
+    m, d = read_model(str(main)), read_model(str(draft))
+    alone = estimate(m, spec.settings)
+    draft_alone = estimate(d, spec.draft_settings)
+    terms = {t.name: t for t in got.estimate.terms}
+    by_draft = {t.name: t.bytes for t in draft_alone.terms}
+    assert terms["draft"].bytes == by_draft["weights"] + by_draft["kv"]
+    # The draft's KV cache: 28 layers x 8 heads x 128 x (K + V) in q8_0 (34 bytes a 32).
+    assert by_draft["kv"] == 28 * 16384 * 8 * 2 * 128 * 34 // 32
+    assert terms["draft compute"].bytes == by_draft["compute"] + by_draft["host"] - RUNTIME
+    lora = read_model(str(a)).tensor_bytes + read_model(str(b)).tensor_bytes
+    # 64 layers x 4 projections x (5120 x r + r x 5120) halves
+    assert lora == 64 * 4 * 2 * 5120 * (16 + 64) * 2
+    assert terms["lora"].bytes == lora
+    assert got.bytes > alone.total + terms["draft"].bytes + lora
+    assert got.page_cache == m.tensor_bytes + d.tensor_bytes + lora
+    # A draft or adapter that cannot be read is no footprint at all, said.
+    bad = parse([*argv[:-2], "--lora", str(tmp_path / "missing.gguf")])
+    assert bad is not None
+    missing = Predictor().for_spec(bad, 128 * 1024**3)
+    assert missing.bytes is None and "missing.gguf" in missing.source

@@ -566,3 +566,26 @@ def test_her_symlinks_to_root_only_places_tell_her_nothing(mallory: User, public
     assert said("secret") == f"lms load secret: {vault}: {unreadable}"
     mallory.sh(f'echo \'{{"downloadsFolder": "{public_dir}/absent"}}\' > ~/.lmstudio/settings.json')
     assert said("secret") == f"lms load secret: {public_dir}/absent: {unreadable}"
+
+
+def test_a_speculative_draft_model_is_found_and_counted(tmp_path: Path):
+    """`lms load qwen3-30b-a3b --speculative-draft-model gemma-3-27b-it`: the draft is a key
+    of the same models folder, found the same way, and counted as llama.cpp makes a
+    draft's context (the main one's settings, f16 KV); before, it was "not counted". A
+    draft key that finds nothing is said, and no footprint is made up."""
+    models = lay_out(tmp_path)
+    p = predict(tmp_path, "qwen/qwen3-30b-a3b", "-y", "--speculative-draft-model", "gemma-3-27b-it")
+    assert p.bytes is not None and p.spec is not None and p.estimate is not None, p.source
+    draft = models / "unsloth" / "gemma-3-27b-it-GGUF" / "gemma-3-27b-it-Q4_K_M.gguf"
+    assert p.spec.draft == str(draft)
+    alone = predict(tmp_path, "qwen/qwen3-30b-a3b", "-y")
+    assert alone.bytes is not None
+    d = read_model(str(draft))
+    terms = {t.name: t.bytes for t in p.estimate.terms}
+    assert p.spec.draft_settings is not None
+    kv = {t.name: t.bytes for t in estimate(d, p.spec.draft_settings).terms}["kv"]
+    assert terms["draft"] == d.tensor_bytes + kv
+    assert p.bytes > alone.bytes + terms["draft"]
+    assert "with draft gemma-3-27b-it-Q4_K_M.gguf, ctx 4096" in p.source
+    gone = predict(tmp_path, "qwen/qwen3-30b-a3b", "-y", "--speculative-draft-model", "nothing")
+    assert gone.bytes is None and "--speculative-draft-model" in gone.source, gone.source

@@ -33,6 +33,7 @@ with llama.cpp's own figures.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -480,3 +481,48 @@ def estimate(model: Model, s: Settings) -> Estimate:
     )
     margin = max(MARGIN_MIN, int((weights + kv) * MARGIN_EXACT + (compute + host) * MARGIN_SHARE))
     return Estimate(terms, margin, context_cells(model, s)[0])
+
+
+def with_draft_and_adapters(
+    main: Estimate, draft: Estimate | None, draft_name: str, loras: Sequence[tuple[str, int]]
+) -> Estimate:
+    """The main model's estimate with what else its process loads. A draft model
+    (speculative decoding) has a context of its own: its weights, KV cache and compute
+    buffer count, as estimate() has them at the draft's settings; its share of the host
+    term is its vocabulary and output rows, not a second CUDA context. A LoRA adapter's
+    tensors are loaded beside the model (its file's tensor bytes); the matmuls it adds to
+    the graph are within the compute term's margin. The margin is taken again over all."""
+    terms = list(main.terms)
+    if draft is not None:
+        by = {t.name: t for t in draft.terms}
+        resident = by["weights"].bytes + by["kv"].bytes
+        terms.append(
+            Term(
+                "draft",
+                resident,
+                True,
+                f"{draft_name}: weights {resident - by['kv'].bytes} + KV {by['kv'].bytes} "
+                f"at ctx {draft.n_ctx} ({by['kv'].detail})",
+            )
+        )
+        terms.append(
+            Term(
+                "draft compute",
+                by["compute"].bytes + by["host"].bytes - RUNTIME,
+                False,
+                f"{draft_name}: {by['compute'].detail}; its vocabulary and output rows",
+            )
+        )
+    if loras:
+        terms.append(
+            Term(
+                "lora",
+                sum(b for _, b in loras),
+                True,
+                ", ".join(f"{name} {b / MiB:.0f} MiB" for name, b in loras),
+            )
+        )
+    exact = sum(t.bytes for t in terms if t.exact)
+    approximate = sum(t.bytes for t in terms if not t.exact)
+    margin = max(MARGIN_MIN, int(exact * MARGIN_EXACT + approximate * MARGIN_SHARE))
+    return Estimate(tuple(terms), margin, main.n_ctx)

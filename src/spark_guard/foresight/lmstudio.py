@@ -635,6 +635,21 @@ def predict(
     if isinstance(got, str):
         return Prediction(None, f"{said}: {got}")
     assert isinstance(got, Found)
+    draft: Found | None = None
+    if load.draft_model:
+        # --speculative-draft-model: a key of the same models folder, found the same way.
+        aside = replace(load, key=load.draft_model, exact=False, draft_model=None)
+
+        def draft_job(deadline: float) -> Found:
+            return resolve(aside, home, lm_env, deadline)
+
+        found = predictor.run(f"draft {name} {aside.key}", owner, draft_job, wait=wait)
+        if found is None:
+            return Prediction(None, PENDING, pending=True)
+        if isinstance(found, str):
+            return Prediction(None, f"{said} --speculative-draft-model: {found}")
+        assert isinstance(found, Found)
+        draft = found
     s, whence = settings(load, got.config)
     spec = LoadSpec(
         kind="lmstudio",
@@ -643,10 +658,16 @@ def predict(
         mmproj=got.mmproj,
         settings=s,
         notes=(*load.notes, *got.notes, *got.config.notes),
+        draft=draft.model if draft else None,
+        # Its own context as llama.cpp makes a draft's: the main one's settings, f16 KV
+        # (LM Studio does not say otherwise: approximate).
+        draft_settings=replace(s, cache_type_k="f16", cache_type_v="f16") if draft else None,
     )
     p = predictor.for_spec(spec, mem_total, owner=owner, wait=wait)
     shown = f"{said} → {got.model} ({got.rule})"
     if p.pending or p.estimate is None:
         return p if p.pending else replace(p, source=f"{shown}: {p.source}")
+    if draft is not None:
+        shown += f" with draft {os.path.basename(draft.model)}"
     source = f"{shown}, ctx {p.estimate.n_ctx} ({whence}): {format_size(p.estimate.total)}"
     return replace(p, source=source)

@@ -62,6 +62,7 @@ from .estimate import (
     Term,
     estimate,
     projector_compute_bytes,
+    with_draft_and_adapters,
 )
 from .gguf import READ_SECONDS, HeaderCache, Model, header_cache, read_model
 from .modelfile import ModelFileError, ModelOpenError, ModelTimeout
@@ -561,15 +562,22 @@ class Predictor:
             return self._tgi(spec, mem_total, read, wait)
         if not spec.model:
             return Prediction(None, f"{spec.binary}: no -m/--model given", spec)
-        for path in (spec.model, spec.mmproj):
+        for path in (spec.model, spec.mmproj, spec.draft, *spec.loras):
             if path is not None and not os.path.isabs(path):
                 return Prediction(None, f"{path}: relative model path", spec)
         model = read(spec.model, "gguf", wait)
         projector = read(spec.mmproj, "gguf", wait) if spec.mmproj else None
-        for got in (model, projector):
+        draft = read(spec.draft, "gguf", wait) if spec.draft else None
+        loras = [read(path, "gguf", wait) for path in spec.loras]
+        for got in (model, projector, draft, *loras):
             if isinstance(got, str):
                 return Prediction(None, got, spec)
-        if model is None or (spec.mmproj and projector is None):
+        if (
+            model is None
+            or (spec.mmproj and projector is None)
+            or (spec.draft and draft is None)
+            or any(a is None for a in loras)
+        ):
             return Prediction(None, PENDING, spec, pending=True)
         assert isinstance(model, Model)
         settings = spec.settings
@@ -581,13 +589,35 @@ class Predictor:
             )
         try:
             est = estimate(model, settings)
+            extra = ""
+            if isinstance(draft, Model) or loras:
+                assert spec.draft_settings is not None or draft is None
+                draft_est = (
+                    estimate(draft, spec.draft_settings)
+                    if isinstance(draft, Model) and spec.draft_settings
+                    else None
+                )
+                adapters = [
+                    (os.path.basename(path), a.tensor_bytes)
+                    for path, a in zip(spec.loras, loras, strict=True)
+                    if isinstance(a, Model)
+                ]
+                name = os.path.basename(spec.draft or "")
+                est = with_draft_and_adapters(est, draft_est, name, adapters)
+                if draft_est is not None:
+                    extra += f" (with draft {name}, ctx {draft_est.n_ctx})"
+                if adapters:
+                    extra += f" (with {len(adapters)} LoRA adapter(s))"
         except EstimateError as e:
             return Prediction(None, str(e), spec)
-        source = f"{os.path.basename(spec.model)}, ctx {est.n_ctx}: {format_size(est.total)}"
+        source = f"{os.path.basename(spec.model)}, ctx {est.n_ctx}{extra}: {format_size(est.total)}"
         if spec.rule:  # koboldcpp's and llama-box's: their defaults, said
             source = f"{spec.binary} {source} ({spec.rule})"
-        # llama.cpp maps the file (or reads it, --no-mmap): its weights pass the page cache.
-        return Prediction(est.total, source, spec, est, page_cache=model.tensor_bytes)
+        # llama.cpp maps the files (or reads them, --no-mmap): their tensors pass the page cache.
+        cache = model.tensor_bytes + sum(
+            m.tensor_bytes for m in (draft, *loras) if isinstance(m, Model)
+        )
+        return Prediction(est.total, source, spec, est, page_cache=cache)
 
     def _reader(self, owner: int | None) -> ModelRead:
         """The paths as they are, read with `owner`'s rights (the default ModelRead)."""

@@ -93,7 +93,7 @@ class LmsLoad:
     help: bool = False
     host: str | None = None
     port: int | None = None
-    draft_model: str | None = None  # --speculative-draft-model: a second model (not counted)
+    draft_model: str | None = None  # --speculative-draft-model: a second model, its key
     notes: tuple[str, ...] = ()
 
     @property
@@ -184,8 +184,6 @@ def _load(binary: str, args: Sequence[str]) -> LmsLoad:
             " so the total does not depend on it"
         )
     draft = values["draft_model"][1] if "draft_model" in values else None
-    if draft:
-        notes.append(f"--speculative-draft-model {quoted(draft)}: the draft model is not counted")
     if len(positional) > 1:
         notes.append(f"{len(positional) - 1} more argument(s) after the model key left out")
     return LmsLoad(

@@ -60,7 +60,27 @@ _LLAMA_FLAGS: dict[str, tuple[str, bool]] = {
     "-ngl": ("n_gpu_layers", True),
     "--gpu-layers": ("n_gpu_layers", True),
     "--n-gpu-layers": ("n_gpu_layers", True),
+    # Speculative decoding's draft model: a second model with a context of its own.
+    "-md": ("draft", True),
+    "--model-draft": ("draft", True),
+    "--spec-draft-model": ("draft", True),
+    "-cd": ("n_ctx_draft", True),  # older builds; newer ones give the draft the main -c
+    "--ctx-size-draft": ("n_ctx_draft", True),
+    "-ctkd": ("cache_type_k_draft", True),
+    "--cache-type-k-draft": ("cache_type_k_draft", True),
+    "--spec-draft-type-k": ("cache_type_k_draft", True),
+    "-ctvd": ("cache_type_v_draft", True),
+    "--cache-type-v-draft": ("cache_type_v_draft", True),
+    "--spec-draft-type-v": ("cache_type_v_draft", True),
+    "-ngld": ("n_gpu_layers_draft", True),
+    "--gpu-layers-draft": ("n_gpu_layers_draft", True),
+    "--n-gpu-layers-draft": ("n_gpu_layers_draft", True),
+    "--spec-draft-ngl": ("n_gpu_layers_draft", True),
 }
+# LoRA adapters: each flag may be given again, and takes a comma-separated list
+# (`--lora-scaled` FNAME:SCALE items).
+_LORA_FLAGS = {"--lora": False, "--lora-scaled": True}
+LORA_MAX = 64  # adapters read for one loader: more is an error, not a queue of reads
 LLAMA_ENV = {
     "LLAMA_ARG_MODEL": "model",
     "LLAMA_ARG_CTX_SIZE": "n_ctx",
@@ -75,6 +95,12 @@ LLAMA_ENV = {
     "LLAMA_ARG_NO_MMAP": "no_mmap",
     "LLAMA_ARG_LOAD_MODE": "load_mode",
     "LLAMA_ARG_N_GPU_LAYERS": "n_gpu_layers",
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": "draft",
+    "LLAMA_ARG_MODEL_DRAFT": "draft",
+    "LLAMA_ARG_CTX_SIZE_DRAFT": "n_ctx_draft",
+    "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K": "cache_type_k_draft",
+    "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V": "cache_type_v_draft",
+    "LLAMA_ARG_N_GPU_LAYERS_DRAFT": "n_gpu_layers_draft",
 }
 _TRUE = ("on", "true", "1", "enabled", "yes")
 _FALSE = ("off", "false", "0", "disabled", "no")
@@ -120,6 +146,11 @@ class LoadSpec:
     prefill_tokens: int | None = None
     kv_bytes: int = 2
     notes: tuple[str, ...] = ()
+    # llama.cpp: speculative decoding's draft model (-md) and the settings of its own
+    # context; LoRA adapters (--lora, --lora-scaled), their tensors loaded beside the model.
+    draft: str | None = None
+    draft_settings: Settings | None = None
+    loras: tuple[str, ...] = ()
 
 
 def _int(flag: str, value: str) -> int:
@@ -156,12 +187,27 @@ def _llama(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
     for var, name in LLAMA_ENV.items():
         if var in env:
             values[name] = env[var]
+    loras: list[str] = []
     i = 0
     while i < len(args):
         arg = args[i]
         flag, eq, inline = arg.partition("=")
         spec = _LLAMA_FLAGS.get(flag if eq else arg)
         i += 1
+        lora = _LORA_FLAGS.get(flag if eq else arg)
+        if lora is not None:
+            if not eq and i >= len(args):
+                raise SpecError(f"{arg} needs a value")
+            raw = inline if eq else args[i]
+            i += 0 if eq else 1
+            for item in raw.split(","):
+                path = item.rpartition(":")[0] if lora else item
+                if not path:
+                    raise SpecError(f"{flag} {item!r}: not FNAME:SCALE")
+                loras.append(path)
+            if len(loras) > LORA_MAX:
+                raise SpecError(f"more than {LORA_MAX} LoRA adapters")
+            continue
         if spec is None:
             continue
         name, takes = spec
@@ -177,7 +223,7 @@ def _llama(binary: str, args: list[str], env: Mapping[str, str]) -> LoadSpec:
             i += 1
         else:
             values[name] = True
-    return _llama_spec(binary, values)
+    return replace(_llama_spec(binary, values), loras=tuple(loras))
 
 
 def _flag_true(value: str | bool) -> bool:
@@ -225,6 +271,7 @@ def _llama_spec(binary: str, v: Mapping[str, str | bool]) -> LoadSpec:
         notes.append(f"-ngl {ngl}: one memory pool, so the total does not depend on it")
     model = v.get("model")
     mmproj = v.get("mmproj")
+    draft = v.get("draft")
     return LoadSpec(
         kind="llama.cpp",
         binary=binary,
@@ -232,7 +279,31 @@ def _llama_spec(binary: str, v: Mapping[str, str | bool]) -> LoadSpec:
         mmproj=str(mmproj) if mmproj else None,
         settings=s,
         notes=tuple(notes),
+        draft=str(draft) if draft else None,
+        draft_settings=_draft_settings(s, v) if draft else None,
     )
+
+
+def _draft_settings(main: Settings, v: Mapping[str, str | bool]) -> Settings:
+    """The draft's context, as llama.cpp makes it (common_base_params_to_speculative): the
+    main context's settings (its -c, slots, ubatch, flash attention), with the draft's own
+    KV cache types (f16 unless -ctkd/-ctvd say) and no projector; -cd, where a build has
+    it, its own context size."""
+    s = replace(
+        main,
+        cache_type_k=str(v.get("cache_type_k_draft", "f16")).lower(),
+        cache_type_v=str(v.get("cache_type_v_draft", "f16")).lower(),
+        mmproj_bytes=0,
+        mmproj_compute=0,
+    )
+    if "n_ctx_draft" in v:
+        n_ctx = _int("--ctx-size-draft", str(v["n_ctx_draft"]))
+        if n_ctx:  # 0: as the main context
+            s = replace(s, n_ctx=n_ctx)
+    if "n_gpu_layers_draft" in v:
+        ngl = str(v["n_gpu_layers_draft"])
+        s = replace(s, n_gpu_layers=None if ngl in ("auto", "all") else _int("-ngld", ngl))
+    return s
 
 
 def _vllm(binary: str, args: list[str]) -> LoadSpec:
