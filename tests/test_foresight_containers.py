@@ -71,6 +71,41 @@ def test_a_model_in_a_mount_gets_the_units_figure(host: Path, name: str):
     assert got.source == f"{unit.source}; /models/{name} is the host's {models / name}"
 
 
+def test_the_model_named_by_the_containers_environment_is_read(host: Path):
+    """The llama.cpp server image takes its model from LLAMA_ARG_MODEL (`docker run -e
+    LLAMA_ARG_MODEL=/models/Tiny.gguf ghcr.io/ggml-org/llama.cpp:server`): read from the
+    engine's Config.Env, only the variables foresight reads and bounded as a unit's
+    Environment= is, through the same mounts; the figure is the unit's with the same
+    environment. A megabyte of other variables is dropped on reading."""
+    models = host / "models"
+    inspect = {
+        "Id": CID,
+        "Name": "/llm",
+        "Path": "/app/llama-server",
+        "Args": ["--port", "8080"],
+        "Config": {
+            "Image": "ghcr.io/ggml-org/llama.cpp:server",
+            "Env": [
+                "PATH=/usr/bin",
+                "JUNK=" + "x" * (1 << 20),
+                "LLAMA_ARG_MODEL=/models/Tiny.gguf",
+                "LLAMA_ARG_CTX_SIZE=1024",
+                7,
+            ],
+        },
+        "State": {"Running": True},
+        "Mounts": [{"Source": str(models), "Destination": "/models"}],
+    }
+    c = Container.from_inspect(inspect)
+    assert c.environment == ("LLAMA_ARG_MODEL=/models/Tiny.gguf", "LLAMA_ARG_CTX_SIZE=1024")
+    got = predict(c)
+    env = {"LLAMA_ARG_MODEL": str(models / "Tiny.gguf"), "LLAMA_ARG_CTX_SIZE": "1024"}
+    unit = Predictor().predict([("/app/llama-server", "--port", "8080")], env, MEM_TOTAL)
+    assert unit is not None and unit.bytes is not None
+    assert got is not None and got.bytes == unit.bytes, got
+    assert f"/models/Tiny.gguf is the host's {models / 'Tiny.gguf'}" in got.source
+
+
 def test_the_longest_mount_wins_and_a_mounted_file_is_read(host: Path):
     models = host / "models"
     # /models is something else entirely; /models/deep is the directory with the model.
@@ -189,24 +224,44 @@ def test_dot_dot_and_relative_paths_are_refused_never_resolved(host: Path):
     assert got.source == "models/Tiny.gguf: relative model path"
 
 
-def test_a_symlinked_model_file_is_refused(host: Path):
-    models = host / "models"
-    (models / "link.gguf").symlink_to("Tiny.gguf")
-    unit = Predictor().predict([llama(str(models / "link.gguf"))], {}, MEM_TOTAL)
-    assert unit is not None and unit.bytes is not None  # a unit's path may be a symlink
-    got = predict(container(llama("/models/link.gguf"), (models, "/models")))
-    assert got is not None and got.bytes is None and not got.pending
-    assert got.source == (
-        f"/models/link.gguf: {models}/link.gguf: 'link.gguf' is a symlink, "
-        "not followed in a container's mount"
-    )
-    # A split model's second shard as a symlink: the same.
-    shard = models / "sub" / "Tiny-00002-of-00002.gguf"
-    shard.rename(host / "elsewhere.gguf")
-    shard.symlink_to(host / "elsewhere.gguf")
-    got = predict(container(llama("/models/sub/Tiny-00001-of-00002.gguf"), (models, "/models")))
-    assert got is not None and got.bytes is None
-    assert "'Tiny-00002-of-00002.gguf' is a symlink" in got.source
+def test_a_symlink_is_followed_only_while_it_stays_beneath_its_mount(host: Path):
+    """A Hugging Face cache, as vLLM's and TGI's images mount it: a snapshot's files are
+    relative symlinks into `../../blobs/`. They are followed, component by component,
+    while they stay beneath the mount (RESOLVE_BENEATH's rule, without realpath); one
+    that climbs out of it, or an absolute one (inside a container it names the
+    container's root, not the host's), is refused, naming the link."""
+    hub = host / "hub"
+    repo = hub / "models--org--Tiny-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    blob = repo / "blobs" / ("e3b0c442" * 8)
+    (host / "models" / "Tiny.gguf").rename(blob)
+    (repo / "snapshots" / "abc123" / "Tiny.gguf").symlink_to(f"../../blobs/{blob.name}")
+    unit = Predictor().predict([llama(str(blob))], {}, MEM_TOTAL)
+    assert unit is not None and unit.bytes is not None
+    inside = "/root/.cache/huggingface/hub/models--org--Tiny-GGUF/snapshots/abc123/Tiny.gguf"
+    mount = (hub, "/root/.cache/huggingface/hub")
+    got = predict(container(llama(inside), mount))
+    assert got is not None and got.bytes == unit.bytes, got
+    # A split model: each shard by its own name, each a symlink to its own blob.
+    sub = host / "models" / "sub"
+    for n in (1, 2):
+        shard = f"Tiny-0000{n}-of-00002.gguf"
+        (sub / shard).rename(repo / "blobs" / f"shard{n}")
+        (repo / "snapshots" / "abc123" / shard).symlink_to(f"../../blobs/shard{n}")
+    split = inside.replace("Tiny.gguf", "Tiny-00001-of-00002.gguf")
+    got = predict(container(llama(split), mount))
+    assert got is not None and got.bytes is not None, got
+    # Out of the mount, by '..' or by an absolute path: refused.
+    secret = host / "secret.gguf"
+    blob.rename(secret)
+    (repo / "snapshots" / "abc123" / "out.gguf").symlink_to("../../../../secret.gguf")
+    (repo / "snapshots" / "abc123" / "abs.gguf").symlink_to(str(secret))
+    for name, why in (("out.gguf", "'..' above the mount"), ("abs.gguf", "absolute path")):
+        got = predict(container(llama(inside.replace("Tiny.gguf", name)), mount))
+        assert got is not None, name
+        assert got.bytes is None and why in got.source, got.source
+        assert "in a container's mount" in got.source
 
 
 def test_a_symlinked_mount_source_or_directory_is_refused(host: Path):
@@ -218,10 +273,11 @@ def test_a_symlinked_mount_source_or_directory_is_refused(host: Path):
         f"/models/Tiny.gguf: {host}/linkdir/Tiny.gguf: 'linkdir' is a symlink, "
         "not followed in a container's mount"
     )
-    # A directory inside the mount that is a symlink: the same.
+    # A directory inside the mount that is an absolute symlink: the same.
     (models / "deeper").symlink_to(models / "sub")
     got = predict(container(llama("/models/deeper/Tiny-00001-of-00002.gguf"), (models, "/models")))
-    assert got is not None and got.bytes is None and "'deeper' is a symlink" in got.source
+    assert got is not None and got.bytes is None
+    assert "'deeper' is a symlink to an absolute path" in got.source, got.source
 
 
 def test_a_fifo_or_a_missing_file_answers_at_once(host: Path):

@@ -16,12 +16,15 @@ predicted by the same Predictor.for_spec. What differs is where its model is:
   symlink inside the container means something else than the text says.
 - The host file belongs to whoever made the mount: anyone in the docker group,
   who can make any file and any symlink, root's included (a container runs as
-  root). So it is read with the guard's own rights (root) but walked from / one
-  component at a time with O_NOFOLLOW, and a symlink anywhere on the way, even
-  one root owns, means no prediction (safefs.Tree follows root's own symlinks
-  at /; here they are no sign of trust). The file must be a regular file before
-  it is opened (lstat, then fstat of what was opened): a device a container made
-  with mknod is never opened.
+  root). So it is read with the guard's own rights (root), the mount's source
+  walked from / one component at a time with O_NOFOLLOW (a symlink there, even
+  one root owns, means no prediction), and the rest resolved beneath the source
+  as openat2's RESOLVE_BENEATH would (safefs.open_beneath): a relative symlink is
+  followed while it stays beneath the mount (a Hugging Face cache's snapshot
+  files point into `../../blobs/`), one that climbs out or is absolute (inside
+  the container it names the container's root) means no prediction. The file
+  must be a regular file before it is opened (lstat, then fstat of what was
+  opened): a device a container made with mknod is never opened.
 - The read runs as a unit's model does: off the loop on the Predictor's worker
   thread (Predictor.run), within its deadline, its header cached by path and
   identity, its answer kept a while; `wait=False` gives a pending Prediction
@@ -47,7 +50,7 @@ from ..system import safefs
 from ..system.engine import Container
 from .gguf import HeaderCache, Model, read_model
 from .modelfile import ModelFileError, ModelOpenError
-from .predict import Held, Prediction, Predictor
+from .predict import Held, Prediction, Predictor, parse_environment
 from .safetensors import Model as SafetensorsModel
 
 READ_NAME = "{host} (a container's mount)"  # the Predictor.run name of a read: its own kind
@@ -72,6 +75,13 @@ def host_path(mounts: Sequence[tuple[str, str]], inside: str) -> str:
 
     MountError if it is relative, has a `..`, is in no mount (the image's own files), or
     its mount's source is not an absolute host path (a tmpfs has none)."""
+    source, rest = in_mount(mounts, inside)
+    return source + ("/" + rest if rest else "")
+
+
+def in_mount(mounts: Sequence[tuple[str, str]], inside: str) -> tuple[str, str]:
+    """(the host source of the mount `inside` is in, the rest of the path below it), as
+    host_path says; the read resolves the rest beneath the source (safefs.open_beneath)."""
     if not inside.startswith("/"):
         raise MountError(f"{inside}: a relative path in a container is not resolved")
     parts = _components(inside)
@@ -96,7 +106,7 @@ def host_path(mounts: Sequence[tuple[str, str]], inside: str) -> str:
         base = _components(source)
     except MountError:
         raise MountError(f"{inside}: its mount's source {source}: '..' is not followed") from None
-    return "/" + "/".join(base + parts[depth:])
+    return "/" + "/".join(base), "/".join(parts[depth:])
 
 
 # --- the read, on the Predictor's worker thread ---------------------------------------------
@@ -106,14 +116,21 @@ def _symlink(host: str, name: str) -> ModelFileError:
     return ModelFileError(f"{host}: {name!r} is a symlink, not followed in a container's mount")
 
 
-def _open_parent(host: str) -> int:
-    """An fd of `host`'s directory, walked from / with no symlink followed (safefs.open_dir)."""
+def _open_beneath(source: str, rest: str, shown: str) -> tuple[int, os.stat_result]:
+    """The regular file at `rest` beneath mount source `source` (safefs.open_beneath: a
+    symlink is followed only while it stays beneath the mount, as a Hugging Face cache's
+    snapshot files point into its blobs), its last component opened with no symlink
+    followed; a FIFO, device or directory refused before it is opened."""
     try:
-        return safefs.open_dir(os.path.dirname(host))
+        dir_fd, name = safefs.open_beneath(source, rest)
     except safefs.UnsafePath as e:
-        raise _symlink(host, str(e.filename)) from None
+        raise ModelFileError(f"{shown}: {e.strerror} in a container's mount") from None
     except OSError as e:
-        raise ModelOpenError(host, e) from None
+        raise ModelOpenError(shown, e) from None
+    try:
+        return _open_file(name, dir_fd, shown)
+    finally:
+        os.close(dir_fd)
 
 
 def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]:
@@ -129,20 +146,23 @@ def _open_file(name: str, dir_fd: int, shown: str) -> tuple[int, os.stat_result]
         raise ModelOpenError(shown, e) from None
 
 
-def read_mounted(host: str, *, deadline: float, cache: HeaderCache | None = None) -> Model:
-    """The GGUF model at `host` (all its shards, which sit beside it), as gguf.read_model
-    reads one, but reached without following any symlink; ModelFileError for the first problem,
-    naming its file. With the caller's rights: the Predictor's worker, the guard's (root)."""
-    dir_fd = _open_parent(host)
-    try:
-        return read_model(
-            host,
-            deadline=deadline,
-            cache=cache,
-            opener=lambda p: _open_file(os.path.basename(p), dir_fd, p),
-        )
-    finally:
-        os.close(dir_fd)
+def read_mounted(
+    source: str, rest: str, *, deadline: float, cache: HeaderCache | None = None
+) -> Model:
+    """The GGUF model at `rest` beneath mount source `source` (all its shards, each by its
+    own name beside it, each resolved beneath the mount), as gguf.read_model reads one;
+    ModelFileError for the first problem, naming its file. With the caller's rights: the
+    Predictor's worker, the guard's (root)."""
+    shown = source + "/" + rest if rest else source
+    if not rest:  # a file mounted as itself (-v /srv/m.gguf:/m.gguf): beneath its folder
+        source, rest = os.path.dirname(source), os.path.basename(source)
+    folder = os.path.dirname(rest)
+    return read_model(
+        shown,
+        deadline=deadline,
+        cache=cache,
+        opener=lambda p: _open_beneath(source, os.path.join(folder, os.path.basename(p)), p),
+    )
 
 
 def predict_container(
@@ -155,9 +175,10 @@ def predict_container(
 
     def read(path: str, kind: str, wait: bool) -> Model | SafetensorsModel | Held | str | None:
         try:
-            host = host_path(container.mounts, path)
+            source, rest = in_mount(container.mounts, path)
         except MountError as e:
             return str(e)
+        host = source + "/" + rest if rest else source
         if kind != "gguf":
             return (
                 f"{path}: a model directory in a container is not read yet (safetensors' "
@@ -165,7 +186,7 @@ def predict_container(
             )
 
         def job(deadline: float) -> Model:
-            return read_mounted(host, deadline=deadline, cache=predictor.headers)
+            return read_mounted(source, rest, deadline=deadline, cache=predictor.headers)
 
         got = predictor.run(READ_NAME.format(host=host), None, job, wait=wait)
         if got is None:
@@ -177,7 +198,8 @@ def predict_container(
         found[path] = host
         return got
 
-    p = predictor.predict([container.command], {}, mem_total, wait=wait, read=read)
+    env = parse_environment(container.environment)
+    p = predictor.predict([container.command], env, mem_total, wait=wait, read=read)
     if p is None or p.estimate is None or p.spec is None or p.spec.model not in found:
         return p
     return replace(p, source=f"{p.source}; {p.spec.model} is the host's {found[p.spec.model]}")

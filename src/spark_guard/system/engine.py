@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..core.argv import environment
 from ..core.snapshot import (
     ARGV_MAX_ARGS,
     ARGV_MAX_BYTES,
@@ -161,6 +162,20 @@ def _command(path: object, args: object) -> tuple[str, ...]:
     return tuple(out) if out and out[0] else tuple(out[1:])
 
 
+ENV_READ_MAX = 4096  # Config.Env entries looked at: the inspect answer is capped already
+
+
+def _environment(env: object, command: tuple[str, ...]) -> tuple[str, ...]:
+    """The 'K=V' entries of Config.Env that foresight reads (environment.needed), strings
+    only, NUL-free."""
+    items = [
+        e
+        for e in (env if isinstance(env, list) else [])[:ENV_READ_MAX]
+        if isinstance(e, str) and "\0" not in e
+    ]
+    return environment.needed(items, [command])
+
+
 @dataclass(frozen=True)
 class Container:
     """One container, as its engine's inspect answer says, bounded.
@@ -187,6 +202,9 @@ class Container:
     started_at: float | None = None
     # HostConfig.AutoRemove (`docker run --rm`): removed when it stops, no policy to change.
     auto_remove: bool = False
+    # Config.Env, only what foresight reads (core/argv/environment.py: LLAMA_ARG_MODEL and
+    # the rest), bounded as a unit's Environment= is: data, never shown unescaped.
+    environment: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -241,6 +259,7 @@ class Container:
             mounts=tuple(mounts),
             started_at=_started(state.get("StartedAt")),
             auto_remove=host.get("AutoRemove") is True,
+            environment=_environment(config.get("Env"), _command(top.get("Path"), top.get("Args"))),
             labels=tuple(
                 (printable(k, LABEL_KEY_MAX), _text(v, LABEL_VALUE_MAX))
                 for k, v in list(labels.items())[:LABELS_MAX]

@@ -167,6 +167,52 @@ def open_dir(path: str) -> int:
         raise
 
 
+def open_beneath(anchor: str, path: str) -> tuple[int, str]:
+    """(an fd of the directory holding `path`'s last component, that component's name),
+    with `path` resolved beneath directory `anchor` as openat2's RESOLVE_BENEATH does,
+    done here one component at a time: the anchor is opened with open_dir (no symlink
+    above it followed); below it a symlink is followed while its target stays beneath
+    the anchor (a relative target, a '..' never above it; an absolute target is refused:
+    inside a container it names the container's root, not the host's), at most
+    _MAX_LINKS of them. The way a Hugging Face cache's snapshot files reach
+    `../../blobs/`. UnsafePath (ELOOP; its strerror the reason alone, without the path)
+    for a way out; other OSErrors as they came."""
+    try:
+        stack = [open_dir(anchor)]
+    except UnsafePath as e:
+        raise UnsafePath(errno.ELOOP, f"{e.filename!r} is a symlink, not followed", path) from None
+    todo = list(reversed(_parts(path)))
+    links = 0
+
+    def out(why: str) -> UnsafePath:
+        return UnsafePath(errno.ELOOP, why, path)
+
+    try:
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if len(stack) == 1:
+                    raise out("'..' above the mount")
+                os.close(stack.pop())
+                continue
+            if _is_link(part, stack[-1]):
+                links += 1
+                if links > _MAX_LINKS:
+                    raise out("too many symlinks")
+                target = os.readlink(part, dir_fd=stack[-1])
+                if target.startswith("/"):
+                    raise out(f"{part!r} is a symlink to an absolute path, not followed")
+                todo.extend(reversed(_parts(target)))
+                continue
+            if not todo:
+                return os.dup(stack[-1]), part
+            stack.append(os.open(part, _DIR_FLAGS, dir_fd=stack[-1]))
+        raise out("names a directory")
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
 def _is_link(name: str, fd: int) -> bool:
     try:
         return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
