@@ -218,3 +218,23 @@ def test_what_a_dead_writer_left_is_swept_once_it_is_a_minute_old(tmp_path):
         os.utime(p, (0, 0))
     assert banner.sweep(str(etc / "motd"), str(etc / "issue")) == [str(left)]
     assert theirs.exists() and (etc / "motd").read_text() == "note"
+
+
+def test_releasing_one_of_a_server_and_its_client_names_the_other():
+    """A server blocked for a client's load keeps the client in its record; where the
+    client is blocked too (its own rule), each is released on its own, and the release
+    of one names the other still blocked, with the command that releases it."""
+    from spark_guard.tools.release_cli import _same_load
+
+    server = record("user:1000", "ollama.service", clients=["user:1000:preload.service"])
+    client = record("user:1000", "preload.service")
+    other = record("system", "llama.service")
+    assert _same_load([server], [client, other]) == [
+        "user:1000:preload.service asked the load user:1000:ollama.service was blocked for, "
+        "and is still blocked: spark-guard release user:1000:preload.service"
+    ]
+    assert _same_load([client], [server, other]) == [
+        "user:1000:ollama.service, blocked for the load user:1000:preload.service asked, is "
+        "still blocked: spark-guard release user:1000:ollama.service"
+    ]
+    assert _same_load([server, client], [other]) == []

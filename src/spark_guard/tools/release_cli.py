@@ -12,7 +12,7 @@ import sys
 from .. import config as config_mod
 from .. import log as log_mod
 from ..block import banner
-from ..block.records import RecordStore
+from ..block.records import Record, RecordStore
 from ..block.release import ReleaseError, release, released_event, select
 from ..core.events import tell
 from ..core.text import printable as p
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             + (f"; reload failed ({p(done.reload_error)})" if done.reload_error else "")
         )
     remaining, _ = store.all()
+    for line in _same_load(chosen, remaining):
+        print(line)
     try:
         banner.publish(remaining, config.motd, config.issue)
     except OSError as e:
@@ -108,3 +110,25 @@ def _configure_audit_log() -> None:
         log_mod.configure("journal")
     except (ImportError, OSError):
         log_mod.configure("console", level="error")
+
+
+def _same_load(released: list[Record], remaining: list[Record]) -> list[str]:
+    """A server blocked for a client's load and the client are two records, one event:
+    each is released on its own (the server back without the load is often what the
+    admin wants), and the one left blocked is named, with how to release it too."""
+    left = {str(r.ref) for r in remaining}
+    lines: list[str] = []
+    for record in released:
+        lines.extend(
+            f"{p(client)} asked the load {p(record.ref)} was blocked for, and is still "
+            f"blocked: spark-guard release {p(client)}"
+            for client in record.clients
+            if client in left
+        )
+        lines.extend(
+            f"{p(server.ref)}, blocked for the load {p(record.ref)} asked, is still "
+            f"blocked: spark-guard release {p(server.ref)}"
+            for server in remaining
+            if str(record.ref) in server.clients
+        )
+    return lines
