@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import spark_guard.tools
+from spark_guard.core.quantities import format_size
 
 SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
 
@@ -26,6 +27,37 @@ def test_check_config_ok_and_broken(tmp_path):
     out = sg("check-config", str(bad))
     assert out.returncode == 1
     assert out.stderr == f"spark-guard: {bad}:4: gpu.enabled: expected true or false, got 1\n"
+
+
+def test_check_config_says_the_budget_here_and_refuses_one_that_cannot_protect(tmp_path):
+    """A valid config whose budget is useless on this machine (a reserve of all of
+    MemTotal, of nothing, a device floor of all of it) is not "ok": each is named, exit 1.
+    The effective budget on this machine is printed; a misspelled section or key gets the
+    closest known name."""
+    total = next(
+        int(line.split()[1]) * 1024
+        for line in open("/proc/meminfo")  # noqa: SIM115
+        if line.startswith("MemTotal:")
+    )
+    ok = sg("check-config", str(SHIPPED))
+    assert ok.returncode == 0 and f"on this machine (MemTotal {format_size(total)}): reserve" in (
+        ok.stdout
+    )
+    cases = {
+        '[budget]\nreserve = "100TiB"\n': "is all of MemTotal",
+        '[budget]\nreserve = "0"\nreserve_percent = 0\n': "the reserve is 0 B",
+        '[memory]\nfloor = "100TiB"\n': "the device floor 100.0TiB is all of MemTotal",
+    }
+    for text, said in cases.items():
+        f = tmp_path / "c.toml"
+        f.write_text(text)
+        out = sg("check-config", str(f))
+        assert out.returncode == 1 and said in out.stderr, (text, out.stderr)
+        assert "valid, but see below" in out.stdout
+    f.write_text('[budgte]\nreserve = "8GiB"\n')
+    out = sg("check-config", str(f))
+    assert out.returncode == 1
+    assert "unknown section [budgte]; did you mean [budget]?" in out.stderr, out.stderr
 
 
 def test_check_config_missing_file(tmp_path):

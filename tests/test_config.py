@@ -86,8 +86,10 @@ def test_unknown_key_names_file_key_and_line():
 
 
 def test_unknown_section():
+    """A misspelled section is named as a section, on its own line, with the closest one."""
     e = _error('[budget]\nreserve = "8GiB"\n[bugdet]\nsteady = "off"\n')
-    assert e.key == "bugdet.steady" and e.line == 4
+    assert e.key == "bugdet" and e.line == 3
+    assert "unknown section [bugdet]; did you mean [budget]?" in str(e)
 
 
 def test_wrong_type_names_key_and_line():

@@ -9,6 +9,7 @@ Reading the file is spark_guard.config's: this module is the policy's view.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -338,8 +339,24 @@ def parse(text: str, path: str = "<config>") -> Config:
             if spec is None:
                 line = _line_of(text, section, key) or _line_of(text, section, None)
                 known = sorted(k for s, k in SCHEMA if s == section)
-                hint = f" (known in [{section}]: {', '.join(known)})" if known else ""
-                raise ConfigError(path, name, line, f"unknown key{hint}")
+                if not known:  # the section itself is unknown: a typo of one, most likely
+                    sections = sorted({s for s, _ in SCHEMA} | {FOOTPRINT_TABLE[0]})
+                    close = difflib.get_close_matches(section, sections, n=1)
+                    hint = f"; did you mean [{close[0]}]?" if close else ""
+                    raise ConfigError(
+                        path,
+                        section,
+                        _line_of(text, section, None) or line,
+                        f"unknown section [{section}]{hint} (known: {', '.join(sections)})",
+                    )
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(
+                    path,
+                    name,
+                    line,
+                    f"unknown key{hint} (known in [{section}]: {', '.join(known)})",
+                )
             field_name, convert = spec
             try:
                 values[field_name] = convert(raw)
