@@ -552,6 +552,9 @@ def write(spec: Spec, directory: Path, *, shards: int = 1, vocabulary: bool = Fa
 def _data_end(path: Path) -> int:
     from spark_guard.foresight.gguf import read_header
 
+    # The reader refuses a file whose tensors run past its end (a download cut short):
+    # the header alone is read at a size that holds any model, then cut to its data's end.
+    os.truncate(path, 1 << 42)
     h = read_header(str(path))
     end = h.data_offset
     for t in h.tensors:

@@ -157,3 +157,30 @@ textfile = ""
     assert sorted(loaded & {"ssl", "_ssl", "hashlib", "_hashlib", "secrets"}) == []
     tools = Path(spark_guard.tools.__file__).parent
     assert len([p for p in tools.rglob("*.py") if p.name != "__init__.py"]) >= 15
+
+
+def test_bad_arguments_are_one_line_and_exit_two_and_a_closed_pipe_is_no_traceback(tmp_path):
+    """doctor over a time that is none, or a journal directory that is not there, was a
+    clean run ("ok", exit 0); `--since -1h` needed `=`; a tool piped into `head` ended in
+    BrokenPipeError. Now: one line naming the argument, exit 2; -1h taken as
+    journalctl takes it; a closed pipe ends the tool quietly, as coreutils' do."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n')
+    for args, said in (
+        (["doctor", "--since", "garbage"], "--since garbage: not a time journalctl reads"),
+        (["doctor", "--directory", str(tmp_path / "none")], "no such directory"),
+        (["rescue", "--stop-timeout", "-5"], "--stop-timeout: -5: must be more than 0"),
+    ):
+        out = sg(*args, "--config", str(cfg))
+        assert out.returncode == 2, (args, out.stderr)
+        assert said in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    assert sg("doctor", "--since", "-1h", "--config", str(cfg)).returncode in (0, 1, 2)
+    assert "expected one argument" not in sg("doctor", "--since", "-1h").stderr
+    piped = subprocess.run(
+        f"{sys.executable} -m spark_guard dump --json --config {cfg} | head -c 1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.stdout == "{" and "Traceback" not in piped.stderr, piped.stderr

@@ -9,6 +9,7 @@ the owner may not read.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -90,6 +91,7 @@ def test_whether_a_root_only_path_exists_is_not_told_to_her(mallory: User, publi
     vault.mkdir(mode=0o700)
     hidden = vault / "model.gguf"
     hidden.write_bytes(data.smollm2().read_bytes()[: 2**21])
+    os.truncate(hidden, data.smollm2().stat().st_size)  # the header, and room for its tensors
     paths = {
         "root-only file": shadow,
         "file in a root-only dir": hidden,
@@ -119,6 +121,7 @@ def test_a_bad_model_is_not_read_again_every_pass(public_dir: Path):
     assert "tensor count 18446744073709551615 cannot fit" in first.source
     # Fixed on disk at once: the answer kept by path stands until FAIL_RETRY.
     bad.write_bytes(data.smollm2().read_bytes()[: 2**21])
+    os.truncate(bad, data.smollm2().stat().st_size)
     again = predictor.for_spec(spec(bad), MEM_TOTAL, owner=0, wait=False)
     assert again.source == first.source
     # A new predictor (a command) reads the file as it is now.

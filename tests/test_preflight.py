@@ -92,9 +92,12 @@ def test_settings_on_the_command_line_change_the_estimate(machine):
     assert kv_full == 62 * 32768 * row
 
 
-def test_a_missing_or_corrupt_model_is_one_clear_line_and_exit_two(machine, tmp_path):
+def test_a_missing_corrupt_or_truncated_model_is_one_clear_line_and_exit_four(machine, tmp_path):
+    """ "Cannot say" is 4, not argparse's 2: an ExecStartPre= tells a typo from an unknown
+    footprint. A download cut short (the header whole, the tensors past the end) is an
+    error, never "weights exact ... fits"."""
     out = preflight(machine, str(tmp_path / "gone.gguf"))
-    assert out.returncode == 2
+    assert out.returncode == 4
     assert out.stderr == (
         f"spark-guard: {tmp_path}/gone.gguf: footprint unknown: "
         f"{tmp_path}/gone.gguf: No such file or directory\n"
@@ -102,8 +105,18 @@ def test_a_missing_or_corrupt_model_is_one_clear_line_and_exit_two(machine, tmp_
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 64)
     out = preflight(machine, str(bad))
-    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert out.returncode == 4 and out.stderr.count("\n") == 1
     assert "unknown GGUF version" in out.stderr
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data.smollm2().read_bytes()[: 3 * 2**20])
+    out = preflight(machine, str(cut))
+    assert out.returncode == 4 and out.stderr.count("\n") == 1, out.stderr
+    assert "truncated: tensor" in out.stderr and "a download cut short?" in out.stderr
+    typo = preflight(machine, str(cut), "-c", "-1")
+    assert typo.returncode == 2 and "-c/--ctx: -1: must be from 0 to" in typo.stderr
+    for flag in ("-np", "-ub"):
+        zero = preflight(machine, str(cut), flag, "0")
+        assert zero.returncode == 2 and "must be from 1" in zero.stderr, zero.stderr
 
 
 def test_a_real_small_model_fits(machine):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -34,7 +35,7 @@ COMMANDS: dict[str, Command] = {
     "dump": Command("tools.dump_cli", "sense and decide once, print what the guard sees"),
     "preflight": Command(
         "tools.preflight_cli",
-        "would this load fit now? exit 0 if it fits, 1 if not (usable as ExecStartPre=)",
+        "would this load fit now? exit 0 fits, 1 not, 4 cannot say (as ExecStartPre=)",
     ),
     "audit": Command(
         "tools.audit_cli",
@@ -81,9 +82,32 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value may begin with "-" (journalctl's `--since -1h`): argparse would take
+# the value for an option; it is joined to its option instead, as `--since=-1h`.
+_DASH_VALUES = ("--since",)
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _DASH_VALUES and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = _join_dash_values(sys.argv[1:] if argv is None else argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    if chosen != "run":
+        # A tool's output piped into `head` ends with the pipe, as coreutils' do: no
+        # BrokenPipeError traceback. (The daemon keeps SIGPIPE ignored: a closed journal
+        # stream must not kill the guard.)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = _parser(chosen).parse_args(argv)
     return int(_module(COMMANDS[args.command]).run(args))

@@ -413,6 +413,15 @@ def _parse(r: _Reader) -> Header:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise ModelFileError(f"{r.path}: general.alignment {alignment!r} is not a power of two")
     data_offset = -(-r.pos // alignment) * alignment
+    # A download cut short keeps its whole header: its tensors run past the end of the
+    # file, and llama.cpp refuses it ("tensor data is not within the file bounds").
+    for t in tensors:
+        n = t.nbytes
+        if n is not None and data_offset + t.offset + n > r.size:
+            raise ModelFileError(
+                f"{r.path}: truncated: tensor {t.name!r} ends at byte "
+                f"{data_offset + t.offset + n}, the file has {r.size} (a download cut short?)"
+            )
     cost = r.kept + 512 * len(tensors)  # a Tensor, its name and dims: a few hundred bytes
     return Header(
         r.path, version, metadata, tuple(tensors), data_offset, r.size, r.endian == ">", cost

@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -201,14 +201,44 @@ def _predict(
     return str(ref), predictor.for_spec(spec, mem_total), ref, None
 
 
+# Exit codes: 0 it fits, 1 it does not, 2 a usage or config error (argparse's), and
+# EXIT_CANNOT_SAY when the footprint is unknown (an ExecStartPre= tells it from a typo).
+EXIT_CANNOT_SAY = 4
+EPILOG = (
+    "exit status: 0 it fits, 1 it does not fit, 2 usage or config error, "
+    "4 cannot say (footprint unknown, model unreadable)"
+)
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high], or argparse's usage error naming
+    the range (a -c of -1 was taken as 0 and said "fits")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: must be from {low} to {high}")
+        return value
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     parser.add_argument("target", metavar="UNIT|MODEL.gguf")
-    parser.add_argument("-c", "--ctx", type=int, help="context size (0: the trained one)")
-    parser.add_argument("-np", "--parallel", type=int, help="slots")
-    parser.add_argument("-ctk", "--cache-type-k")
-    parser.add_argument("-ctv", "--cache-type-v")
+    parser.add_argument(
+        "-c", "--ctx", type=count(0, 1 << 24), help="context size (0: the trained one)"
+    )
+    parser.add_argument("-np", "--parallel", type=count(1, 4096), help="slots (1 or more)")
+    parser.add_argument("-ctk", "--cache-type-k", help="K cache type: f16, q8_0, q4_0, ...")
+    parser.add_argument("-ctv", "--cache-type-v", help="V cache type: f16, q8_0, q4_0, ...")
     parser.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"))
-    parser.add_argument("-ub", "--ubatch", type=int)
+    parser.add_argument(
+        "-ub", "--ubatch", type=count(1, 1 << 16), help="physical batch (1 or more)"
+    )
     parser.add_argument("--swa-full", action="store_true", default=None)
     parser.add_argument("--mmproj", help="the multimodal projector file loaded with the model")
     parser.add_argument("--json", action="store_true")
@@ -237,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     except (ProcError, PreflightError, SpecError) as e:
         # The message can quote the unit's command line: a user's text, shown inert.
         print(f"spark-guard: {p(e)}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_SAY
     if prediction.bytes is None:
         if args.make_room:
             # No footprint to make room for: the device floor still is (an ExecStartPre=).
@@ -247,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-guard: {p(what)}: footprint unknown: {p(prediction.source)}", file=sys.stderr)
         if charge is not None:
             print(f"spark-guard: {p(what)}: {_charged(charge)}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_SAY
     model_bytes = prediction.page_cache  # read through the page cache as it loads
     room = None
     if args.make_room:

@@ -49,8 +49,21 @@ RESCUE_LOCK_WAIT = 30.0  # seconds: a daemon's pass holds the lock for well unde
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--stop-timeout", type=float, default=5.0, help="seconds before SIGKILL (default 5)"
+        "--stop-timeout",
+        type=_seconds,
+        default=5.0,
+        help="seconds before SIGKILL, more than 0 (default 5)",
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0 and at most 3600")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

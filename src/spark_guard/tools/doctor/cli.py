@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +172,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
 
+def _bad_argument(args: argparse.Namespace) -> str | None:
+    """What is wrong with --directory or --since, before any log is read: a run over a
+    journal that is not there, or from a time that is none, is no clean run."""
+    if args.directory is not None and not os.path.isdir(args.directory):
+        return f"--directory {printable(args.directory)}: no such directory"
+    if shutil.which("journalctl") is None:
+        return None
+    where = ["--directory", args.directory] if args.directory else []
+    try:
+        probe = subprocess.run(
+            ["journalctl", "--no-pager", "-q", "-n", "0", "--since", args.since, *where],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return None  # the reads say it
+    if probe.returncode != 0 and "timestamp" in probe.stderr.lower():
+        return (
+            f"--since {printable(args.since)}: not a time journalctl reads "
+            '(e.g. "24h ago", -1h, "2026-12-01 08:00", yesterday)'
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_mod.load_for_command(args.config)
     if config is None:
         return 3
+    bad = _bad_argument(args)
+    if bad is not None:
+        print(f"spark-guard doctor: {bad}", file=sys.stderr)
+        return 2
     report = judge(gather(config, args.since, args.directory, config.kmsg))
     if args.json:
         out: dict[str, Any] = {
