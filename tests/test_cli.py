@@ -1,6 +1,7 @@
 """The command line as an admin uses it: exit codes and one-line errors."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -184,3 +185,28 @@ def test_bad_arguments_are_one_line_and_exit_two_and_a_closed_pipe_is_no_traceba
         timeout=60,
     )
     assert piped.stdout == "{" and "Traceback" not in piped.stderr, piped.stderr
+
+
+def test_rescue_that_reaches_no_manager_says_so_and_fails(tmp_path):
+    """No manager answering (no systemd as PID 1, a socket gone): rescue printed "no model
+    loaders found" and exited 0, a false all-clear. Now it says nothing was checked, exit
+    1; and without root it says it cannot act, exit 1."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n'
+        f'state = "{tmp_path}/state"\nmotd = "{tmp_path}/motd"\nissue = "{tmp_path}/issue"\n'
+        "[containers]\nenabled = false\n"
+    )
+    out = sg("rescue", "--config", str(cfg))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "no systemd manager could be reached: no unit was checked" in out.stdout
+    assert "no model loaders found" not in out.stdout
+    if os.geteuid() == 0:
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        nobody = subprocess.run(
+            [*drop, sys.executable, "-m", "spark_guard", "rescue", "--config", str(SHIPPED)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert nobody.returncode == 1 and "needs root" in nobody.stderr, nobody.stderr

@@ -221,6 +221,21 @@ def test_only_application_xids_make_it_app_level():
     assert kind() == "healthy"
 
 
+def test_a_missing_nvml_binding_is_cannot_tell_never_a_dead_driver():
+    """Driver present (/dev/nvidiactl, a card on the PCI bus) but no pynvml, the normal
+    state on Debian 12: doctor said CRIT driver-level, suggested a reboot after Xid 79 and
+    exited 2. A missing binding is "cannot tell", with how to install it."""
+    from spark_guard.system.gpu import GpuFacts
+
+    facts = GpuFacts("no-module", "python module pynvml (nvidia-ml-py) is not installed")
+    report = judge(Evidence(facts, True, 1, "inactive"))
+    assert report.kind == "cannot-tell"
+    assert report.exit_code == 1
+    first = report.findings[0]
+    assert "nvidia-ml-py" in first.fix and "reboot" not in first.fix
+    assert "driver-level" not in {f.code for f in report.findings}
+
+
 def test_a_loaders_cuda_line_is_known_by_its_tag_when_journald_lost_its_unit():
     """A process that prints its CUDA error and exits at once is often gone before journald
     reads its cgroup: the line has no unit, and only its SYSLOG_IDENTIFIER names it."""

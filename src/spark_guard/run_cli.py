@@ -7,6 +7,7 @@ This front door and the daemon must stay clear of the admin's tools (the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 # The daemon speaks no TLS: its sockets are unix sockets (systemd, the container engines,
@@ -38,5 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        # It runs, and says at once what it cannot do, rather than "watching" in silence.
+        print(
+            "spark-guard run: not root: it watches, but cannot stop, mask or disable PID "
+            "1's units or other users', write its records or make room; run it as root "
+            "(the package's spark-guard.service)",
+            file=sys.stderr,
+        )
     log_mod.configure(args.log, level=args.log_level)
     return daemon.run(args.config, dry_run=args.dry_run, log=log_mod.get_logger())

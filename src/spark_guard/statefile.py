@@ -239,7 +239,34 @@ class Publisher:
         return written
 
 
+# What `status` reads of every state.json, with the types it reads them as: a file of
+# another shape (another version's, a hand-edited one) is refused, never a KeyError.
+_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "format": int,
+    "pid": int,
+    "phase": str,
+    "mem_total": int,
+    "mem_available": int,
+    "reserve": int,
+    "loaders": list,
+    "blocked": list,
+    "pending_actions": list,
+    "last_action": str,
+    "counts": dict,
+}
+
+
 def read(directory: str) -> PublishedState:
-    """state.json as the daemon wrote it (not validated: the daemon is its only writer)."""
+    """state.json as the daemon wrote it, its shape checked (the daemon is its only writer,
+    but another version's, or a file edited by hand, is not this one's): ValueError naming
+    what is wrong."""
     with open(os.path.join(directory, "state.json"), encoding="utf-8") as f:
-        return cast(PublishedState, json.load(f))
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format {data.get('format')!r}, this spark-guard reads {FORMAT}")
+    for key, kind in _SHAPE.items():
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool) != (kind is bool):
+            raise ValueError(f"{key!r} missing or not {getattr(kind, '__name__', kind)}")
+    return cast(PublishedState, data)

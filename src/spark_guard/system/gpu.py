@@ -373,7 +373,7 @@ class Card:
 
 @dataclass(frozen=True)
 class GpuFacts:
-    state: str  # ok | no-library | no-driver | no-permission | lost | error
+    state: str  # ok | no-module | no-library | no-driver | no-permission | lost | error
     detail: str
     driver_version: str | None = None
     cuda_version: str | None = None
@@ -396,7 +396,8 @@ def inspect() -> GpuFacts:
     try:
         nv = _nvml()
     except GpuUnavailable as e:
-        return GpuFacts("no-library", str(e))
+        # The Python binding, not the driver: nothing can be told of the card from here.
+        return GpuFacts("no-module", str(e))
     try:
         nv.nvmlInit()
     except nv.NVMLError as e:

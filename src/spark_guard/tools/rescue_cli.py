@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -71,6 +72,14 @@ def run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     config = dataclasses.replace(config, stop_timeout=args.stop_timeout, kill_timeout=2.0)
+    if os.geteuid() != 0:
+        # Without root nothing can be stopped or masked: no false all-clear.
+        print(
+            "spark-guard rescue: needs root (it stops units through each manager's private "
+            "socket and lays their masks); nothing was checked",
+            file=sys.stderr,
+        )
+        return 1
     try:
         log_mod.configure("journal")
     except (ImportError, OSError):
@@ -80,13 +89,14 @@ def run(args: argparse.Namespace) -> int:
     inv = collect(config)
     loaders = [u for u in inv.loaders if not u.from_files]
     managers: dict[str, Manager] = {}
+    unreached: list[str] = []  # managers that did not answer: what was not checked
     for key, sock in discover(config.system_manager, config.user_runtime).items():
         m = Manager(key, sock)
         try:
             m.connect()
             managers[key] = m
         except ManagerError as e:
-            print(f"spark-guard: {p(e)}", file=sys.stderr)
+            unreached.append(str(e))
     try:
         memory = proc.memory()
         figures: dict[str, int | float] = {"mem_available": memory.available}
@@ -125,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
             reserve = config.reserve_for(memory.total)
             blocker.block(todo, Decision(Phase.RESCUE, reserve, groups, todo), engines)
             blocker.finish(config.stop_timeout + 2 * config.kill_timeout + 1.0)
-        ok = _report(loaders, managers, proc, blocker, running, groups)
-        return 0 if ok and not boxes.errors else 1
+        ok = _report(loaders, managers, proc, blocker, running, groups, reached=bool(managers))
+        for why in dict.fromkeys(unreached):
+            print(f"spark-guard: not reached: {p(why)}", file=sys.stderr)
+        return 0 if ok and not boxes.errors and not unreached else 1
     except ProcError as e:
         print(f"spark-guard: {e}", file=sys.stderr)
         return 2
@@ -139,7 +151,9 @@ def _loader_groups(config: Config, log: FilteringBoundLogger) -> tuple[Loader, .
     """Loaders that are no unit: a user's processes in a cgroup of her own, in her scope,
     her job in a system unit, those below a manager out of view (SeenUnit.group). No
     manager lists them; the kernel shows them, as it shows the daemon."""
-    sensor = Sensor(config, log)
+    # What the kernel shows is enough: no NVML, no engines (their containers are asked
+    # above), no model read (every loader is stopped, whatever its footprint).
+    sensor = Sensor(dataclasses.replace(config, gpu=False, containers=False), log)
     try:
         sensor.refresh_managers()
         snap = sensor.snapshot(rescue=False)
@@ -159,6 +173,8 @@ def _report(
     blocker: Blocker,
     boxes: list[Container],
     groups: tuple[Loader, ...] = (),
+    *,
+    reached: bool = True,
 ) -> bool:
     ok = True
     print(f"{'UNIT':40} {'LOAD':10} {'ACTIVE':10} BLOCK")
@@ -202,8 +218,11 @@ def _report(
         ok = ok and not left
         shown = f"{len(left)} left" if left else "killed"
         print(f"{p(g.ref):40} {'no unit':10} {shown:10} {p(g.seen.group)}")
-    if not loaders and not boxes and not groups:
-        print("no model loaders found on any running manager or engine")
+    if not reached:
+        ok = False
+        print("no systemd manager could be reached: no unit was checked")
+    elif not loaders and not boxes and not groups:
+        print("no model loaders found on the managers and engines reached")
     memory = proc.memory()
     print(
         f"\nMemAvailable {format_size(memory.available)} of {format_size(memory.total)}; "

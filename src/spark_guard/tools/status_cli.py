@@ -44,13 +44,18 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"spark-guard: {path}: cannot read: {e}", file=sys.stderr)
         return 1
-    age = _age(state)
-    alive = age < STALE and _alive(int(state.get("pid", 0)))
-    if args.json:
-        json.dump({**state, "age": round(age, 1), "alive": alive}, sys.stdout, indent=1)
-        print()
-    else:
-        _print(state, age, alive)
+    try:
+        age = _age(state)
+        alive = age < STALE and _alive(int(state.get("pid", 0)))
+        if args.json:
+            json.dump({**state, "age": round(age, 1), "alive": alive}, sys.stdout, indent=1)
+            print()
+        else:
+            _print(state, age, alive)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        # A state.json of another shape than this version writes: one line, no traceback.
+        print(f"spark-guard: {path}: not as this spark-guard writes it: {p(e)}", file=sys.stderr)
+        return 1
     return 0 if alive else 1
 
 

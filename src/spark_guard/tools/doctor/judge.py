@@ -76,7 +76,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Report:
-    kind: str  # healthy | app-level | driver-level | hardware/firmware-level | no-gpu
+    kind: str  # healthy | app-level | driver-level | hardware/firmware-level | no-gpu | cannot-tell
     findings: tuple[Finding, ...]
 
     @property
@@ -129,6 +129,18 @@ def classify(ev: Evidence, xids: list[XidEvent], cuda: list[tuple[str, LogLine]]
             step="classify",
             evidence=(gpu.detail,),
             fix="nothing to do, unless this machine should have one (lspci | grep -i nvidia)",
+        )
+    if gpu.state == "no-module":
+        # The binding is missing (the normal state on Debian 12): no word on the driver.
+        return Finding(
+            Severity.WARNING,
+            "cannot-tell",
+            "cannot tell the GPU's state: the NVML Python binding (nvidia-ml-py) is not "
+            "installed, so the driver was not asked",
+            step="classify",
+            evidence=(gpu.detail,),
+            fix="pip install nvidia-ml-py (or your distribution's python3 package of it), "
+            "then run doctor again",
         )
     if gpu.state == "no-permission":
         return Finding(
