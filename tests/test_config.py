@@ -18,7 +18,6 @@ SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
         ("8GiB", 8 * 1024**3),
         ("512 MiB", 512 * 1024**2),
         ("1.5G", int(1.5 * 1024**3)),
-        ("8GB", 8 * 10**9),
         ("100", 100),
         (4096, 4096),
         ("2tib", 2 * 1024**4),
@@ -34,12 +33,36 @@ def test_bad_sizes_are_refused(bad):
         parse_size(bad)
 
 
+def test_decimal_sizes_are_refused_as_systemd_refuses_them():
+    """'8GB' was 8 * 1000**3, 7.5 GiB, without a word, while '8G' is 8 GiB; systemd
+    refuses GB. So does the guard, saying what to write."""
+    with pytest.raises(ValueError, match="write '8G' or '8GiB'"):
+        parse_size("8GB")
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("30s", 30.0), ("250ms", 0.25), ("2min", 120.0), ("1h", 3600.0), (5, 5.0), ("1.5", 1.5)],
+    [
+        ("30s", 30.0),
+        ("250ms", 0.25),
+        ("2min", 120.0),
+        ("1h", 3600.0),
+        (5, 5.0),
+        ("1.5", 1.5),
+        ("1d", 86400.0),
+        ("1h 30min", 5400.0),
+        ("1h30min", 5400.0),
+        ("2 weeks", 1209600.0),
+    ],
 )
 def test_durations(text, expected):
     assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["garbage", "1h 30", "", "1x", "-1s", "30s" * 30])
+def test_bad_durations_are_refused(bad):
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(bad)
 
 
 def test_empty_file_is_the_built_in_defaults():
