@@ -125,7 +125,7 @@ def test_no_driver_loaded_is_driver_level(tmp_path, monkeypatch, capsys):
     fake_nvml.install(monkeypatch, lib)
     code, report = doctor(machine(tmp_path, nvidiactl=False), capsys)
     first = report["findings"][0]
-    assert report["classification"] == "driver-level" and code == 2
+    assert report["classification"] == "driver-level" and code == 3
     assert "the NVIDIA kernel driver is not loaded" in first["evidence"][0]
     assert "/dev/nvidiactl does not exist" in first["evidence"]
     assert "1 NVIDIA device(s) on the PCI bus" in first["evidence"]
@@ -142,7 +142,7 @@ def test_no_library_on_a_machine_with_an_nvidia_device_is_driver_level(
 ):
     fake_nvml.install(monkeypatch, None)
     code, report = doctor(machine(tmp_path, nvidiactl=False), capsys)
-    assert report["classification"] == "driver-level" and code == 2
+    assert report["classification"] == "driver-level" and code == 3
     assert "libnvidia-ml.so.1 not found" in report["findings"][0]["evidence"][0]
 
 
@@ -230,7 +230,7 @@ def test_a_missing_nvml_binding_is_cannot_tell_never_a_dead_driver():
     facts = GpuFacts("no-module", "python module pynvml (nvidia-ml-py) is not installed")
     report = judge(Evidence(facts, True, 1, "inactive"))
     assert report.kind == "cannot-tell"
-    assert report.exit_code == 1
+    assert report.exit_code == 4
     first = report.findings[0]
     assert "nvidia-ml-py" in first.fix and "reboot" not in first.fix
     assert "driver-level" not in {f.code for f in report.findings}
@@ -414,7 +414,7 @@ def test_many_nv_no_memory_lines_in_a_minute_with_a_collapse_are_critical(tmp_pa
     memory = dict(free=GiB, available=80 * GiB, cache=75 * GiB, buddy={10: 100})
     _, report = doctor_now(tmp_path / "a", monkeypatch, nv_records(12, 2.0), **memory)
     f = nv_finding(report)
-    assert f["severity"] == "critical" and report.exit_code == 2
+    assert f["severity"] == "critical" and report.exit_code == 3
     assert "12 NVRM NV_ERR_NO_MEMORY line(s)" in f["message"]
     assert "at most 12 within a minute" in f["message"]
     # As many lines, spread over 22 minutes: a warning.
@@ -472,7 +472,7 @@ def test_real_journal_xid_lines_and_a_restart_storm(tmp_path, monkeypatch, capsy
         _, quiet = doctor(config, capsys, "--since", later, journal=um.journal_dir)
 
     found = codes(report)
-    assert report["classification"] == "hardware/firmware-level" and code == 2
+    assert report["classification"] == "hardware/firmware-level" and code == 3
     assert found["xid-79"]["severity"] == "critical"
     assert "fallen off the bus" in found["xid-79"]["message"]
     assert found["xid-79"]["evidence"][0].endswith("pid=1234, GPU has fallen off the bus.")
@@ -504,7 +504,7 @@ def test_real_journal_nv_no_memory_burst_with_memfree_collapsed(tmp_path, monkey
         time.sleep(0.5)  # journald writes what it got
         code, report = doctor(config, capsys, "--since", "10min ago", journal=um.journal_dir)
     f = codes(report)["nv-no-memory"]
-    assert f["severity"] == "critical" and code == 2, report
+    assert f["severity"] == "critical" and code == 3, report
     assert "12 NVRM NV_ERR_NO_MEMORY line(s)" in f["message"]
     assert "MemFree has collapsed to 1.0GiB" in f["message"]
     assert codes(report)["wedge-signature"]["severity"] == "info"

@@ -199,9 +199,12 @@ def test_status_shows_units_reasons_and_details_inert(tmp_path, capsys):
     runtime = tmp_path / "run"
     runtime.mkdir()
     state = {
+        "format": 1,
         "pid": 1,
         "written_at": 0,
         "phase": "strict",
+        "pending_actions": [],
+        "counts": {"actions": {}, "starts": {}},
         "mem_total": 100 * GiB,
         "mem_available": 50 * GiB,
         "reserve": 8 * GiB,
@@ -231,7 +234,7 @@ def test_status_shows_units_reasons_and_details_inert(tmp_path, capsys):
     }
     (runtime / "state.json").write_text(json.dumps(state))
     args = argparse.Namespace(config=config_file(tmp_path, runtime=str(runtime)), json=False)
-    assert status_cli.run(args) == 1  # pid 1's state is 55 years old: not running
+    assert status_cli.run(args) == 3  # pid 1's state is 55 years old: not running
     out = capsys.readouterr().out
     assert inert(out) and out.count(EVIL_SHOWN) == 3
     assert "user:1000:x\\x1b[2J.service: active" in out
@@ -334,12 +337,24 @@ def test_status_judges_liveness_on_the_boot_clock_not_the_wall(tmp_path, capsys)
     runtime.mkdir()
     args = argparse.Namespace(config=config_file(tmp_path, runtime=str(runtime)), json=True)
     boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    base = {"pid": os.getpid(), "phase": "strict", "loaders": [], "blocked": []}
+    base = {
+        "format": 1,
+        "pid": os.getpid(),
+        "phase": "strict",
+        "mem_total": GiB,
+        "mem_available": GiB,
+        "reserve": 0,
+        "loaders": [],
+        "blocked": [],
+        "pending_actions": [],
+        "last_action": "none",
+        "counts": {"actions": {}, "starts": {}},
+    }
     fresh = {**base, "written_at": time.time() - 3600, "written_boot": boot - 1}
     (runtime / "state.json").write_text(json.dumps(fresh))
     assert status_cli.run(args) == 0
     assert json.loads(capsys.readouterr().out)["alive"] is True
     stale = {**base, "written_at": time.time(), "written_boot": boot - 3600}
     (runtime / "state.json").write_text(json.dumps(stale))
-    assert status_cli.run(args) == 1
+    assert status_cli.run(args) == 3
     assert json.loads(capsys.readouterr().out)["alive"] is False

@@ -170,7 +170,7 @@ def test_status_shows_what_the_running_guard_published(um):
     assert text.startswith("spark-guard: running (pid ") and "user:0:worker-7.service" in text
     um.systemctl("stop", GUARD, "worker-7.service")
     dead = cli(um, "status")
-    assert dead.returncode == 1 and "NOT RUNNING" in dead.stdout
+    assert dead.returncode == 3 and "NOT RUNNING" in dead.stdout  # systemctl's 3
 
 
 def test_rescue_stops_and_blocks_every_loader_and_release_undoes_it(um):

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from . import __version__
 from . import config as config_mod
+from .exits import EPILOGS
 
 
 class Command(NamedTuple):
@@ -77,6 +78,7 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
         # Only the chosen command needs its arguments; the others just name themselves in --help.
         if name == chosen:
             _module(command).add_arguments(command_parser)
+            command_parser.epilog = command_parser.epilog or EPILOGS.get(name)
             if command.config:
                 command_parser.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
     return parser

@@ -28,6 +28,7 @@ from ..containers import is_ref
 from ..core.quantities import format_size
 from ..core.snapshot import Snapshot
 from ..core.text import printable as p
+from ..exits import CANNOT_SAY
 from .audit import (
     Footprint,
     container_findings,
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(inv, findings, memory, holders, feet, found, config, snapshot)
     if not inv.managers:
-        return 2
+        return CANNOT_SAY  # nothing was audited: no clean bill, and no usage error either
     return 1 if worst(findings).at_least(Severity.WARNING) else 0
 
 

@@ -14,6 +14,7 @@ from ..core.policy import decide
 from ..core.quantities import format_size
 from ..core.snapshot import Decision, Pressure, Snapshot
 from ..core.text import printable as p
+from ..exits import USAGE
 from ..sensor import Sensor
 from ..system.procfs import ProcError
 
@@ -53,7 +54,7 @@ def _with_pressure(snapshot: dict[str, Any], pressure: Pressure | None) -> dict[
 def run(args: argparse.Namespace) -> int:
     config = config_mod.load_for_command(args.config)
     if config is None:
-        return 1
+        return USAGE
     log_mod.configure("console", level="warning")
     sensor = Sensor(config, log_mod.get_logger())
     sensor.wait_for_models = True  # a command waits for model headers (up to their deadline)

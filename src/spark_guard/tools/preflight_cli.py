@@ -36,6 +36,7 @@ from ..core.policy import charge_clients
 from ..core.quantities import format_size
 from ..core.snapshot import USER_PREFIX, Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
 from ..core.text import printable as p
+from ..exits import CANNOT_SAY
 from ..foresight.clients import ServerUnit, predict_client
 from ..foresight.estimate import Estimate
 from ..foresight.predict import Prediction, Predictor, parse_environment
@@ -201,13 +202,9 @@ def _predict(
     return str(ref), predictor.for_spec(spec, mem_total), ref, None
 
 
-# Exit codes: 0 it fits, 1 it does not, 2 a usage or config error (argparse's), and
-# EXIT_CANNOT_SAY when the footprint is unknown (an ExecStartPre= tells it from a typo).
-EXIT_CANNOT_SAY = 4
-EPILOG = (
-    "exit status: 0 it fits, 1 it does not fit, 2 usage or config error, "
-    "4 cannot say (footprint unknown, model unreadable)"
-)
+# Exit codes (exits.py): "cannot say" (a footprint unknown) is apart from argparse's 2,
+# so an ExecStartPre= tells it from a typo.
+EXIT_CANNOT_SAY = CANNOT_SAY
 
 
 def count(low: int, high: int) -> Callable[[str], int]:
@@ -227,7 +224,6 @@ def count(low: int, high: int) -> Callable[[str], int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = EPILOG
     parser.add_argument("target", metavar="UNIT|MODEL.gguf")
     parser.add_argument(
         "-c", "--ctx", type=count(0, 1 << 24), help="context size (0: the trained one)"

@@ -16,6 +16,7 @@ from ..block.records import Record, RecordStore
 from ..block.release import ReleaseError, release, released_event, select
 from ..core.events import tell
 from ..core.text import printable as p
+from ..exits import USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     names: list[str] = args.units
     config = config_mod.load_for_command(args.config)
     if config is None:
-        return 1
+        return USAGE
     store = RecordStore(config.state)
     records, errors = store.all()
     for error in errors:

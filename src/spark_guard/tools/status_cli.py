@@ -1,7 +1,7 @@
 """`spark-guard status`: what the running guard sees and has done, as it published it.
 
-Reads <runtime>/state.json; never senses or decides itself. Exit 1 when no
-guard is publishing (no state, or state older than STALE seconds).
+Reads <runtime>/state.json; never senses or decides itself. Exit 3 when no
+guard is publishing (no state, or state older than STALE seconds), as systemctl's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from .. import config as config_mod
 from ..core.quantities import format_size
 from ..core.text import printable as p
+from ..exits import CANNOT_SAY, NOT_RUNNING
 from ..statefile import PublishedState, read
 
 STALE = 180.0
@@ -33,17 +34,17 @@ def run(args: argparse.Namespace) -> int:
         state = read(config.runtime)
     except FileNotFoundError:
         print(f"spark-guard: not running: {path} does not exist", file=sys.stderr)
-        return 1
+        return NOT_RUNNING
     except PermissionError:
         print(
             f"spark-guard: {path} is readable by root and group adm only (it names what "
             "every user loads): run status as root, or as a member of adm",
             file=sys.stderr,
         )
-        return 1
+        return CANNOT_SAY
     except (OSError, ValueError) as e:
         print(f"spark-guard: {path}: cannot read: {e}", file=sys.stderr)
-        return 1
+        return CANNOT_SAY
     try:
         age = _age(state)
         alive = age < STALE and _alive(int(state.get("pid", 0)))
@@ -55,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         # A state.json of another shape than this version writes: one line, no traceback.
         print(f"spark-guard: {path}: not as this spark-guard writes it: {p(e)}", file=sys.stderr)
-        return 1
-    return 0 if alive else 1
+        return CANNOT_SAY
+    return 0 if alive else NOT_RUNNING
 
 
 def _age(state: PublishedState) -> float:

@@ -200,7 +200,7 @@ def _bad_argument(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     config = config_mod.load_for_command(args.config)
     if config is None:
-        return 3
+        return 2
     bad = _bad_argument(args)
     if bad is not None:
         print(f"spark-guard doctor: {bad}", file=sys.stderr)

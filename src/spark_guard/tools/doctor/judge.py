@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ...core.quantities import format_size
 from ...core.snapshot import STORM_WINDOW
+from ...exits import CANNOT_SAY, CRITICAL
 from ...system.gpu import GpuFacts
 from ..findings import Finding, Severity, worst
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
@@ -85,7 +86,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return {Severity.CRITICAL: 2, Severity.WARNING: 1}.get(self.worst, 0)
+        """exits.py's scheme: 0 healthy, 1 a warning, 3 critical, 4 cannot tell."""
+        if self.kind == "cannot-tell":
+            return CANNOT_SAY
+        return {Severity.CRITICAL: CRITICAL, Severity.WARNING: 1}.get(self.worst, 0)
 
 
 def _when(at: float) -> str:
