@@ -110,3 +110,32 @@ def _memory():
     from spark_guard.tools.audit import reconcile
 
     return reconcile({"MemTotal": 2**37, "MemAvailable": 2**36}, 0, 0, False)
+
+
+def test_colours_as_systemds_tools_decide_them_and_quiet_as_systemctls(tmp_path):
+    """One set of severity words for audit and doctor, coloured on a terminal or when
+    SYSTEMD_COLORS says so, never when NO_COLOR is set or SYSTEMD_COLORS=0; -q prints
+    nothing on stdout and keeps the exit status; --no-pager is accepted."""
+    import os
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[paths]\nsystem_manager = "{tmp_path}/no-pid1/private"\n'
+            f'user_runtime = "{tmp_path}/run-user"\n[containers]\nenabled = false\n'
+        )
+        (tmp_path / "run-user").mkdir(exist_ok=True)
+        return subprocess.run(
+            [sys.executable, "-m", "spark_guard", "audit", *args, "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k not in ("NO_COLOR",)} | env,
+        )
+
+    assert "\x1b[1;31mCRITICAL\x1b[0m nothing-audited" in run(SYSTEMD_COLORS="1").stdout
+    assert "\x1b[" not in run(SYSTEMD_COLORS="0").stdout
+    assert "\x1b[" not in run(NO_COLOR="1").stdout
+    assert "\x1b[" not in run().stdout  # not a terminal
+    quiet = run("-q", "--no-pager")
+    assert quiet.stdout == "" and quiet.returncode == 4, quiet

@@ -519,8 +519,8 @@ def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys)
     assert out.startswith("classification: healthy\n")
     steps = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert steps == ["classify:", "driver:", "card:"]
-    assert "  WARN  GPU 0 (NVIDIA RTX 6000 Ada Generation): PCIe link x8" in out
-    assert "  WARN  GPU 0 (NVIDIA RTX 6000 Ada Generation): 88 °C, slowdown at 90 °C" in out
+    assert "  WARNING  GPU 0 (NVIDIA RTX 6000 Ada Generation): PCIe link x8" in out
+    assert "  WARNING  GPU 0 (NVIDIA RTX 6000 Ada Generation): 88 °C, slowdown at 90 °C" in out
     assert "next: reseat the card or riser" in out
     assert code == 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -79,6 +80,15 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
         if name == chosen:
             _module(command).add_arguments(command_parser)
             command_parser.epilog = command_parser.epilog or EPILOGS.get(name)
+            if name != "run":
+                # As systemctl takes them: nothing here pages, and -q keeps stdout quiet
+                # (the exit status and the errors on stderr still say it).
+                command_parser.add_argument(
+                    "--no-pager", action="store_true", help="accepted; nothing is paged"
+                )
+                command_parser.add_argument(
+                    "-q", "--quiet", action="store_true", help="print nothing on stdout"
+                )
             if command.config:
                 command_parser.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
     return parser
@@ -112,4 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         # stream must not kill the guard.)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = _parser(chosen).parse_args(argv)
+    if getattr(args, "quiet", False):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the command)
     return int(_module(COMMANDS[args.command]).run(args))

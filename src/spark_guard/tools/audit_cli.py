@@ -40,7 +40,7 @@ from .audit import (
     reconcile,
     unified_findings,
 )
-from .findings import Finding, Severity, worst, worst_first
+from .findings import Finding, Severity, colours_wanted, label, worst, worst_first
 from .inventory import (
     INFINITY,
     ContainerInfo,
@@ -261,8 +261,9 @@ def _print(
         print("\nno findings")
         return
     print(f"\nfindings ({len(findings)}):")
+    colour = colours_wanted(sys.stdout)
     for f in sorted(findings, key=worst_first):
-        print(f"  {f.severity.upper():8} {f.code:18} {p(f.unit)}: {p(f.message)}")
+        print(f"  {label(f.severity, colour=colour)} {f.code:18} {p(f.unit)}: {p(f.message)}")
         print(f"  {'':8} {'':18} fix: {p(f.fix)}")
 
 

@@ -7,10 +7,11 @@ which severity is worse and how --json writes one is said here once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 
 class Severity(StrEnum):
@@ -36,6 +37,28 @@ class Severity(StrEnum):
 
 
 _RANK = {severity: rank for rank, severity in enumerate(Severity)}
+
+# ANSI SGR for each severity on a terminal: red for critical, yellow for a warning.
+_COLOURS = {Severity.OK: "32", Severity.INFO: "", Severity.WARNING: "33", Severity.CRITICAL: "1;31"}
+
+
+def colours_wanted(stream: TextIO) -> bool:
+    """Colours as systemd's tools decide them: SYSTEMD_COLORS says (0/false/no: none;
+    anything else: colours), else NO_COLOR set means none, else a terminal gets them."""
+    forced = os.environ.get("SYSTEMD_COLORS")
+    if forced is not None:
+        return forced.lower() not in ("0", "false", "no", "off")
+    if "NO_COLOR" in os.environ:
+        return False
+    return stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def label(severity: Severity, *, colour: bool = False) -> str:
+    """The one word audit and doctor print for a severity, padded to 8, coloured when
+    asked."""
+    word = f"{severity.upper():8}"
+    code = _COLOURS[severity]
+    return f"\x1b[{code}m{word}\x1b[0m" if colour and code else word
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,11 @@ from ...foresight.predict import Predictor, parse_environment
 from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
-from ..findings import Severity
+from ..findings import colours_wanted, label
 from ..inventory import Inventory, collect
 from . import logscan
 from .judge import STEPS, Evidence, LoaderBudget, Report, judge
 
-MARK = {
-    Severity.OK: "ok  ",
-    Severity.INFO: "info",
-    Severity.WARNING: "WARN",
-    Severity.CRITICAL: "CRIT",
-}
 AUTOSTART = ("enabled", "enabled-runtime", "linked", "alias")
 
 
@@ -145,6 +139,7 @@ def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evid
 
 def _print(report: Report) -> None:
     print(f"classification: {printable(report.kind)}")
+    colour = colours_wanted(sys.stdout)
     for step in STEPS:
         findings = [f for f in report.findings if f.step == step]
         if not findings:
@@ -153,11 +148,11 @@ def _print(report: Report) -> None:
         for f in findings:
             # Evidence quotes the journal and the kernel log (any user's text), messages name
             # units: all shown inert, one line each.
-            print(f"  {MARK[f.severity]}  {printable(f.message)}")
+            print(f"  {label(f.severity, colour=colour)} {printable(f.message)}")
             for line in f.evidence:
-                print(f"          | {printable(line)}")
+                print(f"  {'':8} | {printable(line)}")
             if f.fix:
-                print(f"          next: {printable(f.fix)}")
+                print(f"  {'':8} next: {printable(f.fix)}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
