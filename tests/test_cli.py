@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import spark_guard.tools
 from spark_guard.core.quantities import format_size
 
@@ -210,3 +212,55 @@ def test_rescue_that_reaches_no_manager_says_so_and_fails(tmp_path):
             timeout=60,
         )
         assert nobody.returncode == 1 and "needs root" in nobody.stderr, nobody.stderr
+
+
+BAD_INPUTS = [
+    # (command line, exit status, what the one line names)
+    (["check-config", "{tmp}/none.toml"], 1, "no such file"),
+    (["check-config", "{tmp}/broken.toml"], 1, "broken.toml:1"),
+    (["dump", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["status", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["audit", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["rescue", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["doctor", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["release", "--all", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["preflight", "x.gguf", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
+    (["preflight", "{tmp}/none.gguf", "--config", "{cfg}"], 4, "none.gguf"),
+    (["preflight", "/dev/null", "--config", "{cfg}"], 4, "/dev/null"),
+    (["preflight", "{tmp}/fifo.gguf", "--config", "{cfg}"], 4, "fifo.gguf"),
+    (["preflight", "{tmp}/junk.gguf", "--config", "{cfg}"], 4, "junk.gguf"),
+    (["preflight", "x.gguf", "-c", "lots", "--config", "{cfg}"], 2, "not a whole number"),
+    (["preflight", "x.gguf", "-fa", "maybe", "--config", "{cfg}"], 2, "invalid choice"),
+    (["status", "--config", "{cfg}"], 3, "not running"),
+    (["release", "nope.service", "--config", "{cfg}"], 1, "nope.service"),
+    (["release", "--config", "{cfg}"], 2, "name the units to release"),
+    (["harden", "nope.service", "--config", "{cfg}"], 2, "nope.service"),
+    (["doctor", "--since", "yesterdayish", "--config", "{cfg}"], 2, "--since"),
+    (["nosuchcommand"], 2, "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "said"), BAD_INPUTS, ids=[" ".join(b[0][:2]) for b in BAD_INPUTS]
+)
+def test_bad_input_to_any_command_is_one_line_and_its_documented_exit(tmp_path, argv, code, said):
+    """Every command over a table of bad inputs (issue 30 §2): no traceback, one line on
+    stderr naming what and where, and the exit status its --help documents (exits.py)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n'
+        f'state = "{tmp_path}/state"\nruntime = "{tmp_path}/run"\n'
+        f'motd = "{tmp_path}/motd"\nissue = "{tmp_path}/issue"\n'
+        "[containers]\nenabled = false\n[gpu]\nenabled = false\n"
+    )
+    (tmp_path / "broken.toml").write_text("[budget\n")
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 64)
+    os.mkfifo(tmp_path / "fifo.gguf")
+    args = [a.format(tmp=tmp_path, cfg=cfg) for a in argv]
+    out = sg(*args)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == code, (args, out.returncode, out.stderr)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("spark-guard")]
+    assert errors, out.stderr
+    assert said in out.stderr, out.stderr
+    assert len([e for e in errors if "error" in e or said in e]) >= 1
