@@ -333,3 +333,18 @@ def test_host_path(inside: str, mounts: list[tuple[str, str]], expected: str):
 def test_host_path_refuses(inside: str, mounts: list[tuple[str, str]], why: str):
     with pytest.raises(MountError, match=why):
         host_path(mounts, inside)
+
+
+def test_a_symlink_into_a_deep_tree_is_refused_before_it_takes_every_fd(host: Path):
+    """Each level below the mount holds an fd while it is walked: a symlink to a path
+    2,000 levels deep took the daemon's every fd (EMFILE for the loop too). The walk
+    stops at its depth and step caps, and says so."""
+    models = host / "models"
+    d = models
+    for _ in range(200):
+        d = d / "d"
+    d.mkdir(parents=True)
+    (models / "deep.gguf").symlink_to("/".join(["d"] * 200) + "/x.gguf")
+    got = predict(container(llama("/models/deep.gguf"), (models, "/models")))
+    assert got is not None and got.bytes is None
+    assert "deeper than 64 levels" in got.source, got.source

@@ -403,3 +403,16 @@ def test_a_prediction_on_a_synthetic_gguf_is_the_estimate_with_their_settings(
     assert got.source.startswith(f"{argv[0]} Gemma-3-27B.gguf, ctx {want.n_ctx}: ")
     assert got.spec is not None and got.spec.rule
     assert got.source.endswith(f"({got.spec.rule})")
+
+
+def test_a_negative_context_is_refused_not_a_negative_footprint():
+    """-c -5 or a draft's -cd -100000000 made a negative footprint, which every budget
+    admits: the strict rule never refused it."""
+    for argv in (
+        ["llama-server", "-m", "/m.gguf", "-c", "-5"],
+        ["llama-server", "-m", "/m.gguf", "-md", "/d.gguf", "-cd", "-100000000"],
+    ):
+        with pytest.raises(SpecError, match="a size cannot be negative"):
+            parse(argv)
+    with pytest.raises(SpecError, match="cannot be negative"):
+        parse(["llama-server"], {"LLAMA_ARG_MODEL": "/m.gguf", "LLAMA_ARG_CTX_SIZE": "-1"})

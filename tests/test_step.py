@@ -287,3 +287,19 @@ def test_a_users_groups_are_not_counted_after_they_are_gone():
         state = out.state
     assert list(state.starts) == [f"user:1000:{base}/h39"]
     assert len(state.started_at) == 1
+
+
+def test_a_groups_kill_is_not_held_back_by_repeat_after():
+    """A kill holds nothing down: her loader started again in the same group (its start,
+    first seen, unchanged) is killed on the next pass, not 30 s later."""
+    group = UnitRef("user:1000", "/user.slice/user-1000.slice/user@1000.service/hideout")
+    action = Action(
+        "stop", group, Reason.RESERVE, "grows", {"mem_available": 1}, since=5.0, how="kill"
+    )
+    decision = Decision(STRICT, 8, (), (action,))
+    state = GuardState()
+    kills = []
+    for now in (10.0, 10.5, 11.0):
+        state, _, _, stops = take(state, decision, now, Config(), dry_run=False)
+        kills.append(len(stops))
+    assert kills == [1, 1, 1]

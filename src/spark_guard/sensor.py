@@ -6,7 +6,6 @@ guard remembers for its judgement is step.GuardState, not here.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -64,8 +63,6 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
 MAPS_RECHECK = 5.0  # seconds between re-reads of one process's maps
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-GROUP_START_PIDS = 64  # a group's start: the oldest of its first processes (a read each)
 MAPS_MIN_RSS = 256 * 1024**2  # smaller processes are not worth a maps scan
 # A maps scan of 65,000 mappings takes ~26 ms: at most this many a pass, biggest first,
 # and at most this many processes' mapped models held per manager (16 paths each).
@@ -403,15 +400,6 @@ class Sensor:
             return None
         path = f"{base}/{first}"
         return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
-
-    def _oldest(self, pids: tuple[int, ...], now: float) -> float:
-        """When the oldest of these processes started, on the guard's clock (stat's start
-        time is CLOCK_BOOTTIME's); `now` if none can say."""
-        starts = [t for t in (self.proc.start_ticks(p) for p in pids[:GROUP_START_PIDS]) if t]
-        if not starts:
-            return now
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - min(starts) / CLOCK_TICKS
-        return now - max(0.0, age)
 
     def _fresh(self, pid: int, cgroup: str, rss: int) -> None:
         """Forget what was read of `pid` if it is another process now: its cgroup changed,
@@ -760,10 +748,11 @@ class Sensor:
                 cache.details = UnitDetails((container.command,), since)
         elif group:
             # No unit, no ExecStart=: its processes' command lines say what it runs, and
-            # it became active when its oldest process started (a guard restart must not
-            # make it the newer of a duplicate), or when the guard first saw it.
+            # it became active when the guard first saw it. Not its oldest process's start:
+            # she can move an old process of hers into it, or exec the fake from an old
+            # shell, and be "first" to any model another user loads.
             if cache.details is None:
-                cache.details = UnitDetails((), min(cache.since, self._oldest(pids, now)))
+                cache.details = UnitDetails((), cache.since)
         elif cache.details is None or (cache.details.unreadable and now >= cache.retry_at):
             held = budget.details_held.get(ref.manager, 0)
             if cache.details is not None:  # asked again: what the last answer made goes

@@ -863,7 +863,7 @@ class Blocker:
                 any_user=any_user,
                 until=until,
             )
-        except OSError as e:
+        except (OSError, ValueError, RuntimeError) as e:  # one group's, never block()'s
             tell(
                 self.log,
                 Event.of(

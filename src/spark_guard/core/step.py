@@ -159,7 +159,9 @@ def take(
         # is taken at once, not after repeat_after.
         kind = "dry-run" if dry_run and action.kind == "stop" else action.kind
         key: ActionKey = (str(action.unit), kind, action.reason, action.since)
-        if key in done:
+        # A kill of a group holds nothing down: what she starts again in it is killed on the
+        # next pass, not after repeat_after (its start time, first seen, does not change).
+        if key in done and not (action.how == "kill" and kind == "stop"):
             continue
         done[key] = now
         events.append(_decision_event(decision, action))

@@ -454,6 +454,12 @@ def projector_compute_bytes(projector: Model, flash_attn: str = "auto") -> tuple
 
 
 def estimate(model: Model, s: Settings) -> Estimate:
+    if s.n_ctx < 0 or s.n_parallel < 1 or s.n_ubatch < 1:
+        # Whatever reached here (a koboldcpp flag, an environment variable): a negative
+        # term would make a negative footprint, which every budget admits.
+        raise EstimateError(
+            f"context {s.n_ctx}, {s.n_parallel} slot(s), ubatch {s.n_ubatch}: not a load"
+        )
     skipped = skipped_bytes(model)
     weights = model.tensor_bytes - skipped + s.mmproj_bytes
     kv, kv_detail = kv_bytes(model, s)

@@ -55,18 +55,51 @@ def cpu_seconds(root: str, cgroup: str) -> float | None:
     return None
 
 
+# A user makes cgroups in her delegated subtree: one 1,000 levels deep made os.walk (a
+# recursion on Python 3.11) raise RecursionError, and a wide one is work without end on
+# the loop. The walk is a loop of its own, and stops at these.
+WALK_CGROUPS = 4096
+WALK_DEPTH = 64
+
+
+def _walk(top: str) -> list[str]:
+    """The cgroup directories of the subtree at `top`, itself first: breadth first, at
+    most WALK_CGROUPS of them and WALK_DEPTH below it; none if it cannot be read."""
+    out = [top]
+    level = [top]
+    for _ in range(WALK_DEPTH):
+        below = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    below += [e.path for e in it if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            if len(out) + len(below) >= WALK_CGROUPS:
+                return out + below[: WALK_CGROUPS - len(out)]
+        if not below:
+            break
+        out += below
+        level = below
+    return out
+
+
+def _procs(directory: str) -> list[int]:
+    try:
+        with open(os.path.join(directory, "cgroup.procs"), "rb") as f:
+            return [int(p) for p in f.read(1 << 20).split()]
+    except (OSError, ValueError):
+        return []
+
+
 def pids(root: str, cgroup: str) -> list[int]:
-    """Every PID in the unit's cgroup subtree (read-only: works under ProtectControlGroups=)."""
+    """Every PID in the unit's cgroup subtree (read-only: works under ProtectControlGroups=),
+    within WALK_CGROUPS and WALK_DEPTH."""
     if not cgroup or cgroup == "/":
         return []
     found: list[int] = []
-    for dirpath, _dirs, files in os.walk(_dir(root, cgroup)):
-        if "cgroup.procs" in files:
-            with (
-                contextlib.suppress(OSError, ValueError),
-                open(os.path.join(dirpath, "cgroup.procs"), "rb") as f,
-            ):
-                found += [int(p) for p in f.read().split()]
+    for d in _walk(_dir(root, cgroup)):
+        found += _procs(d)
     return found
 
 
@@ -85,12 +118,8 @@ def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> s
         # (ProtectControlGroups=): signal the listed processes instead.
         pass
     count = 0
-    for dirpath, _dirs, files in os.walk(path):
-        if "cgroup.procs" not in files:
-            continue
-        with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
-            pids = [int(p) for p in f.read().split()]
-        for pid in pids:
+    for dirpath in _walk(path):
+        for pid in _procs(dirpath):
             with contextlib.suppress(ProcessLookupError):
                 # The pidfd first, then the check that it is one of ours: a PID read from
                 # cgroup.procs may have been recycled since, but the pidfd pins the process
@@ -156,6 +185,8 @@ def kill_uid(
         left = set(listed) - (spare(listed) if spare else set())
         alive = 0
         for pid in left:
+            if time.monotonic() >= deadline and done:
+                break  # the budget is spent: the rest is killed next pass
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 fd = os.pidfd_open(pid)
                 try:

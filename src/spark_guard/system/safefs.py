@@ -167,6 +167,10 @@ def open_dir(path: str) -> int:
         raise
 
 
+BENEATH_DEPTH = 64  # directories held open at once below the anchor
+BENEATH_STEPS = 4096  # components resolved in all, symlinks' included
+
+
 def open_beneath(anchor: str, path: str) -> tuple[int, str]:
     """(an fd of the directory holding `path`'s last component, that component's name),
     with `path` resolved beneath directory `anchor` as openat2's RESOLVE_BENEATH does,
@@ -182,13 +186,17 @@ def open_beneath(anchor: str, path: str) -> tuple[int, str]:
     except UnsafePath as e:
         raise UnsafePath(errno.ELOOP, f"{e.filename!r} is a symlink, not followed", path) from None
     todo = list(reversed(_parts(path)))
-    links = 0
+    links = steps = 0
 
     def out(why: str) -> UnsafePath:
         return UnsafePath(errno.ELOOP, why, path)
 
     try:
         while todo:
+            steps += 1
+            if steps > BENEATH_STEPS or len(stack) > BENEATH_DEPTH:
+                # A fd is held a level: 2,000 levels took the daemon's every fd (EMFILE).
+                raise out(f"deeper than {BENEATH_DEPTH} levels or {BENEATH_STEPS} steps")
             part = todo.pop()
             if part == "..":
                 if len(stack) == 1:

@@ -153,6 +153,15 @@ class LoadSpec:
     loras: tuple[str, ...] = ()
 
 
+def _size(flag: str, value: str) -> int:
+    """A context size: a whole number, 0 or more (a negative one made a negative
+    footprint, which every budget admits)."""
+    n = _int(flag, value)
+    if n < 0:
+        raise SpecError(f"{flag} {value!r}: a size cannot be negative")
+    return n
+
+
 def _int(flag: str, value: str) -> int:
     try:
         return int(value)
@@ -234,7 +243,7 @@ def _llama_spec(binary: str, v: Mapping[str, str | bool]) -> LoadSpec:
     notes = []
     s = Settings()
     if "n_ctx" in v:
-        s = replace(s, n_ctx=_int("--ctx-size", str(v["n_ctx"])))
+        s = replace(s, n_ctx=_size("--ctx-size", str(v["n_ctx"])))
     server = binary in ("llama-server", "server")
     if "n_parallel" in v and _int("--parallel", str(v["n_parallel"])) != -1:
         s = replace(s, n_parallel=max(1, _int("--parallel", str(v["n_parallel"]))))
@@ -297,7 +306,7 @@ def _draft_settings(main: Settings, v: Mapping[str, str | bool]) -> Settings:
         mmproj_compute=0,
     )
     if "n_ctx_draft" in v:
-        n_ctx = _int("--ctx-size-draft", str(v["n_ctx_draft"]))
+        n_ctx = _size("--ctx-size-draft", str(v["n_ctx_draft"]))
         if n_ctx:  # 0: as the main context
             s = replace(s, n_ctx=n_ctx)
     if "n_gpu_layers_draft" in v:
