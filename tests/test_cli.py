@@ -264,3 +264,46 @@ def test_bad_input_to_any_command_is_one_line_and_its_documented_exit(tmp_path, 
     assert errors, out.stderr
     assert said in out.stderr, out.stderr
     assert len([e for e in errors if "error" in e or said in e]) >= 1
+
+
+def test_release_dry_run_shows_what_it_would_put_back_and_changes_nothing(tmp_path):
+    """Preview before trust (issue 30 §3): `release --dry-run` shows, from the record
+    alone, the mask it would remove and each link it would put back, and the record
+    stays."""
+    from spark_guard.block.records import LinkRecord, Record, RecordStore
+
+    store = RecordStore(str(tmp_path / "state"))
+    record = Record(
+        unit="llama.service",
+        manager="system",
+        reason="footprint",
+        detail="expects 115GiB",
+        phase="strict",
+        mask_path="/run/systemd/system.control/llama.service",
+        links=[
+            LinkRecord(
+                "/etc/systemd/system/multi-user.target.wants/llama.service",
+                "/etc/systemd/system/llama.service",
+                0,
+                0,
+                True,
+            )
+        ],
+    )
+    store.save(record)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n'
+        f'state = "{tmp_path}/state"\nmotd = "{tmp_path}/motd"\nissue = "{tmp_path}/issue"\n'
+    )
+    out = sg("release", "--all", "--dry-run", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "would release llama.service:",
+        "  remove the mask /run/systemd/system.control/llama.service (if it is still the guard's)",
+        "  put back /etc/systemd/system/multi-user.target.wants/llama.service -> "
+        "/etc/systemd/system/llama.service (uid 0)",
+    ]
+    assert [str(r.ref) for r in store.all()[0]] == ["llama.service"]
+    rescue = sg("rescue", "--dry-run", "--config", str(cfg))
+    assert rescue.returncode == 1 and "no systemd manager could be reached" in rescue.stdout

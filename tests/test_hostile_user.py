@@ -590,7 +590,7 @@ def _gone(stage: Stage, pattern: str, timeout: float = 5, uid: int | None = None
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("where", ["hideout", "init.scope", "ghost.service", "subuid"])
+@pytest.mark.parametrize("where", ["hideout", "init.scope", "ghost.service", "subuid", "deep"])
 def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     stage: Stage, where: str
 ) -> None:
@@ -601,7 +601,9 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     manager accounts for it there, and before it counted as PID 1's protected
     user@UID.service (or as a unit that does not run), growing unseen. Now it is a group
     of hers, judged at her level, and a stop kills her processes in it: her manager (the
-    oldest in init.scope) lives on, and nothing of root's is touched."""
+    oldest in init.scope) lives on, and nothing of root's is touched. `deep`: below her
+    hideout she makes a cgroup tree 1,000 levels deep, which made the walk of the kill
+    raise RecursionError: her loader was never killed."""
     base = f"/sys/fs/cgroup/unified/{stage.mum.cgroup}"
     target = f"{base}/{where}"
     glob = f"*{where}"
@@ -619,6 +621,8 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     pid = stage.mum.show("mover.service", "MainPID")["MainPID"]
     # From her shell, as her: the cgroup tree below user@UID.service is delegated to her.
     stage.mallory.sh(f"mkdir -p {target}; echo {pid} > {target}/cgroup.procs")
+    if where == "deep":
+        stage.mallory.sh(f"cd {target} && mkdir -p {'/'.join(['a'] * 1000)}")
     killed = wait_log(
         stage.root, rf"unit-killed: {stage.key}:\S*{re.escape(where)}: killed .*", 30, offset
     )

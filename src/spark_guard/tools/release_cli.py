@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a container gets its restart policy back but is not started now",
     )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show what would be put back; change nothing"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     except ReleaseError as e:
         print(f"spark-guard: {p(e)}", file=sys.stderr)
         return 1
+    if args.dry_run:
+        for record in chosen:
+            print(_would(record, start=not args.no_start))
+        return 0
     _configure_audit_log()
     log = log_mod.get_logger()
     status = 0
@@ -133,3 +140,21 @@ def _same_load(released: list[Record], remaining: list[Record]) -> list[str]:
             if str(record.ref) in server.clients
         )
     return lines
+
+
+def _would(record: Record, *, start: bool) -> str:
+    """What a release of `record` would put back, from the record alone (nothing asked)."""
+    if record.container is not None:
+        c = record.container
+        return f"would release {p(record.ref)}: restart policy {p(c.policy)} put back" + (
+            "; started again" if start and c.was_running else ""
+        )
+    lines = [f"would release {p(record.ref)}:"]
+    if record.mask_path:
+        lines.append(f"  remove the mask {p(record.mask_path)} (if it is still the guard's)")
+    lines.extend(
+        f"  put back {p(link.path)} -> {p(link.target)} (uid {link.uid})" for link in record.links
+    )
+    if not record.mask_path and not record.links:
+        lines.append("  nothing recorded to put back")
+    return "\n".join(lines)

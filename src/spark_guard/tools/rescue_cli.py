@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds before SIGKILL, more than 0 (default 5)",
     )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show what would be stopped; change nothing"
+    )
 
 
 def _seconds(text: str) -> float:
@@ -121,6 +124,19 @@ def run(args: argparse.Namespace) -> int:
             + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
             + tuple(Action("stop", g.ref, Reason.RESCUE, why, figures, how="kill") for g in groups)
         )
+        if args.dry_run:
+            for a in actions:
+                would = "kill (no unit to mask)" if a.how == "kill" else "stop, mask and disable"
+                if a.unit.is_container:
+                    would = "stop, restart policy no"
+                print(f"would {would}: {p(a.unit)}")
+            if not managers:
+                print("no systemd manager could be reached: no unit was checked")
+            elif not actions:
+                print("nothing to stop on the managers and engines reached")
+            for why in dict.fromkeys(unreached):
+                print(f"spark-guard: not reached: {p(why)}", file=sys.stderr)
+            return 0 if managers and not unreached else 1
         # A running daemon may be blocking the same units: rescue waits for the store's
         # lock, and then adopts what the daemon's records say.
         blocker = Blocker(managers, config, log, lock_wait=RESCUE_LOCK_WAIT)
