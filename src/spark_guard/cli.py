@@ -9,6 +9,7 @@ admin's tools, and a tool must not load the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -116,12 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = _join_dash_values(sys.argv[1:] if argv is None else argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    if chosen != "run":
-        # A tool's output piped into `head` ends with the pipe, as coreutils' do: no
-        # BrokenPipeError traceback. (The daemon keeps SIGPIPE ignored: a closed journal
-        # stream must not kill the guard.)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = _parser(chosen).parse_args(argv)
     if getattr(args, "quiet", False):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the command)
-    return int(_module(COMMANDS[args.command]).run(args))
+    try:
+        code = int(_module(COMMANDS[args.command]).run(args))
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`): the tool ends quietly, as coreutils' do. Not by
+        # SIGPIPE's default: that would kill a command writing to a closed engine socket
+        # mid-rescue, and a test that calls main() in its own process.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
