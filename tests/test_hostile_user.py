@@ -626,9 +626,15 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     killed = wait_log(
         stage.root, rf"unit-killed: {stage.key}:\S*{re.escape(where)}: killed .*", 30, offset
     )
+    if where == "deep":  # (the harness's own teardown walks recursively)
+        stage.mallory.sh(f"find {target} -mindepth 1 -depth -type d -exec rmdir {{}} +")
     assert f"of uid {stage.mallory.uid}" in killed.group(0), killed.group(0)
     assert "no unit to mask, nothing to undo" in killed.group(0)
-    assert _gone(stage, f"--hide-{where}")
+    # The process she moved is dead (her mover.service's Restart= may start another run).
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), killed.group(0)
     seen = wait_log(stage.root, rf"loader-seen: model loader {stage.key}:\S*{where}", 5, offset)
     assert stage.key in seen.group(0)
     # Her manager answers still (spared: the oldest in its init.scope), and nothing was
