@@ -12,6 +12,7 @@ import pytest
 
 import spark_guard.tools
 from spark_guard.core.quantities import format_size
+from tests import data
 
 SHIPPED = Path(__file__).parent.parent / "packaging" / "spark-guard.toml"
 
@@ -307,3 +308,23 @@ def test_release_dry_run_shows_what_it_would_put_back_and_changes_nothing(tmp_pa
     assert [str(r.ref) for r in store.all()[0]] == ["llama.service"]
     rescue = sg("rescue", "--dry-run", "--config", str(cfg))
     assert rescue.returncode == 1 and "no systemd manager could be reached" in rescue.stdout
+
+
+def test_every_json_document_says_its_format_pretty_or_short(tmp_path):
+    """`--json` (and `--json=pretty`) is indented, `--json=short` one line, as systemd's
+    tools take it; every document begins with its `format`; another mode is a usage error."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n'
+        f'runtime = "{tmp_path}/run"\n[containers]\nenabled = false\n[gpu]\nenabled = false\n'
+    )
+    for command in (["dump"], ["audit"], ["doctor"], ["preflight", str(data.smollm2())]):
+        short = sg(*command, "--json=short", "--config", str(cfg))
+        assert short.stdout.count("\n") == 1, (command, short.stdout[:200], short.stderr)
+        doc = json.loads(short.stdout)
+        assert next(iter(doc)) == "format" and doc["format"] == 1, command
+        pretty = sg(*command, "--json", "--config", str(cfg))
+        assert json.loads(pretty.stdout).keys() == doc.keys(), command  # the figures move
+        assert pretty.stdout.startswith('{\n "format": 1,'), command
+    bad = sg("dump", "--json=yaml", "--config", str(cfg))
+    assert bad.returncode == 2 and "--json=pretty or --json=short" in bad.stderr

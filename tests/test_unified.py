@@ -316,7 +316,7 @@ def test_audit_says_what_a_gpu_allocation_can_get_and_what_to_do():
     floor = Config().floor_for(SPARK)
     low = Memory(SPARK, 40 * GiB, free=2 * GiB, file_clean=30 * GiB, huge_free=GiB)
     (finding,) = unified_findings(low, GB10, Config())
-    assert finding.code == "memfree-low" and finding.unit == "-"
+    assert finding.code == "memfree-low" and finding.unit == ""
     assert "MemFree 2.0GiB is under the device floor" in finding.message
     assert "--make-room" in finding.fix
     fragmented = replace(low, free=floor + 4 * GiB, huge_free=GiB)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from . import __version__
 from . import config as config_mod
 from .exits import EPILOGS
+from .jsonout import MODES
 
 
 class Command(NamedTuple):
@@ -113,11 +114,32 @@ def _join_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _json_modes(argv: list[str]) -> tuple[list[str], str | None]:
+    """`--json=pretty|short` (systemd's spelling) to the plain `--json` every command
+    takes, and the mode; anything else after `--json=` is a usage error."""
+    out, mode = [], None
+    for arg in argv:
+        if arg.startswith("--json="):
+            mode = arg.partition("=")[2]
+            if mode not in MODES:
+                print(
+                    f"spark-guard: --json={mode}: expected --json=pretty or --json=short",
+                    file=sys.stderr,
+                )
+                raise SystemExit(2)
+            arg = "--json"
+        out.append(arg)
+    return out, mode
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _join_dash_values(sys.argv[1:] if argv is None else argv)
+    argv, json_mode = _json_modes(argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     args = _parser(chosen).parse_args(argv)
+    if json_mode is not None and getattr(args, "json", False):
+        args.json = json_mode
     if getattr(args, "quiet", False):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the command)
     try:

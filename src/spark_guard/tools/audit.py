@@ -314,7 +314,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 f"with {format_size(cache)} of clean page cache and MemAvailable "
                 f"{format_size(memory.available)}: a GPU allocation gets MemFree, and a load "
                 "now may fail (NV_ERR_NO_MEMORY) or wedge the host",
-                unit="-",
+                unit="",  # the machine as a whole: null in --json
                 fix="spark-guard preflight --make-room UNIT   # as root: drops clean cache, "
                 "compacts, then judges",
             )
@@ -327,7 +327,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 "fragmented",
                 f"only {format_size(huge)} of MemFree {format_size(free)} is in free blocks of "
                 "2 MiB or larger: the driver's large allocations fail on a fragmented pool",
-                unit="-",
+                unit="",  # the machine as a whole: null in --json
                 fix="echo 1 > /proc/sys/vm/compact_memory   # the guard does it when it makes room",
             )
         )
@@ -338,7 +338,7 @@ def unified_findings(memory: Memory, rule: MemoryRule, config: Config) -> list[F
                 "no-make-room",
                 "the guard makes no room on this unified-memory machine ([memory] make_room "
                 "is false, or no way of dropping page cache works): it judges MemFree alone",
-                unit="-",
+                unit="",  # the machine as a whole: null in --json
                 fix="[memory] make_room = true in /etc/spark-guard.toml",
             )
         )

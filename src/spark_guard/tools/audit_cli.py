@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
@@ -29,6 +28,7 @@ from ..core.quantities import format_size
 from ..core.snapshot import Snapshot
 from ..core.text import printable as p
 from ..exits import CANNOT_SAY
+from ..jsonout import emit
 from .audit import (
     Footprint,
     container_findings,
@@ -101,15 +101,14 @@ def run(args: argparse.Namespace) -> int:
                 Severity.CRITICAL,
                 "nothing-audited",
                 f"no systemd manager reachable, so no running unit was audited ({why})",
-                unit="-",
+                unit="",  # the machine as a whole: null in --json
                 fix="run it as root on a machine where systemd is PID 1",
             ),
         )
     if args.json:
         report = _json(inv, findings, memory, holders, feet, found, config)
         report["unified"] = _unified_json(snapshot, config)
-        json.dump(report, sys.stdout, indent=1)
-        print()
+        emit(report, args.json)
     else:
         _print(inv, findings, memory, holders, feet, found, config, snapshot)
     if not inv.managers:
@@ -263,7 +262,9 @@ def _print(
     print(f"\nfindings ({len(findings)}):")
     colour = colours_wanted(sys.stdout)
     for f in sorted(findings, key=worst_first):
-        print(f"  {label(f.severity, colour=colour)} {f.code:18} {p(f.unit)}: {p(f.message)}")
+        print(
+            f"  {label(f.severity, colour=colour)} {f.code:18} {p(f.unit or '-')}: {p(f.message)}"
+        )
         print(f"  {'':8} {'':18} fix: {p(f.fix)}")
 
 

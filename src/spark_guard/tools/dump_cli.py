@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..core.quantities import format_size
 from ..core.snapshot import Decision, Pressure, Snapshot
 from ..core.text import printable as p
 from ..exits import USAGE
+from ..jsonout import emit
 from ..sensor import Sensor
 from ..system.procfs import ProcError
 
@@ -70,16 +70,12 @@ def run(args: argparse.Namespace) -> int:
         sensor.close()
     decision = decide(snapshot, config)
     if args.json:
-        json.dump(
-            {
-                "snapshot": _with_pressure(_plain(snapshot), pressure),
-                "decision": _plain(decision),
-                "managers": managers,
-            },
-            sys.stdout,
-            indent=1,
-        )
-        print()
+        doc = {
+            "snapshot": _with_pressure(_plain(snapshot), pressure),
+            "decision": _plain(decision),
+            "managers": managers,
+        }
+        emit(doc, args.json)
         return 0
     _print(snapshot, decision)
     return 0

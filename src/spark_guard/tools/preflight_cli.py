@@ -19,7 +19,6 @@ no room (never on behalf of an unprivileged request) and says so.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from ..exits import CANNOT_SAY
 from ..foresight.clients import ServerUnit, predict_client
 from ..foresight.estimate import Estimate
 from ..foresight.predict import Prediction, Predictor, parse_environment
+from ..jsonout import emit
 from ..room import RECLAIM_MIN, RoomPlan, fragmented
 from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
@@ -285,8 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = _as_json(what, prediction, result, charge)
         out["room_made"] = _room_json(room)
-        json.dump(out, sys.stdout, indent=1)
-        print()
+        emit(out, args.json)
     else:
         if room is not None:
             print(_room_line(room))

@@ -7,7 +7,6 @@ guard is publishing (no state, or state older than STALE seconds), as systemctl'
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from .. import config as config_mod
 from ..core.quantities import format_size
 from ..core.text import printable as p
 from ..exits import CANNOT_SAY, NOT_RUNNING
+from ..jsonout import emit
 from ..statefile import PublishedState, read
 
 STALE = 180.0
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
         age = _age(state)
         alive = age < STALE and _alive(int(state.get("pid", 0)))
         if args.json:
-            json.dump({**state, "age": round(age, 1), "alive": alive}, sys.stdout, indent=1)
-            print()
+            emit({**state, "age": round(age, 1), "alive": alive}, args.json)
         else:
             _print(state, age, alive)
     except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -8,7 +8,6 @@ worst finding: 0 ok or info, 1 warning, 2 critical; 3 when it cannot run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from ...core.classify import expected_footprint
 from ...core.config import Config
 from ...core.text import printable
 from ...foresight.predict import Predictor, parse_environment
+from ...jsonout import emit
 from ...system import gpu as gpu_mod
 from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             "worst": report.worst,
             "findings": [f.as_json() for f in report.findings],
         }
-        print(json.dumps(out, indent=1))
+        emit(out, args.json)
     else:
         _print(report)
     return report.exit_code
