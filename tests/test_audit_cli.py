@@ -139,3 +139,14 @@ def test_colours_as_systemds_tools_decide_them_and_quiet_as_systemctls(tmp_path)
     assert "\x1b[" not in run().stdout  # not a terminal
     quiet = run("-q", "--no-pager")
     assert quiet.stdout == "" and quiet.returncode == 4, quiet
+
+
+def test_with_nothing_reached_a_named_unit_is_not_called_missing_nor_gpu_memory_zero(tmp_path):
+    """A newcomer's audit where no manager answers and NVML is not there: the unit it names
+    was never looked up (no "no such unit"), and the GPU's memory is "not counted", not a
+    0B that adds up."""
+    out = audit(tmp_path, "llama.service")
+    assert out.returncode == 4, out
+    assert "no-such-unit" not in out.stdout
+    assert "GPU (not counted: no NVML)" in out.stdout
+    assert "the figures add up" not in out.stdout

@@ -306,6 +306,10 @@ def test_release_dry_run_shows_what_it_would_put_back_and_changes_nothing(tmp_pa
         "/etc/systemd/system/llama.service (uid 0)",
     ]
     assert [str(r.ref) for r in store.all()[0]] == ["llama.service"]
+    empty = tmp_path / "empty.toml"
+    empty.write_text(cfg.read_text().replace(f"{tmp_path}/state", f"{tmp_path}/none"))
+    nothing = sg("release", "--all", "--dry-run", "--config", str(empty))
+    assert nothing.returncode == 0 and nothing.stdout.startswith("nothing blocked"), nothing
     rescue = sg("rescue", "--dry-run", "--config", str(cfg))
     assert rescue.returncode == 1 and "no systemd manager could be reached" in rescue.stdout
 

@@ -131,7 +131,7 @@ def loader_findings(inv: Inventory, config: Config) -> list[Finding]:
             fix="systemctl list-unit-files '*llama*'   # find its real name",
         )
         for name in inv.missing
-        if not name.startswith("container:")
+        if not name.startswith("container:") and inv.managers  # none reached: not looked up
     )
     out.extend(
         Finding(
@@ -248,6 +248,9 @@ class Reconciliation:
 
     @property
     def probably(self) -> str:
+        if not self.large and not self.gpu_accounting:
+            # No NVML: a GPU's memory would be in the gap, so small as it is, it is no proof.
+            return "GPU memory not counted (no NVML): the figures are RSS and kernel only"
         if not self.large:
             return "nothing large: the figures add up"
         if not self.gpu_accounting:

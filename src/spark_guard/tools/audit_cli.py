@@ -243,7 +243,12 @@ def _print(
         _print_containers(found, config or config_mod.Config())
     print(
         f"\nmemory: used {format_size(memory.used)} = processes' RSS {format_size(memory.rss)}"
-        f" + GPU (NVML) {format_size(memory.gpu)} + kernel {format_size(memory.kernel)}"
+        + (
+            f" + GPU (NVML) {format_size(memory.gpu)}"
+            if memory.gpu_accounting
+            else " + GPU (not counted: no NVML)"
+        )
+        + f" + kernel {format_size(memory.kernel)}"
         f" + unaccounted {format_size(memory.gap)} ({memory.probably})"
     )
     if snapshot is not None and snapshot.rule.unified and snapshot.memory.free is not None:

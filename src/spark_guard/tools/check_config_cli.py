@@ -41,9 +41,12 @@ def run(args: argparse.Namespace) -> int:
     if c is None:
         return 1
     said = (
-        f"reserve {format_size(c.reserve)} or {c.reserve_percent:g}% of MemTotal, "
-        f"steady phase: {c.steady}"
+        f"reserve the larger of {format_size(c.reserve)} and {c.reserve_percent:g}% of "
+        f"MemTotal, steady phase: {c.steady}"
     )
+    if not args.file.exists() and args.file == config_mod.DEFAULT_PATH:
+        # The guard runs on its built-in defaults then: valid, but not a file's.
+        said += f"; {args.file} is not there: the built-in defaults"
     try:
         mem_total = ProcFS(c.proc).memory().total
     except ProcError as e:
@@ -56,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"on this machine (MemTotal {format_size(mem_total)}): reserve "
         f"{format_size(c.reserve_for(mem_total))}"
-        + (f", device floor {format_size(floor)} (on unified memory)" if c.unified != "no" else "")
+        + (
+            f", device floor {format_size(floor)} (kept where memory is unified)"
+            if c.unified != "no"
+            else ""
+        )
     )
     for problem in problems:
         print(f"spark-guard: {args.file}: {problem}", file=sys.stderr)

@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for record in chosen:
             print(_would(record, start=not args.no_start))
+        if not chosen:
+            print(f"nothing blocked (no record in {config.state})")
         return 0
     _configure_audit_log()
     log = log_mod.get_logger()

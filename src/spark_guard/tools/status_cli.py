@@ -131,9 +131,11 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
         )
         state = "starting" if ld.get("starting") else p(ld["active_state"])
         box = f"; image {p(ld['image'])}, restart {p(ld['restart'])}" if ld.get("restart") else ""
+        # Without NVML a GPU figure of 0 is no figure: said so, not shown as 0B.
+        gpu = f"{format_size(ld['gpu'])} GPU" if s.get("gpu_accounting") else "GPU not counted"
         print(
             f"  {p(ld['unit'])}: {state}; expected {expected}; holds "
-            f"{format_size(ld['rss'])} RSS + {format_size(ld['gpu'])} GPU{box}"
+            f"{format_size(ld['rss'])} RSS + {gpu}{box}"
         )
     blocked = s.get("blocked", [])
     print(f"\nblocked ({len(blocked)}):")
