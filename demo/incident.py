@@ -13,6 +13,7 @@ everything it started. Exit 0 when the guard did what it should.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -126,13 +127,28 @@ def lay_out(c: Container) -> None:
 
 
 def wait_blocked(c: Container, timeout: float = 120) -> bool:
+    """Until the big loader and one copy are blocked: their records there, and at step
+    `blocked` (a block under way can wait for a user's manager to answer at boot)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = c.run("ls", "/var/lib/spark-guard/blocked", check=False).stdout.split()
-        if f"{BIG}.json" in found and any(f"{unit}.json" in found for unit in COPIES):
+        done = {
+            name[: -len(".json")]
+            for name in found
+            if name.endswith(".json") and _step(c, name) == "blocked"
+        }
+        if BIG in done and any(unit in done for unit in COPIES):
             return True
         time.sleep(1)
     return False
+
+
+def _step(c: Container, name: str) -> str:
+    text = c.run("cat", f"/var/lib/spark-guard/blocked/{name}", check=False).stdout
+    try:
+        return str(json.loads(text).get("step", ""))
+    except ValueError:
+        return ""
 
 
 # Where each loader's enablement link lives: what `disable` must remove, `release` put back.
