@@ -677,6 +677,11 @@ def write_projector(p: ProjectorSpec, directory: Path) -> Path:
         w.add_tensor_info(
             name, tuple(reversed(dims)), np.dtype(np.float32), _nbytes(dims, qtype), raw_dtype=qtype
         )
+    return _finish(w, path)
+
+
+def _finish(w: gguf.GGUFWriter, path: Path) -> Path:
+    """Write the header, cut the file to its data's end (sparse), return its path."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -705,9 +710,4 @@ def write_lora(base: Spec, rank: int, directory: Path, name: str = "") -> Path:
                     _nbytes(dims, Q.F16),
                     raw_dtype=Q.F16,
                 )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    os.truncate(path, _data_end(path))
-    return path
+    return _finish(w, path)

@@ -267,6 +267,7 @@ def read(directory: str) -> PublishedState:
     if data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format')!r}, this spark-guard reads {FORMAT}")
     for key, kind in _SHAPE.items():
-        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool) != (kind is bool):
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):  # (JSON's true is an int)
             raise ValueError(f"{key!r} missing or not {getattr(kind, '__name__', kind)}")
     return cast(PublishedState, data)

@@ -595,20 +595,27 @@ class Blocker:
         if self._braked.pop(str(record.ref), None) is not None:
             record.note("frozen (FreezeUnit, by the brake before the decision)")
             return True
-        if record.manager in self._no_freezer or not record.unit.endswith(".service"):
-            return False
+        frozen, why = self._freeze_unit(record.ref, manager)
+        if frozen or why:
+            record.note("frozen (FreezeUnit)" if frozen else f"not frozen: {why}")
+        return frozen
+
+    def _freeze_unit(self, ref: UnitRef, manager: ManagerPort) -> tuple[bool, str]:
+        """FreezeUnit on a service before its stop: (frozen, the manager's refusal or "" where
+        none was asked). A manager that is not answering raises (a stop would wait as long
+        again: the caller kills the cgroup)."""
+        if ref.manager in self._no_freezer or not ref.name.endswith(".service"):
+            return False, ""
         try:
-            manager.freeze_unit(record.unit)
+            manager.freeze_unit(ref.name)
         except ManagerError as e:
             text = str(e)
             if any(s in text.lower() for s in _NOT_ANSWERING):
-                raise  # a stop would wait as long again: the caller kills the cgroup now
+                raise
             if _cannot_freeze(text):
-                self._no_freezer.add(record.manager)  # cgroup v1/hybrid, or an old systemd
-            record.note(f"not frozen: {text}")
-            return False
-        record.note("frozen (FreezeUnit)")
-        return True
+                self._no_freezer.add(ref.manager)  # cgroup v1/hybrid, or an old systemd
+            return False, text
+        return True, ""
 
     def _ignores_sigterm(self, cgroup: str) -> bool:
         """Whether any process of the cgroup has SIGTERM set to SIG_IGN (/proc/PID/status)."""
@@ -841,8 +848,7 @@ class Blocker:
         The journal names her uid."""
         key = printable(str(action.unit))
         uid = manager_uid(action.unit.manager)
-        tree = cgroupfs.user_tree(cgroup)
-        any_user = tree is not None and tree[1] == uid
+        any_user = uid is not None and cgroupfs.in_her_tree(cgroup, uid)
 
         def spare(pids: list[int]) -> set[int]:
             # Her manager is the oldest process of its init.scope: she cannot be older.
@@ -909,13 +915,7 @@ class Blocker:
         try:
             if manager is None:
                 raise ManagerError(f"{action.unit.manager} manager is not connected")
-            if action.unit.manager not in self._no_freezer:
-                try:
-                    manager.freeze_unit(action.unit.name)
-                    frozen = True
-                except ManagerError as e:
-                    if any(w in str(e).lower() for w in _NOT_ANSWERING):
-                        raise
+            frozen, _ = self._freeze_unit(action.unit, manager)
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
             how = self._kill_cgroup_of(cgroup)

@@ -152,6 +152,13 @@ def user_tree(cgroup: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+def in_her_tree(cgroup: str, uid: int) -> bool:
+    """Whether `cgroup` lies in the subtree delegated to `uid` (user@UID.service): there
+    every process but root's is hers, her user namespaces' subuids included."""
+    tree = user_tree(cgroup)
+    return tree is not None and tree[1] == uid
+
+
 def kill_uid(
     root: str,
     cgroup: str,

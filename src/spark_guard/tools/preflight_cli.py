@@ -202,11 +202,6 @@ def _predict(
     return str(ref), predictor.for_spec(spec, mem_total), ref, None
 
 
-# Exit codes (exits.py): "cannot say" (a footprint unknown) is apart from argparse's 2,
-# so an ExecStartPre= tells it from a typo.
-EXIT_CANNOT_SAY = CANNOT_SAY
-
-
 def count(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in [low, high], or argparse's usage error naming
     the range (a -c of -1 was taken as 0 and said "fits")."""
@@ -263,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     except (ProcError, PreflightError, SpecError) as e:
         # The message can quote the unit's command line: a user's text, shown inert.
         print(f"spark-guard: {p(e)}", file=sys.stderr)
-        return EXIT_CANNOT_SAY
+        return CANNOT_SAY  # not argparse's 2: an ExecStartPre= tells it from a typo
     if prediction.bytes is None:
         if args.make_room:
             # No footprint to make room for: the device floor still is (an ExecStartPre=).
@@ -273,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-guard: {p(what)}: footprint unknown: {p(prediction.source)}", file=sys.stderr)
         if charge is not None:
             print(f"spark-guard: {p(what)}: {_charged(charge)}", file=sys.stderr)
-        return EXIT_CANNOT_SAY
+        return CANNOT_SAY
     model_bytes = prediction.page_cache  # read through the page cache as it loads
     room = None
     if args.make_room:

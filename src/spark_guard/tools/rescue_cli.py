@@ -227,8 +227,7 @@ def _report(
     for g in groups:
         # Killed, not blocked: nothing holds them down but the kill (no unit to mask).
         uid = manager_uid(g.ref.manager)
-        tree = cgroupfs.user_tree(g.seen.cgroup)
-        hers = tree is not None and tree[1] == uid  # her subtree: her subuids are hers too
+        hers = uid is not None and cgroupfs.in_her_tree(g.seen.cgroup, uid)
         owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.cgroup_root, g.seen.cgroup)]
         left = [o for o in owners if o == uid or (hers and o not in (0, None))]
         ok = ok and not left
