@@ -820,7 +820,8 @@ def test_a_server_that_will_not_stop_is_killed_and_one_that_preloads_is_blocked(
         "ollama-preload.service",
         f"[Service]\nExecStart={ollama} serve\nExecStartPost={curl}\n",
     )
-    stage.root.systemctl("start", "ollama-preload.service")
+    # --no-block: the guard may stop it during ExecStartPost=, which cancels the job.
+    stage.root.systemctl("start", "--no-block", "ollama-preload.service")
     wait_log(stage.root, r"^warning unit-blocked: user:0:ollama-preload\.service.*", 40, offset)
     assert stage.root.show("ollama-preload.service", "LoadState")["LoadState"] == "masked"
     write_config(stage.root)
