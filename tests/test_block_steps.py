@@ -21,9 +21,9 @@ from spark_guard import log
 from spark_guard.block import blocker as enforce
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
-from spark_guard.core.block import STEPS, TRANSITIONS, Step, StepError
+from spark_guard.core.block import RETRY_AFTER, STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, UnitRef
+from spark_guard.core.snapshot import Action, Decision, Phase, Reason, UnitRef
 from spark_guard.system.managers import ManagerError
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir
@@ -284,3 +284,59 @@ def test_a_block_never_writes_over_a_record_it_cannot_read(rig):
     assert len(said) == 1
     record = blocker.store.load(REF)
     assert record is not None and record.reason == "footprint"
+
+
+def stop_only_decision() -> tuple[list[Action], Decision]:
+    """What the policy says of a server asked over its API from outside any unit."""
+    action = Action("stop", REF, Reason.FOOTPRINT, "asked over its API", {}, how="stop-only")
+    return [action], Decision(Phase.STEADY, 8, (), (action,))
+
+
+def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig):
+    """A stop-only stop (no record, no mask) used to live in one guard's memory: a guard
+    restarted before its SIGKILL never sent it (the policy drops a deactivating unit), a
+    give-up forgot it, and a stop the brake froze was thawed by release_brakes(). Now it
+    is kept on disk until it settles, taken over by the next guard, escalated again after
+    a give-up's rest, and the brake's freeze is the stop's."""
+    blocker, manager, clock, _moves, mask, _link = rig
+    assert blocker.brake([REF], "test") == [REF]
+    blocker.block(*stop_only_decision())
+    blocker.release_brakes()  # the decision took it: not thawed
+    assert manager.calls == [f"freeze {UNIT}", f"stop {UNIT}"]
+    assert blocker.busy and not os.path.lexists(mask)
+    kept = os.listdir(os.path.join(blocker.config.state, "stopping"))
+    assert kept == [f"{REF}.json"]
+
+    # The guard restarts before the stop timeout: the next one escalates the stop.
+    again = Blocker(blocker.managers, blocker.config, blocker.log, clock=clock, sleep=clock.sleep)
+    clock.t += blocker.config.stop_timeout
+    with capture_logs() as events:
+        again.advance()
+    assert manager.calls[-1] == f"kill {UNIT} 9"
+    assert [e["event"] for e in events] == ["unit-killed"]
+    assert "did not stop within" in events[0]["error"]
+
+    # SIGKILL does not end it (a process that does not return): the cgroup's kill, a
+    # give-up, a rest, and SIGKILL again, never forgotten while it runs.
+    manager.active[UNIT] = "deactivating"
+    with capture_logs() as events:
+        for _ in range(2):  # the cgroup's kill, then the give-up
+            clock.t += blocker.config.kill_timeout + 0.1
+            again.advance()
+            manager.active[UNIT] = "deactivating"
+        clock.t += RETRY_AFTER
+        again.advance()
+    said = [e["event"] for e in events]
+    assert said == ["unit-killed", "unit-stop-failed", "unit-killed"], said
+    assert manager.calls.count(f"kill {UNIT} 9") == 2
+    assert again.busy
+
+    # It went, and an admin starts it again: a new run, not the stop's to kill.
+    manager.start(UNIT)
+    clock.t += enforce.LOOSE_GRACE + blocker.config.kill_timeout + 1
+    with capture_logs() as events:
+        again.advance()
+    assert [e["event"] for e in events] == ["unit-stopped"]
+    assert manager.calls.count(f"kill {UNIT} 9") == 2
+    assert not again.busy
+    assert os.listdir(os.path.join(blocker.config.state, "stopping")) == []

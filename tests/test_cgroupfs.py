@@ -4,6 +4,7 @@ each listed PID is signalled through a pidfd, and only while it is still in the 
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -198,3 +199,59 @@ def test_a_deep_or_wide_tree_of_hers_is_walked_within_bounds(tmp_path):
     for i in range(cgroupfs.WALK_CGROUPS + 100):
         (wide / f"c{i}").mkdir(parents=True)
     assert len(cgroupfs._walk(str(wide))) == cgroupfs.WALK_CGROUPS
+
+
+def test_a_process_that_does_not_die_is_signalled_once_and_not_waited_on(tmp_path):
+    """A process in uninterruptible sleep (what an Xid 79 leaves) stays listed after
+    SIGKILL. kill_uid counted it alive and listed again until its budget was spent, on
+    every pass for ever. Here killed children that are not reaped stay listed, as such a
+    process would: a call signals each once and stops listing when nothing new shows; the
+    next call, told what the first signalled, signals nothing; a PID that now names a new
+    process (another start) is new. A process the bounded walk does not reach (`also`,
+    from the snapshot) is killed too."""
+    stuck = subprocess.Popen(["sleep", "60"])
+    deep = subprocess.Popen(["sleep", "60"])
+    try:
+        unit = tmp_path / "cgroup" / "user.slice" / "hers.scope"
+        unit.mkdir(parents=True)
+        (unit / "cgroup.procs").write_text(f"{stuck.pid}\n")  # a static file: stays listed
+        proc = tmp_path / "proc"
+        for p, where in ((stuck, "/user.slice/hers.scope"), (deep, "/user.slice/hers.scope/a")):
+            (proc / str(p.pid)).mkdir(parents=True)
+            (proc / str(p.pid) / "cgroup").write_text(f"0::{where}\n")
+            (proc / str(p.pid) / "status").write_text("Name:\tsleep\nUid:\t1000\t1000\t0\t0\n")
+        fs = ProcFS(str(proc))
+        looked: list[int] = []
+
+        def cgroup_of(pid: int) -> str | None:
+            looked.append(pid)
+            return fs.cgroup(pid)
+
+        starts = {stuck.pid: 111, deep.pid: 222}
+        signalled: dict[int, int | None] = {}
+
+        def kill() -> int:
+            return cgroupfs.kill_uid(
+                str(tmp_path / "cgroup"),
+                "/user.slice/hers.scope",
+                1000,
+                uid_of=fs.uid,
+                cgroup_of=cgroup_of,
+                start_of=starts.get,
+                also=[deep.pid],
+                signalled=signalled,
+                until=time.monotonic() + 60,  # a spin would last this long
+            )
+
+        assert kill() == 2
+        assert sorted(looked) == sorted([stuck.pid, deep.pid])  # once each, no spin
+        assert signalled == {stuck.pid: 111, deep.pid: 222}
+        looked.clear()
+        assert kill() == 0 and sorted(looked) == sorted([stuck.pid, deep.pid])
+        starts[stuck.pid] = 444  # its PID now names a new process
+        assert kill() == 1 and signalled == {stuck.pid: 444, deep.pid: 222}
+        assert stuck.wait(5) == -9 and deep.wait(5) == -9
+    finally:
+        for p in (stuck, deep):
+            p.kill()
+            p.wait()

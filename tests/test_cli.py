@@ -180,14 +180,25 @@ def test_bad_arguments_are_one_line_and_exit_two_and_a_closed_pipe_is_no_traceba
         assert said in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
     assert sg("doctor", "--since", "-1h", "--config", str(cfg)).returncode in (0, 1, 3, 4)
     assert "expected one argument" not in sg("doctor", "--since", "-1h").stderr
-    piped = subprocess.run(
-        f"{sys.executable} -m spark_guard dump --json --config {cfg} | head -c 1",
-        shell=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert piped.stdout == "{" and "Traceback" not in piped.stderr, piped.stderr
+    for line, first in ((f"dump --json --config {cfg}", "{"), ("preflight --help", "u")):
+        # A reader that has gone before the first write: --help is printed while parsing.
+        piped = subprocess.run(
+            f"{sys.executable} -m spark_guard {line} | head -c 1",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert piped.stdout == first and "Traceback" not in piped.stderr, (line, piped.stderr)
+        closed = subprocess.run(
+            f"{sys.executable} -m spark_guard {line} | true",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "Traceback" not in closed.stderr, (line, closed.stderr)
+        assert "Exception ignored" not in closed.stderr, (line, closed.stderr)
 
 
 def test_rescue_that_reaches_no_manager_says_so_and_fails(tmp_path):

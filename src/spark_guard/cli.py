@@ -137,12 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     argv, json_mode = _json_modes(argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = _parser(chosen).parse_args(argv)
-    if json_mode is not None and getattr(args, "json", False):
-        args.json = json_mode
-    if getattr(args, "quiet", False):
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the command)
     try:
+        try:
+            args = _parser(chosen).parse_args(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help's text, here, where a closed pipe is caught
+            raise
+        if json_mode is not None and getattr(args, "json", False):
+            args.json = json_mode
+        if getattr(args, "quiet", False):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the command)
         code = int(_module(COMMANDS[args.command]).run(args))
         sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
         return code

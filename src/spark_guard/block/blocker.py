@@ -95,7 +95,15 @@ from ..system.unitfiles import (
 from . import banner
 from . import containers as container_block
 from .containers import EnginePort
-from .records import LinkRecord, Record, RecordError, RecordStore, boot_id, utc_now
+from .records import (
+    LinkRecord,
+    PendingStop,
+    Record,
+    RecordError,
+    RecordStore,
+    boot_id,
+    utc_now,
+)
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
@@ -104,6 +112,8 @@ POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round t
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
 SWEEP_EVERY = 60.0  # seconds between sweeps of the store (RecordStore.sweep)
+# After a stop-only stop went out, a unit neither deactivating nor stopped is a new run.
+LOOSE_GRACE = 1.0
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 # How often a blocked container's restart policy is read back (an engine call, off the loop):
 # a policy set back to `always` by hand would start it at the next boot.
@@ -145,6 +155,17 @@ class _LooseStop:
     stopping: Stopping
     box: threading.Thread | None = None
     error: str = ""
+
+
+@dataclass(frozen=True)
+class _GroupKill:
+    """A group's kill a pass asked for: its cgroup, what it is, and the pids the snapshot
+    attributed to it (its cgroup's walk is bounded; these are found wherever they are)."""
+
+    action: Action
+    cgroup: str
+    group: str | None
+    pids: tuple[int, ...]
 
 
 class Blocker:
@@ -208,6 +229,10 @@ class Blocker:
         self._silent_engines: dict[str, float] = {}  # engine socket -> silent until
         self._engine_of: dict[str, str] = {}  # container -> the socket its block asks
         self._loose: dict[str, _LooseStop] = {}  # stop-only stops under way
+        self._loose_loaded = False  # those an earlier guard kept on disk: read once
+        self._group_kills: dict[str, _GroupKill] = {}  # the last block()'s (finish() repeats)
+        # Per group, the processes its kills signalled (pid -> start) and not yet gone.
+        self._signalled: dict[str, dict[int, int | None]] = {}
 
     # --- entry points ---------------------------------------------------------
 
@@ -228,18 +253,14 @@ class Blocker:
         engines = dict(engines or {}) | {
             ld.ref: ld.seen.container.engine for ld in decision.loaders if ld.seen.container
         }
+        seen_pids = {ld.ref: ld.seen.pids for ld in decision.loaders}
         batch = []
         boxes = []
-        # The kills of groups share one budget on the loop: a fork storm in each of many
-        # groups must not hold it for long; what is left is killed again next pass.
-        kill_until = time.monotonic() + cgroupfs.KILL_DEADLINE
+        kills = []
         for action in actions:
             key = str(action.unit)
             if action.how == "kill":
-                # No unit: nothing to mask, so nothing recorded or to undo.
-                self._kill_group(
-                    action, cgroups.get(action.unit, ""), groups.get(action.unit), kill_until
-                )
+                kills.append(action)  # after the stops: those are one call each
                 continue
             if action.how == "stop-only":
                 if action.unit.is_container:
@@ -300,6 +321,22 @@ class Blocker:
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
             batch.append(record)
+        # Groups: no unit, so nothing to mask, record or undo. Their kills share one budget
+        # on the loop, from here: a fork storm in each of many groups must not hold it for
+        # long; what is left is killed again next pass (or by finish(), for rescue).
+        kill_until = time.monotonic() + cgroupfs.KILL_DEADLINE
+        self._group_kills = {}
+        for action in kills:
+            kill = _GroupKill(
+                action,
+                cgroups.get(action.unit, ""),
+                groups.get(action.unit),
+                seen_pids.get(action.unit, ()),
+            )
+            self._group_kills[str(action.unit)] = kill
+            self._kill_group(kill, kill_until)
+        for key in set(self._signalled) - set(self._group_kills):
+            del self._signalled[key]  # not named this pass: gone, or no longer a threat
         if batch:
             self._run(batch, wait=QUICK_SETTLE)
         if boxes:
@@ -420,15 +457,20 @@ class Blocker:
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
         deadline = self.clock() + timeout
-        while self.settling and self.clock() < deadline:
+        while (self.settling or self._group_kills) and self.clock() < deadline:
             self.tick()
             self.sleep(POLL)
             self.advance()
+            # A group has no stop to settle: it is killed again until a kill finds nothing
+            # new of hers (a fork storm outlasts one kill's budget).
+            for key, kill in list(self._group_kills.items()):
+                if not self._kill_group(kill):
+                    del self._group_kills[key]
 
     @property
     def busy(self) -> bool:
         """A block is unfinished: the guard keeps taking full looks until it is done."""
-        return any(r.step != Step.BLOCKED for r in self.records.values())
+        return bool(self._loose) or any(r.step != Step.BLOCKED for r in self.records.values())
 
     @property
     def settling(self) -> bool:
@@ -838,17 +880,15 @@ class Blocker:
             ),
         )
 
-    def _kill_group(
-        self, action: Action, cgroup: str, group: str | None, until: float | None = None
-    ) -> None:
+    def _kill_group(self, kill: _GroupKill, until: float | None = None) -> int:
         """A group of a user's processes (SeenUnit.group): her processes in its cgroup are
         killed, by the kernel's word (her real uid, still in it), and nobody else's: the
         system unit her job ran in, her manager in its init.scope, root's session. In her
         delegated subtree every non-root process is hers (her user namespaces' subuids).
-        The journal names her uid."""
+        The journal names her uid. Returns how many were signalled now: those signalled
+        before and still there (uninterruptible sleep) are said once, not signalled again."""
+        action, cgroup = kill.action, kill.cgroup
         key = printable(str(action.unit))
-        uid = manager_uid(action.unit.manager)
-        any_user = uid is not None and cgroupfs.in_her_tree(cgroup, uid)
 
         def spare(pids: list[int]) -> set[int]:
             # Her manager is the oldest process of its init.scope: she cannot be older.
@@ -858,16 +898,22 @@ class Blocker:
             known = {p: t for p, t in starts.items() if t is not None}
             return {min(known, key=lambda p: known[p])} if known else set()
 
+        signalled = self._signalled.setdefault(str(action.unit), {})
+        uid = -1
         try:
+            uid = manager_uid(action.unit.manager)
             count = cgroupfs.kill_uid(
                 self.cgroup_root,
                 cgroup,
                 uid,
                 uid_of=self.proc.uid,
                 cgroup_of=self.proc.cgroup,
+                start_of=self.proc.start_ticks,
                 spare=spare,
-                any_user=any_user,
+                any_user=cgroupfs.in_her_tree(cgroup, uid),
                 until=until,
+                also=kill.pids,  # those deeper than the walk goes
+                signalled=signalled,
             )
         except (OSError, ValueError, RuntimeError) as e:  # one group's, never block()'s
             tell(
@@ -881,9 +927,33 @@ class Blocker:
                     msg=f"cannot kill {key}: {e}",
                 ),
             )
-            return
-        what = printable(group or "processes that are no unit")
+            return 0
         shown = printable(cgroup)
+        dying = f"dying {action.unit}"
+        if not count:
+            if signalled and self._reported.get(dying) != shown:
+                self._reported[dying] = shown  # said once, until a kill lands again
+                why = (
+                    f"{len(signalled)} process(es) of uid {uid} in {shown} are still there "
+                    "after SIGKILL (uninterruptible sleep: a driver or filesystem that does "
+                    "not return; see spark-guard doctor)"
+                )
+                tell(
+                    self.log,
+                    Event.of(
+                        EventKind.UNIT_STOP_FAILED,
+                        "error",
+                        unit=key,
+                        manager=action.unit.manager,
+                        uid=uid,
+                        cgroup=cgroup,
+                        error=why,
+                        msg=f"cannot kill {key}: {why}",
+                    ),
+                )
+            return 0
+        self._reported.pop(dying, None)
+        what = printable(kill.group or "processes that are no unit")
         tell(
             self.log,
             Event.of(
@@ -900,6 +970,7 @@ class Blocker:
                 f"({action.reason}); {what}: no unit to mask, nothing to undo",
             ),
         )
+        return count
 
     def _stop_only(self, action: Action, cgroup: str) -> None:
         """A server that loads on request, asked over its API from outside any unit: the
@@ -911,11 +982,13 @@ class Blocker:
         if key in self._loose:
             return  # one under way: its escalation goes on from its own stop
         manager = self.managers.get(action.unit.manager)
-        frozen = False
+        # Frozen by the brake: it is this stop's now, and release_brakes() must not thaw it.
+        frozen = self._braked.pop(key, None) is not None
         try:
             if manager is None:
                 raise ManagerError(f"{action.unit.manager} manager is not connected")
-            frozen, _ = self._freeze_unit(action.unit, manager)
+            if not frozen:
+                frozen, _ = self._freeze_unit(action.unit, manager)
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
             how = self._kill_cgroup_of(cgroup)
@@ -932,7 +1005,7 @@ class Blocker:
                 ),
             )
             return
-        loose = self._loose[key] = _LooseStop(action.unit, cgroup, Stopping.at(self.clock()))
+        loose = self._keep_loose(action.unit, cgroup)
         tell(
             self.log,
             Event.of(
@@ -959,7 +1032,7 @@ class Blocker:
         key = str(action.unit)
         if key in self._loose:
             return  # one under way
-        loose = self._loose[key] = _LooseStop(action.unit, cgroup, Stopping.at(self.clock()))
+        loose = self._keep_loose(action.unit, cgroup)
         if not engine:
             loose.error = "no engine known for it"  # said by _advance_loose
             return
@@ -994,6 +1067,8 @@ class Blocker:
         """Each stop-only stop: settled (said, and forgotten), or escalated on time and on
         memory (SIGKILL through its manager, then its cgroup's kill), or given up (a new
         decision stops it again)."""
+        if not self._loose_loaded:
+            self._load_loose()
         if not self._loose:
             return
         memory = self._available()
@@ -1002,7 +1077,7 @@ class Blocker:
             if loose.error and (loose.box is None or not loose.box.is_alive()):
                 # Its engine did not stop it (or none is known): killed from the kernel's
                 # side, said, and forgotten (a new decision stops it again).
-                del self._loose[key]
+                self._forget_loose(key)
                 how = self._kill_cgroup_of(loose.cgroup) if loose.cgroup else "no cgroup known"
                 tell(
                     self.log,
@@ -1017,8 +1092,8 @@ class Blocker:
                     ),
                 )
                 continue
-            if self._loose_settled(loose):
-                del self._loose[key]
+            if self._loose_settled(loose, now):
+                self._forget_loose(key)
                 waited = now - loose.stopping.sent
                 tell(
                     self.log,
@@ -1041,7 +1116,7 @@ class Blocker:
                 continue
             loose.stopping = after
             if what == Escalation.GIVE_UP:
-                del self._loose[key]
+                # Kept: it rests, then is escalated again from SIGKILL, as a block's stop.
                 tell(
                     self.log,
                     Event.of(
@@ -1056,7 +1131,49 @@ class Blocker:
                 continue
             self._escalate_loose(loose, what, why)
 
-    def _loose_settled(self, loose: _LooseStop) -> bool:
+    def _keep_loose(self, ref: UnitRef, cgroup: str) -> _LooseStop:
+        """A stop-only stop under way, kept in memory and on disk (a guard restarted before
+        the server has gone escalates it still)."""
+        loose = self._loose[str(ref)] = _LooseStop(ref, cgroup, Stopping.at(self.clock()))
+        try:
+            self.store.save_stop(PendingStop(ref, cgroup, loose.stopping.sent, self.boot_id))
+        except OSError as e:  # a full or read-only disk: this guard still escalates it
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.STATE_UNWRITTEN,
+                    "warning",
+                    unit=printable(str(ref)),
+                    error=str(e),
+                    msg=f"cannot keep the stop of {printable(str(ref))} on disk: {e}",
+                ),
+            )
+        return loose
+
+    def _forget_loose(self, key: str) -> None:
+        loose = self._loose.pop(key)
+        self.store.forget_stop(loose.ref)
+
+    def _load_loose(self) -> None:
+        """The stop-only stops an earlier guard of this boot sent and did not see settle."""
+        self._loose_loaded = True
+        stops, errors = self.store.stops()
+        for e in errors:
+            tell(
+                self.log,
+                Event.of(EventKind.RECORD_UNREADABLE, "error", error=str(e), msg=str(e)),
+            )
+        now = self.clock()
+        for stop in stops:
+            if stop.boot_id != self.boot_id:
+                self.store.forget_stop(stop.ref)  # before a reboot: nothing of it runs
+                continue
+            key = str(stop.ref)
+            if key not in self._loose:
+                sent = min(stop.sent, now)  # never from the future
+                self._loose[key] = _LooseStop(stop.ref, stop.cgroup, Stopping.at(sent))
+
+    def _loose_settled(self, loose: _LooseStop, now: float) -> bool:
         if loose.ref.is_container:
             if loose.box is not None and loose.box.is_alive():
                 return False
@@ -1069,7 +1186,12 @@ class Blocker:
             st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
         except ManagerError:
             return False  # not answering: the deadlines still run
-        return st is None or st.active_state in SETTLED or st.load_state == "not-found"
+        if st is None or st.active_state in SETTLED or st.load_state == "not-found":
+            return True
+        # A stop that runs shows "deactivating" at once; some time after it went out, any
+        # other state is a new run (started again while this guard rested or restarted),
+        # and a new run is a new decision's to judge, never this stop's to kill.
+        return st.active_state != "deactivating" and now - loose.stopping.sent >= LOOSE_GRACE
 
     def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
         manager = self.managers.get(loose.ref.manager)

@@ -7,6 +7,10 @@ so a crash leaves either the old or the new record, never half of one. A
 record names its next step: the next start of the guard goes on from there.
 `spark-guard release` moves a record to <state>/released/, which keeps the
 history.
+
+A stop-only stop (a server stopped, not blocked) has no record; while it is
+under way it has a small file under <state>/stopping/, so a guard restarted
+before the server has gone still escalates its stop.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
 
 FORMAT = 1
+STOP_FORMAT = 1
 RELEASING = ".releasing"  # beside a record: its release is under way
 
 
@@ -256,12 +261,91 @@ def boot_id(proc: str = "/proc") -> str:
         return ""
 
 
+@dataclass(frozen=True)
+class PendingStop:
+    """A stop-only stop under way: which unit, its cgroup, when the stop went out
+    (CLOCK_MONOTONIC, which is the same for every process of one boot) and in which boot."""
+
+    ref: UnitRef
+    cgroup: str
+    sent: float
+    boot_id: str
+
+    def to_json(self) -> str:
+        data = {
+            "format": STOP_FORMAT,
+            "unit": self.ref.name,
+            "manager": self.ref.manager,
+            "cgroup": self.cgroup,
+            "sent": self.sent,
+            "boot_id": self.boot_id,
+        }
+        return json.dumps(data, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> PendingStop:
+        try:
+            data: object = json.loads(text)
+            if not isinstance(data, dict) or data.get("format") != STOP_FORMAT:
+                raise ValueError(f"not a format {STOP_FORMAT} stop")
+            unit, manager, cgroup, boot = (
+                _field(data, k, str) for k in ("unit", "manager", "cgroup", "boot_id")
+            )
+            sent = data.get("sent")
+            if isinstance(sent, bool) or not isinstance(sent, (int, float)):
+                raise ValueError("sent: not a number")
+            ok = valid_name(unit) if manager == CONTAINER else _manager_ok(manager)
+            if not unit or "/" in unit or not ok:
+                raise ValueError("bad unit or manager")
+        except (ValueError, TypeError) as e:
+            raise RecordError(f"{where}: unreadable stop: {e}") from None
+        return cls(UnitRef(manager, unit), cgroup, float(sent), boot)
+
+
+def _manager_ok(manager: str) -> bool:
+    try:
+        manager_uid(manager)
+    except ValueError:
+        return False
+    return True
+
+
 class RecordStore:
     def __init__(self, root: str) -> None:
         self.lock_problem = ""  # why the last lock(wait=...) could not even try
         self.root = root
         self.blocked = os.path.join(root, "blocked")
         self.released = os.path.join(root, "released")
+        self.stopping = os.path.join(root, "stopping")
+
+    def save_stop(self, stop: PendingStop) -> None:
+        """Keep a stop-only stop until it has settled (forget_stop())."""
+        _write_atomic(os.path.join(self.stopping, f"{stop.ref}.json"), stop.to_json())
+
+    def forget_stop(self, ref: UnitRef) -> None:
+        with contextlib.suppress(OSError):
+            own_tree().unlink(os.path.join(self.stopping, f"{ref}.json"))
+
+    def stops(self) -> tuple[list[PendingStop], list[RecordError]]:
+        """The stop-only stops kept, and an error for each file that is not one."""
+        found: list[PendingStop] = []
+        errors: list[RecordError] = []
+        try:
+            names = sorted(os.listdir(self.stopping))
+        except OSError:
+            return found, errors
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(self.stopping, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    found.append(PendingStop.from_json(f.read(1 << 16), path))
+            except RecordError as e:
+                errors.append(e)
+            except (OSError, UnicodeDecodeError) as e:
+                errors.append(RecordError(f"{path}: cannot read: {e}"))
+        return found, errors
 
     def path_of(self, ref: UnitRef) -> str:
         return os.path.join(self.blocked, f"{ref}.json")

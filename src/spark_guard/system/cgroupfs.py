@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 def v2_root(base: str) -> str:
@@ -166,31 +166,44 @@ def kill_uid(
     *,
     uid_of: Callable[[int], int | None],
     cgroup_of: Callable[[int], str | None],
+    start_of: Callable[[int], int | None] | None = None,
     spare: Callable[[list[int]], set[int]] | None = None,
     any_user: bool = False,
     until: float | None = None,
+    also: Iterable[int] = (),
+    signalled: dict[int, int | None] | None = None,
 ) -> int:
     """SIGKILL the processes of real uid `uid` in the cgroup's subtree, and no other: a
     user's job inside a system unit, her scope, a cgroup of her own. `any_user`: any uid
     but root's (her delegated subtree, where her user namespaces' subuids run too). Through
     a pidfd, each checked after it is pinned (the uid, still in the subtree), listed again
-    until a listing finds none of hers left (forks meanwhile, dying ones), or until
+    until a listing shows none of hers not yet signalled (forks meanwhile), or until
     `until` (time.monotonic()), by default KILL_DEADLINE from now. `spare`: of the listed
-    pids, those to leave (her manager in its init.scope). Returns how many were signalled."""
+    pids, those to leave (her manager in its init.scope). `also`: pids seen in the subtree
+    beyond the walk's bounds, checked as the listed ones are. `signalled`: the caller's
+    account of what earlier calls signalled (pid -> start, by `start_of`), brought up to
+    date: a process signalled before and still there is not waited on again, since one in
+    uninterruptible sleep (a wedged driver) never goes, and would hold every pass for the
+    whole budget. Returns how many were signalled now."""
     if not cgroup or cgroup == "/" or uid == 0:
         raise OSError(f"refusing to kill uid {uid}'s processes in cgroup {cgroup!r}")
     inside = cgroup.rstrip("/") + "/"
+    before = signalled if signalled is not None else {}
+    extra = list(dict.fromkeys(also))
 
     def theirs(pid: int) -> bool:
         owner = uid_of(pid)
         return owner == uid or (any_user and owner is not None and owner != 0)
 
-    done: set[int] = set()  # signalled already (a dying process may still be listed)
+    def start(pid: int) -> int | None:
+        return start_of(pid) if start_of else None
+
+    done: set[int] = set()  # signalled by this call (a dying process may still be listed)
     deadline = time.monotonic() + KILL_DEADLINE if until is None else until
     while True:
-        listed = pids(root, cgroup)
-        left = set(listed) - (spare(listed) if spare else set())
-        alive = 0
+        listed = list(dict.fromkeys(pids(root, cgroup) + extra))
+        left = set(listed) - (spare(listed) if spare else set()) - done
+        fresh = 0
         for pid in left:
             if time.monotonic() >= deadline and done:
                 break  # the budget is spent: the rest is killed next pass
@@ -200,12 +213,18 @@ def kill_uid(
                     where = cgroup_of(pid)
                     if where is None or not (where + "/").startswith(inside) or not theirs(pid):
                         continue
-                    alive += 1
-                    if pid not in done:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                        done.add(pid)
+                    began = start(pid)
+                    if pid in before and before[pid] == began:
+                        continue  # signalled by an earlier call, and not gone yet
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    done.add(pid)
+                    before[pid] = began
+                    fresh += 1
                 finally:
                     os.close(fd)
-        if not alive or time.monotonic() >= deadline:
-            return len(done)
-        time.sleep(0.005)  # the killed ones leave the listing as they exit
+        if not fresh or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)  # forks made before the kill landed show in the next listing
+    for pid in set(before) - set(listed):
+        del before[pid]  # gone: a later process with its number is a new one
+    return len(done)
