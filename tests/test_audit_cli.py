@@ -96,7 +96,7 @@ def test_each_loaders_footprint_shows_its_rule_and_a_client_its_server(tmp_path,
         "the loads of lms-load.service"
     ) in text
     report = audit_cli._json(inv, [], _memory(), [], feet)
-    by_ref = {u["ref"]: u for u in report["loaders"]}
+    by_ref = {u["unit"]: u for u in report["loaders"]}
     assert by_ref["lms-load.service"]["footprint"]["charged_to"] == (
         "user:1000:lmstudio-server.service"
     )

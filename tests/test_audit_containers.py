@@ -159,12 +159,23 @@ def test_audit_lists_loader_containers_and_flags_those_their_engine_restarts(
         "lingering",
         "missing",
         "findings",
-        "memory",
+        "accounting",  # issue 30: was "memory", which named other figures than mem_*
         "gpu_holders",
         "containers",
-        "unified",  # issue 25: what a GPU allocation can get on unified memory
+        # Issue 25: what a GPU allocation can get on unified memory; issue 30: under the
+        # names status and preflight give the same figures.
+        "mem_total",
+        "mem_available",
+        "unified",
+        "make_room",
+        "mem_free",
+        "file_clean",
+        "huge_free",
+        "pinned",
+        "floor",
     }
-    by_ref = {c["ref"]: c for c in report["containers"]}
+    assert report["format"] == 2
+    by_ref = {c["unit"]: c for c in report["containers"]}
     assert sorted(by_ref) == ["container:kept", "container:llm", "container:quiet", "container:srv"]
     llm = by_ref["container:llm"]
     assert (llm["engine"], llm["name"], llm["image"]) == (sock, "llm", "vllm/vllm-openai:test")

@@ -29,6 +29,7 @@ from lab.guardunit import (
     write_config,
 )
 from lab.harness import UserManager
+from tests.jsonschemas import check
 
 pytestmark = pytest.mark.systemd
 
@@ -86,8 +87,9 @@ def test_loader_is_seen_attributed_and_classified(um):
         timeout=60,
     )
     dump = json.loads(out.stdout)
+    check(dump, "dump")  # its schema, with loaders in it
     assert "user:0" in dump["managers"]
-    loaders = {ld["seen"]["ref"]: ld for ld in dump["decision"]["loaders"]}
+    loaders = {ld["seen"]["unit"]: ld for ld in dump["decision"]["loaders"]}
     worker = loaders["user:0:worker-a.service"]
     assert worker["seen"]["rss"] >= 300 * MiB
     main_pid = int(um.show("worker-a.service", "MainPID")["MainPID"])

@@ -295,7 +295,7 @@ def test_audit_sees_every_level_and_rescue_blocks_them_all(machine):
     out = c.run("spark-guard", "audit", "--json", check=False)
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
-    loaders = {u["ref"]: u for u in report["loaders"]}
+    loaders = {u["unit"]: u for u in report["loaders"]}
     assert set(loaders) >= {
         "llama-server.service",
         "llama@qwen.service",

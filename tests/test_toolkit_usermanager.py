@@ -18,6 +18,7 @@ import pytest
 from lab import LAB
 from lab.guardunit import GUARD, PY, guard_manager, restart_guard, write_config
 from lab.harness import UserManager
+from tests.jsonschemas import check
 
 pytestmark = pytest.mark.systemd
 
@@ -73,8 +74,9 @@ def test_audit_finds_every_loader_the_duplicate_the_failed_unit_and_a_missing_na
     out = cli(um, "audit", "nope.service", "--json")
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
-    assert sorted(u["ref"] for u in report["loaders"]) == sorted(f"user:0:{n}" for n in um.loaders)
-    odd = next(u for u in report["loaders"] if u["ref"] == f"user:0:{ODD}")
+    check(report, "audit")  # with loaders, failed units and findings of every kind
+    assert sorted(u["unit"] for u in report["loaders"]) == sorted(f"user:0:{n}" for n in um.loaders)
+    odd = next(u for u in report["loaders"] if u["unit"] == f"user:0:{ODD}")
     assert odd["file_state"] == "enabled"
     findings = {(f["code"], f["unit"]) for f in report["findings"]}
     assert ("duplicate", "user:0:llama-data.service") in findings
@@ -85,7 +87,8 @@ def test_audit_finds_every_loader_the_duplicate_the_failed_unit_and_a_missing_na
     duplicate = next(f for f in report["findings"] if f["code"] == "duplicate")
     assert duplicate["severity"] == "critical"
     assert duplicate["fix"] == "systemctl --user -M root@ disable --now llama-data.service"
-    assert set(report["memory"]) >= {"used", "rss", "gpu", "kernel", "gap", "probably"}
+    assert set(report["accounting"]) >= {"used", "rss", "gpu", "kernel", "gap", "probably"}
+    assert report["mem_total"] > report["mem_available"] > 0
     # On a terminal: tables and one finding per line with its fix.
     text = cli(um, "audit").stdout
     assert "model loaders:" in text and f"user:0:{ODD}" in text
@@ -164,6 +167,7 @@ def test_status_shows_what_the_running_guard_published(um):
         assert time.monotonic() < deadline, out
         time.sleep(0.2)
     assert out.returncode == 0 and state["alive"] is True and state["phase"] == "strict"
+    check(state, "status")  # a running guard's, with a loader in it
     worker = next(ld for ld in state["loaders"] if ld["unit"] == "user:0:worker-7.service")
     assert worker["expected"] is None and "other.gguf" in worker["prediction"]
     text = cli(um, "status").stdout

@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         report = _json(inv, findings, memory, holders, feet, found, config)
-        report["unified"] = _unified_json(snapshot, config)
+        report.update(_memory_json(snapshot, config))
+        report["format"] = 2  # 2: loaders' "unit", "accounting", the mem_* figures
         emit(report, args.json)
     else:
         _print(inv, findings, memory, holders, feet, found, config, snapshot)
@@ -116,9 +117,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if worst(findings).at_least(Severity.WARNING) else 0
 
 
-def _unified_json(snapshot: Snapshot, config: config_mod.Config) -> dict[str, Any]:
+def _memory_json(snapshot: Snapshot, config: config_mod.Config) -> dict[str, Any]:
+    """The figures the guard judges, under the names status and preflight give them."""
     m = snapshot.memory
     return {
+        "mem_total": m.total,
+        "mem_available": m.available,
         "unified": snapshot.rule.unified,
         "make_room": snapshot.rule.make_room,
         "mem_free": m.free,
@@ -153,8 +157,8 @@ def _json(
     config: config_mod.Config | None = None,
 ) -> dict[str, Any]:
     def unit(u: Any) -> dict[str, Any]:
-        d = dataclasses.asdict(u)
-        d["ref"] = str(u.ref)
+        d = {"unit": str(u.ref), **dataclasses.asdict(u)}
+        del d["ref"]
         d["memory_max"] = None if u.memory_max >= INFINITY else u.memory_max
         return d
 
@@ -168,7 +172,12 @@ def _json(
         "lingering": [dataclasses.asdict(x) for x in inv.lingering],
         "missing": inv.missing,
         "findings": [f.as_json() for f in findings],
-        "memory": {**dataclasses.asdict(memory), "probably": memory.probably},
+        # What the memory in use is made of (MemTotal - MemAvailable, by whom).
+        # (MemTotal is mem_total, beside it: one name per figure.)
+        "accounting": {
+            **{k: v for k, v in dataclasses.asdict(memory).items() if k != "total"},
+            "probably": memory.probably,
+        },
         "gpu_holders": [{"unit": u, "bytes": b} for u, b in holders],
         "containers": [
             _container(c, config or config_mod.Config()) for c in (found.loaders if found else [])
@@ -179,7 +188,7 @@ def _json(
 def _container(info: ContainerInfo, config: config_mod.Config) -> dict[str, Any]:
     c = info.container
     return {
-        "ref": p(c.ref),
+        "unit": p(c.ref),
         "engine": p(info.engine),
         "id": c.id,
         "name": p(c.name),

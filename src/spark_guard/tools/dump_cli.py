@@ -11,7 +11,7 @@ from .. import config as config_mod
 from .. import log as log_mod
 from ..core.policy import decide
 from ..core.quantities import format_size
-from ..core.snapshot import Decision, Pressure, Snapshot
+from ..core.snapshot import Decision, Memory, Pressure, Snapshot
 from ..core.text import printable as p
 from ..exits import USAGE
 from ..jsonout import emit
@@ -23,12 +23,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
 
+# One name per figure across the tools' documents: a unit is "unit", and the figures of
+# /proc/meminfo are named as status, audit and preflight name them.
+_NAMES = {"ref": "unit"}
+_MEMORY_NAMES = {"total": "mem_total", "available": "mem_available", "free": "mem_free"}
+
+
 def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         if hasattr(obj, "manager") and hasattr(obj, "name"):
             return str(obj)
-        return out
+        names = _MEMORY_NAMES if isinstance(obj, Memory) else _NAMES
+        return {
+            names.get(f.name, f.name): _plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+        }
     if isinstance(obj, list | tuple):
         return [_plain(x) for x in obj]
     if isinstance(obj, set | frozenset):
@@ -71,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     decision = decide(snapshot, config)
     if args.json:
         doc = {
+            # 2: "unit" for "ref", the mem_* names, and the clock named.
+            "format": 2,
+            # Every time in the document (now, history, active_since, guard_started, ...).
+            "clock": "CLOCK_MONOTONIC seconds",
             "snapshot": _with_pressure(_plain(snapshot), pressure),
             "decision": _plain(decision),
             "managers": managers,
