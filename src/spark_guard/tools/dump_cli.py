@@ -35,8 +35,7 @@ def _plain(obj: Any) -> Any:
             return str(obj)
         names = _MEMORY_NAMES if isinstance(obj, Memory) else _NAMES
         return {
-            names.get(f.name, f.name): _plain(getattr(obj, f.name))
-            for f in dataclasses.fields(obj)
+            names.get(f.name, f.name): _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
         }
     if isinstance(obj, list | tuple):
         return [_plain(x) for x in obj]
