@@ -249,6 +249,9 @@ BAD_INPUTS = [
     (["harden", "nope.service", "--config", "{cfg}"], 2, "nope.service"),
     (["doctor", "--since", "yesterdayish", "--config", "{cfg}"], 2, "--since"),
     (["nosuchcommand"], 2, "invalid choice"),
+    # A command's own usage for its own errors (it was the top level's).
+    (["release", "--bogus", "--config", "{cfg}"], 2, "spark-guard release: error: unrec"),
+    (["--config", "{cfg}", "audit", "--bogus"], 2, "spark-guard audit: error: unrec"),
 ]
 
 
@@ -333,13 +336,16 @@ def test_every_json_document_says_its_format_pretty_or_short(tmp_path):
         f'[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n'
         f'runtime = "{tmp_path}/run"\n[containers]\nenabled = false\n[gpu]\nenabled = false\n'
     )
+    # The format each document's schema names (docs/json.md): 2 where a field was renamed.
+    formats = {"dump": 2, "audit": 2, "doctor": 1, "preflight": 1}
     for command in (["dump"], ["audit"], ["doctor"], ["preflight", str(data.smollm2())]):
         short = sg(*command, "--json=short", "--config", str(cfg))
         assert short.stdout.count("\n") == 1, (command, short.stdout[:200], short.stderr)
         doc = json.loads(short.stdout)
-        assert next(iter(doc)) == "format" and doc["format"] == 1, command
+        want = formats[command[0]]
+        assert next(iter(doc)) == "format" and doc["format"] == want, command
         pretty = sg(*command, "--json", "--config", str(cfg))
         assert json.loads(pretty.stdout).keys() == doc.keys(), command  # the figures move
-        assert pretty.stdout.startswith('{\n "format": 1,'), command
+        assert pretty.stdout.startswith(f'{{\n "format": {want},'), command
     bad = sg("dump", "--json=yaml", "--config", str(cfg))
     assert bad.returncode == 2 and "--json=pretty or --json=short" in bad.stderr

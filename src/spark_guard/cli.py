@@ -114,6 +114,22 @@ def _join_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _config_after_command(argv: list[str]) -> list[str]:
+    """`spark-guard --config FILE audit` as `spark-guard audit --config FILE`: every command
+    takes --config, and an admin writes it where systemctl would take an option."""
+    if not argv or argv[0] not in ("--config",) and not argv[0].startswith("--config="):
+        return argv
+    took = 1 if "=" in argv[0] else 2
+    return [*argv[took : took + 1], *argv[:took], *argv[took + 1 :]]
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
 def _json_modes(argv: list[str]) -> tuple[list[str], str | None]:
     """`--json=pretty|short` (systemd's spelling) to the plain `--json` every command
     takes, and the mode; anything else after `--json=` is a usage error."""
@@ -135,11 +151,18 @@ def _json_modes(argv: list[str]) -> tuple[list[str], str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = _join_dash_values(sys.argv[1:] if argv is None else argv)
     argv, json_mode = _json_modes(argv)
+    argv = _config_after_command(argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     try:
         try:
-            args = _parser(chosen).parse_args(argv)
+            parser = _parser(chosen)
+            args, extra = parser.parse_known_args(argv)
+            if extra:
+                # Said with the command's own usage, not the top level's.
+                _command_parser(parser, args.command).error(
+                    f"unrecognized arguments: {' '.join(extra)}"
+                )
         except SystemExit:
             sys.stdout.flush()  # --help's text, here, where a closed pipe is caught
             raise
