@@ -117,7 +117,7 @@ def _join_dash_values(argv: list[str]) -> list[str]:
 def _config_after_command(argv: list[str]) -> list[str]:
     """`spark-guard --config FILE audit` as `spark-guard audit --config FILE`: every command
     takes --config, and an admin writes it where systemctl would take an option."""
-    if not argv or argv[0] not in ("--config",) and not argv[0].startswith("--config="):
+    if not argv or (argv[0] != "--config" and not argv[0].startswith("--config=")):
         return argv
     took = 1 if "=" in argv[0] else 2
     return [*argv[took : took + 1], *argv[:took], *argv[took + 1 :]]
@@ -126,7 +126,8 @@ def _config_after_command(argv: list[str]) -> list[str]:
 def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:
-            return action.choices[name]
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
     return parser
 
 
