@@ -70,13 +70,21 @@ def test_check_config_missing_file(tmp_path):
     assert out.stderr.strip() == f"spark-guard: {tmp_path}/nope.toml: no such file"
 
 
-def test_dump_shows_memory_and_phase(tmp_path):
+def test_dump_shows_memory_and_phase_and_that_it_saw_no_unit(tmp_path):
+    """No manager answering, dump showed the memory and no loader, exit 0: an all-clear
+    it could not give. Now it says no unit was seen, and exits 4 (cannot say), as audit;
+    preflight's verdict says the loaders still loading were not counted."""
     cfg = tmp_path / "c.toml"
     cfg.write_text('[paths]\nsystem_manager = "/nonexistent"\nuser_runtime = "/nonexistent"\n')
     out = sg("dump", "--config", str(cfg))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr
     assert out.stdout.startswith("phase strict; MemAvailable ")
     assert "GPU accounting off" in out.stdout
+    assert "no systemd manager reached, no unit seen" in out.stderr
+    pre = sg("preflight", str(data.smollm2()), "--json", "--config", str(cfg))
+    assert pre.returncode in (0, 1), pre.stderr
+    assert json.loads(pre.stdout)["managers"] == []
+    assert "other loaders still loading were not counted" in pre.stderr
 
 
 def test_dump_with_broken_proc_root_is_one_clear_line(tmp_path):

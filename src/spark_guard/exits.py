@@ -6,7 +6,8 @@ preflight's "unknown" was argparse's usage error.
     1  the answer is no: it does not fit, a warning (or worse) was found, not done
     2  a usage or config error (argparse's own, a broken --config)
     3  status: the guard is not running (systemctl's 3); doctor: critical
-    4  cannot say: a footprint unknown, nothing could be audited, NVML not there to ask
+    4  cannot say: a footprint unknown, no manager reached (nothing audited, no unit seen),
+       NVML not there to ask
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ CANNOT_SAY = 4
 
 EPILOGS = {
     "check-config": "exit status: 0 valid, 1 invalid or a budget that cannot protect, 2 usage",
-    "dump": "exit status: 0 shown, 1 /proc unreadable, 2 usage or config error",
+    "dump": "exit status: 0 shown, 1 /proc unreadable, 2 usage or config error, "
+    "4 no systemd manager reached (no unit seen)",
     "preflight": "exit status: 0 it fits, 1 it does not fit, 2 usage or config error, "
     "4 cannot say (footprint unknown, model unreadable)",
     "audit": "exit status: 0 nothing found, 1 a warning or worse, 2 usage or config error, "

@@ -971,8 +971,11 @@ class Sensor:
         self.gpu.close()
 
 
-def sense_once(config: Config, log: FilteringBoundLogger) -> tuple[Snapshot, UnitRef | None]:
-    """One snapshot for a command (dump, preflight, audit), and the unit it runs in."""
+def sense_once(
+    config: Config, log: FilteringBoundLogger
+) -> tuple[Snapshot, UnitRef | None, tuple[str, ...]]:
+    """One snapshot for a command (preflight, audit), the unit it runs in, and the
+    managers that answered (none: no unit was seen, which is no all-clear)."""
     sensor = Sensor(config, log)
     sensor.wait_for_models = True
     sensor.gpu.deadline = max(sensor.gpu.deadline, COMMAND_GPU_DEADLINE)
@@ -981,6 +984,7 @@ def sense_once(config: Config, log: FilteringBoundLogger) -> tuple[Snapshot, Uni
         if sensor.containers.engines and sensor.containers.present():
             sensor.snapshot()  # asks the engines about the containers it finds
             sensor.containers.wait(CONNECT_WAIT)
-        return sensor.snapshot(), sensor.guard_unit
+        snapshot = sensor.snapshot()
+        return snapshot, sensor.guard_unit, tuple(sorted(sensor.managers))
     finally:
         sensor.close()

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         found.loaders = [i for i in found.loaders if str(i.container.ref) in boxes]
         inv.missing += [n for n in boxes if n not in listed]
     try:
-        snapshot, _ = sense_once(config, log_mod.get_logger())
+        snapshot, _, _ = sense_once(config, log_mod.get_logger())
         proc = ProcFS(config.proc)
         meminfo, rss = proc.meminfo(), proc.rss_total()
     except ProcError as e:

@@ -13,7 +13,7 @@ from ..core.policy import decide
 from ..core.quantities import format_size
 from ..core.snapshot import Decision, Memory, Pressure, Snapshot
 from ..core.text import printable as p
-from ..exits import USAGE
+from ..exits import CANNOT_SAY, USAGE
 from ..jsonout import emit
 from ..sensor import Sensor
 from ..system.procfs import ProcError
@@ -88,8 +88,13 @@ def run(args: argparse.Namespace) -> int:
             "managers": managers,
         }
         emit(doc, args.json)
-        return 0
-    _print(snapshot, decision)
+    else:
+        _print(snapshot, decision)
+    if not managers:
+        # What /proc shows is shown; no unit was seen, which is no "nothing to stop".
+        why = f"no manager socket at {config.system_manager} or under {config.user_runtime}"
+        print(f"spark-guard: no systemd manager reached, no unit seen ({why})", file=sys.stderr)
+        return CANNOT_SAY
     return 0
 
 

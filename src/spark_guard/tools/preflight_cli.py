@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log_mod.configure("console", level="error")
     try:
-        snapshot, own_unit = sense_once(config, log_mod.get_logger())
+        snapshot, own_unit, managers = sense_once(config, log_mod.get_logger())
         decision = decide(snapshot, config)
         what, prediction, itself, charge = _predict(
             args, config, snapshot.memory.total, own_unit, decision
@@ -277,9 +277,17 @@ def run(args: argparse.Namespace) -> int:
             snapshot = replace(snapshot, memory=room.after)
             decision = decide(snapshot, config)
     result = verdict(prediction.bytes, snapshot, decision, itself, model_bytes=model_bytes)
+    if not managers:
+        # The memory is read all the same; the loaders it would wait for are not seen.
+        print(
+            "spark-guard: no systemd manager reached: other loaders still loading were not "
+            "counted (run it as root where systemd is PID 1)",
+            file=sys.stderr,
+        )
     if args.json:
         out = _as_json(what, prediction, result, charge)
         out["room_made"] = _room_json(room)
+        out["managers"] = list(managers)  # none: `pending` counted no loader
         emit(out, args.json)
     else:
         if room is not None:
