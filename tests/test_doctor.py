@@ -518,7 +518,9 @@ def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert out.startswith("classification: healthy\n")
     steps = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert steps == ["classify:", "driver:", "card:"]
+    # The journal directory here has no journal file: said, not left out (issue 30 §1).
+    assert steps == ["classify:", "kernel:", "driver:", "card:"]
+    assert "journal: no journal files in it" in out.replace(str(tmp_path / "journal"), "journal")
     assert "  WARNING  GPU 0 (NVIDIA RTX 6000 Ada Generation): PCIe link x8" in out
     assert "  WARNING  GPU 0 (NVIDIA RTX 6000 Ada Generation): 88 °C, slowdown at 90 °C" in out
     assert "next: reseat the card or riser" in out

@@ -187,6 +187,33 @@ def read_kmsg(path: str, logs: Logs) -> None:
     logs.sources.append(path)
 
 
+# How many directory entries has_journal_files() looks at, at most.
+JOURNAL_LOOK = 4096
+
+
+def has_journal_files(directory: str) -> bool:
+    """Whether journalctl --directory has anything to read: journal files in the directory
+    or one level down (a machine's /var/log/journal keeps them under its machine id)."""
+    todo, looked = [directory], 0
+    for depth in range(2):
+        below = []
+        for path in todo:
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        looked += 1
+                        if looked > JOURNAL_LOOK:
+                            return False
+                        if entry.name.endswith((".journal", ".journal~")):
+                            return True
+                        if depth == 0 and entry.is_dir(follow_symlinks=False):
+                            below.append(entry.path)
+            except OSError:
+                continue
+        todo = below
+    return False
+
+
 def read(since: str, kmsg: str = "/dev/kmsg", directory: str | None = None) -> Logs:
     """The journal since `since` (a journalctl time); `directory`: journal files of another
     system (a rescued disk's /var/log/journal), whose kernel ring buffer is not this one."""
@@ -199,6 +226,13 @@ def read(since: str, kmsg: str = "/dev/kmsg", directory: str | None = None) -> L
     if shutil.which("journalctl") is None:
         logs.limits.append("journalctl not found: the journal is not read")
         read_kmsg(kmsg, logs)
+        return logs
+    if directory is not None and not has_journal_files(directory):
+        # journalctl reads nothing there and says nothing: the run would look clean.
+        logs.limits.append(
+            f"{directory}: no journal files in it (*.journal, here or one level down, as "
+            "in /var/log/journal/MACHINE-ID/): no log was read"
+        )
         return logs
     kernel, error = _journalctl(["_TRANSPORT=kernel"], since, directory)
     if error:
