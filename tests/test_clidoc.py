@@ -22,6 +22,18 @@ def test_the_man_pages_synopsis_and_the_completion_are_made_from_the_parser():
                     assert clidoc._roff(flag) in man, (name, flag)
 
 
+def test_every_option_and_argument_of_every_command_says_what_it_is():
+    """Issue 30 §3: `--help` text for every option. --json, --config, -fa, --swa-full,
+    --log-level and the positional arguments had none."""
+    bare = [
+        (name, action.option_strings or action.dest)
+        for name in COMMANDS
+        for action in clidoc.command_parser(name)._actions
+        if not (action.help or "").strip() and action.dest != "help"
+    ]
+    assert bare == []
+
+
 def _complete(*words: str) -> list[str]:
     """What bash offers after `spark-guard WORDS...` (the last word is the one completed)."""
     script = (

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,8 @@ def test_installed_with_apt_it_runs_after_a_reboot_and_purges_without_a_trace(de
         state = json.loads(c.run("spark-guard", "status", "--json").stdout)
         assert state["alive"] is True
 
+        _newcomers_preview_block_and_release(c)
+
         assert c.run("apt-get", "remove", "-y", "-q", "spark-guard", check=False).returncode == 0
         assert c.path("/etc/spark-guard.toml").exists()  # a conffile stays until purge
         assert c.run("apt-get", "purge", "-y", "-q", "spark-guard", check=False).returncode == 0
@@ -177,3 +180,72 @@ def test_installed_with_apt_it_runs_after_a_reboot_and_purges_without_a_trace(de
         ):
             assert c.run("test", "-e", left, check=False).returncode == 1, left
         assert c.run("dpkg", "-s", "spark-guard", check=False).returncode == 1
+
+
+def readme_commands(section: str) -> list[str]:
+    """The commands of a README section's indented block, without their comments: what a
+    newcomer copies."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln[4:] for ln in body.splitlines() if ln.startswith("    ") and ln.strip()]
+    return [re.sub(r"\s+#.*$", "", ln).strip() for ln in lines if not ln.startswith("     ")]
+
+
+def _newcomers_preview_block_and_release(c: Container) -> None:
+    """Issue 30's newcomer, after the install: the budget told a loader's footprint as the
+    README's Configuration says, the dry run turned on with the README's own commands and
+    its "would stop" line read, then the real run that blocks the loader, and the
+    release that puts it back as it was."""
+    config = (REPO / "README.md").read_text().split("## Configuration\n", 1)[1]
+    footprint = re.search(r"\n    (\[loaders\.footprint\]\n    .*)\n", config)
+    assert footprint, config
+    toml = footprint.group(1).replace("\n    ", "\n")
+    unit = re.search(r'"([^"]+\.service)"', toml)
+    assert unit, toml
+    name = unit.group(1)
+    with c.path("/etc/spark-guard.toml").open("a") as f:
+        f.write("\n" + toml + "\n")
+    c.path("/usr/local/bin/llama-server").write_text("#!/bin/sh\nexec sleep infinity\n")
+    c.path("/usr/local/bin/llama-server").chmod(0o755)
+    c.path(f"/etc/systemd/system/{name}").write_text(
+        "[Service]\nExecStart=/usr/local/bin/llama-server -m /srv/models/ds4.gguf\n"
+        "Restart=always\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    c.run("systemctl", "enable", name)
+
+    preview = readme_commands("Preview first: a dry run")
+    assert preview[0].startswith("sed -i 's/^# dry_run = false/dry_run = true/'"), preview
+    for line in preview[:2]:  # turn it on, check the file, reload
+        out = c.run("sh", "-c", line, check=False)
+        assert out.returncode == 0, (line, out.stdout, out.stderr)
+    c.run("systemctl", "start", name)
+    said = ""
+    deadline = time.monotonic() + 30
+    while "would stop" not in said and time.monotonic() < deadline:
+        said = c.run("sh", "-c", preview[2] + " --no-pager -o cat", check=False).stdout
+        time.sleep(0.5)
+    assert f"would stop, mask and disable {name}" in said, said
+    assert c.show(name, "ActiveState", "LoadState") == {
+        "ActiveState": "active",
+        "LoadState": "loaded",
+    }
+    audit = c.run("sh", "-c", preview[3], check=False)
+    assert name in audit.stdout, audit.stdout
+
+    # The real run: dry run off the same way, and the loader is blocked.
+    c.run("sh", "-c", "sed -i 's/^dry_run = true/dry_run = false/' /etc/spark-guard.toml")
+    c.run("sh", "-c", preview[1])
+    c.wait_for(name, "LoadState", "masked")
+    assert c.show(name, "ActiveState")["ActiveState"] in ("inactive", "failed")
+    assert c.show(name, "UnitFileState")["UnitFileState"] == "masked-runtime"
+
+    # Released as the README says: back as it was, enabled.
+    commands = readme_commands("What an admin sees")
+    release = next(ln for ln in commands if ln.startswith("spark-guard release "))
+    out = c.run("sh", "-c", release.replace("llama.service", name), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert c.show(name, "LoadState", "UnitFileState") == {
+        "LoadState": "loaded",
+        "UnitFileState": "enabled",
+    }
+    c.run("systemctl", "disable", "--now", name)  # its footprint does not fit: not here

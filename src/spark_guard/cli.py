@@ -92,7 +92,12 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
                     "-q", "--quiet", action="store_true", help="print nothing on stdout"
                 )
             if command.config:
-                command_parser.add_argument("--config", type=Path, default=config_mod.DEFAULT_PATH)
+                command_parser.add_argument(
+                    "--config",
+                    type=Path,
+                    default=config_mod.DEFAULT_PATH,
+                    help=f"the budget file (default {config_mod.DEFAULT_PATH})",
+                )
     return parser
 
 

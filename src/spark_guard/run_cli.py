@@ -35,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where events go (auto: the journal when run by systemd)",
     )
-    parser.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning"),
+        default="info",
+        help="the least severe event logged (default info)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,7 +54,11 @@ from .inventory import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("units", nargs="*", metavar="UNIT", help="also check these units by name")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (--json=short: on one line; schemas in docs/json.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

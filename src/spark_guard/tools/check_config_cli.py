@@ -14,7 +14,13 @@ from ..system.procfs import ProcError, ProcFS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", nargs="?", type=Path, default=config_mod.DEFAULT_PATH)
+    parser.add_argument(
+        "file",
+        nargs="?",
+        type=Path,
+        default=config_mod.DEFAULT_PATH,
+        help=f"the file to check (default {config_mod.DEFAULT_PATH})",
+    )
 
 
 def budget_problems(c: Config, mem_total: int) -> list[str]:

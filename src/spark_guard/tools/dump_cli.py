@@ -20,7 +20,11 @@ from ..system.procfs import ProcError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (--json=short: on one line; schemas in docs/json.md)",
+    )
 
 
 # One name per figure across the tools' documents: a unit is "unit", and the figures of

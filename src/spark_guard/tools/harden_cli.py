@@ -54,7 +54,7 @@ def _record_path(config: Config, ref: UnitRef) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("unit", metavar="UNIT")
+    parser.add_argument("unit", metavar="UNIT", help="the loader unit to harden")
     parser.add_argument("--yes", action="store_true", help="write without asking")
     parser.add_argument("--dry-run", action="store_true", help="only show what would be written")
     parser.add_argument("--undo", action="store_true", help="remove the drop-in harden wrote")

@@ -219,20 +219,35 @@ def count(low: int, high: int) -> Callable[[str], int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="UNIT|MODEL.gguf")
+    parser.add_argument(
+        "target",
+        metavar="UNIT|MODEL.gguf",
+        help="a unit (judged by its ExecStart=) or a model file, with the options below",
+    )
     parser.add_argument(
         "-c", "--ctx", type=count(0, 1 << 24), help="context size (0: the trained one)"
     )
     parser.add_argument("-np", "--parallel", type=count(1, 4096), help="slots (1 or more)")
     parser.add_argument("-ctk", "--cache-type-k", help="K cache type: f16, q8_0, q4_0, ...")
     parser.add_argument("-ctv", "--cache-type-v", help="V cache type: f16, q8_0, q4_0, ...")
-    parser.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"))
+    parser.add_argument(
+        "-fa", "--flash-attn", choices=("on", "off", "auto"), help="as llama-server's (auto)"
+    )
     parser.add_argument(
         "-ub", "--ubatch", type=count(1, 1 << 16), help="physical batch (1 or more)"
     )
-    parser.add_argument("--swa-full", action="store_true", default=None)
+    parser.add_argument(
+        "--swa-full",
+        action="store_true",
+        default=None,
+        help="a full-size KV cache for sliding-window layers, as llama-server's",
+    )
     parser.add_argument("--mmproj", help="the multimodal projector file loaded with the model")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (--json=short: on one line; schemas in docs/json.md)",
+    )
     parser.add_argument(
         "--make-room",
         action="store_true",

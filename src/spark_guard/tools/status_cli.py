@@ -22,7 +22,11 @@ STALE = 180.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (--json=short: on one line; schemas in docs/json.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -164,7 +164,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--directory", help="read the journal files in this directory (a rescued disk's)"
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (--json=short: on one line; schemas in docs/json.md)",
+    )
 
 
 def _bad_argument(args: argparse.Namespace) -> str | None:
