@@ -36,7 +36,7 @@ Description=spark-guard under test
 Type=notify
 NotifyAccess=main
 ExecStart={PY} -m spark_guard run --config {manager.base}/guard.toml --log console
-ExecReload=/bin/kill -HUP $MAINPID
+ExecReload=/bin/sh -c 'kill -HUP ${{MAINPID}}'
 WatchdogSec=10s
 Environment=PYTHONUNBUFFERED=1
 """,

@@ -238,6 +238,8 @@ BAD_INPUTS = [
     # (command line, exit status, what the one line names)
     (["check-config", "{tmp}/none.toml"], 1, "no such file"),
     (["check-config", "{tmp}/broken.toml"], 1, "broken.toml:1"),
+    # The README's footprint pasted with its header below the shipped file's own.
+    (["check-config", "{tmp}/twice.toml"], 1, "twice.toml:3: [loaders.footprint] is already"),
     (["dump", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
     (["status", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
     (["audit", "--config", "{tmp}/broken.toml"], 2, "broken.toml:1"),
@@ -277,6 +279,9 @@ def test_bad_input_to_any_command_is_one_line_and_its_documented_exit(tmp_path, 
         "[containers]\nenabled = false\n[gpu]\nenabled = false\n"
     )
     (tmp_path / "broken.toml").write_text("[budget\n")
+    (tmp_path / "twice.toml").write_text(
+        '[loaders.footprint]\n# "x.service" = "1GiB"\n[loaders.footprint]\n"x.service" = "1GiB"\n'
+    )
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 64)
     os.mkfifo(tmp_path / "fifo.gguf")
     args = [a.format(tmp=tmp_path, cfg=cfg) for a in argv]

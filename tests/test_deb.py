@@ -197,14 +197,14 @@ def _newcomers_preview_block_and_release(c: Container) -> None:
     its "would stop" line read, then the real run that blocks the loader, and the
     release that puts it back as it was."""
     config = (REPO / "README.md").read_text().split("## Configuration\n", 1)[1]
-    footprint = re.search(r"\n    (\[loaders\.footprint\]\n    .*)\n", config)
-    assert footprint, config
-    toml = footprint.group(1).replace("\n    ", "\n")
-    unit = re.search(r'"([^"]+\.service)"', toml)
-    assert unit, toml
-    name = unit.group(1)
-    with c.path("/etc/spark-guard.toml").open("a") as f:
-        f.write("\n" + toml + "\n")
+    footprint = re.search(r"\n    (\"[^\"]+\.service\" = .*)\n", config)
+    assert footprint and "under the file's `[loaders.footprint]`" in config, config
+    line = footprint.group(1)
+    name = line.split('"')[1]
+    shipped = c.path("/etc/spark-guard.toml")
+    text = shipped.read_text()
+    assert text.count("\n[loaders.footprint]\n") == 1
+    shipped.write_text(text.replace("\n[loaders.footprint]\n", f"\n[loaders.footprint]\n{line}\n"))
     c.path("/usr/local/bin/llama-server").write_text("#!/bin/sh\nexec sleep infinity\n")
     c.path("/usr/local/bin/llama-server").chmod(0o755)
     c.path(f"/etc/systemd/system/{name}").write_text(

@@ -322,7 +322,13 @@ def parse(text: str, path: str = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+)", str(e))
-        raise ConfigError(path, None, int(m.group(1)) if m else None, str(e)) from None
+        why = str(e)
+        twice = re.match(r"Cannot declare \(([^)]*)\) twice", why)
+        if twice:
+            # The shipped file has every [section] already: a pasted header is the second.
+            name = ".".join(part.strip(" '") for part in twice.group(1).split(","))
+            why = f"[{name}] is already in this file: add these lines under the first one"
+        raise ConfigError(path, None, int(m.group(1)) if m else None, why) from None
 
     values: dict[str, Any] = {}
     for section, table in data.items():
