@@ -296,20 +296,55 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
     """A stop-only stop (no record, no mask) used to live in one guard's memory: a guard
     restarted before its SIGKILL never sent it (the policy drops a deactivating unit), a
     give-up forgot it, and a stop the brake froze was thawed by release_brakes(). Now it
-    is kept on disk until it settles, taken over by the next guard, escalated again after
-    a give-up's rest, and the brake's freeze is the stop's."""
+    is kept on disk until it settles, taken over by the next guard of the same boot (not
+    by a rescue), escalated again after a give-up's rest, never escalated while its
+    manager cannot say which run is there, and the brake's freeze is the stop's."""
     blocker, manager, clock, _moves, mask, _link = rig
-    assert blocker.brake([REF], "test") == [REF]
-    blocker.block(*stop_only_decision())
-    blocker.release_brakes()  # the decision took it: not thawed
+    proc = blocker.config.proc
+    os.makedirs(f"{proc}/sys/kernel/random")
+    with open(f"{proc}/sys/kernel/random/boot_id", "w") as f:
+        f.write("b00t\n")
+
+    def guard(managers: dict[str, FakeManager] | None = None) -> Blocker:
+        """A guard (re)started: it adopts what an earlier one kept."""
+        return Blocker(
+            blocker.managers if managers is None else managers,
+            blocker.config,
+            blocker.log,
+            clock=clock,
+            sleep=clock.sleep,
+            adopt_stops=True,
+        )
+
+    first = guard()
+    assert first.brake([REF], "test") == [REF]
+    first.block(*stop_only_decision())
+    first.release_brakes()  # the decision took it: not thawed
     assert manager.calls == [f"freeze {UNIT}", f"stop {UNIT}"]
-    assert blocker.busy and not os.path.lexists(mask)
+    assert first.busy and not os.path.lexists(mask)
     kept = os.listdir(os.path.join(blocker.config.state, "stopping"))
     assert kept == [f"{REF}.json"]
+    # A stop job that waits behind another keeps the unit active: not a new run, for the
+    # guard that sent it.
+    manager.active[UNIT] = "active"
+    clock.t += 2 * enforce.LOOSE_GRACE
+    first.advance()
+    assert first.busy
 
-    # The guard restarts before the stop timeout: the next one escalates the stop.
-    again = Blocker(blocker.managers, blocker.config, blocker.log, clock=clock, sleep=clock.sleep)
+    # The guard restarts before the stop timeout. Its manager has not answered yet: which
+    # run is there cannot be told, so nothing is escalated, and it waits.
+    manager.active[UNIT] = "deactivating"
     clock.t += blocker.config.stop_timeout
+    with capture_logs() as events:
+        blind = guard(managers={})
+        blind.advance()
+    assert events == [] and blind.busy
+    # A rescue meanwhile leaves the daemon's stops to the daemon.
+    rescue = Blocker(blocker.managers, blocker.config, blocker.log, clock=clock)
+    rescue.advance()
+    assert not rescue.busy
+    # With its manager: the stop is escalated on the first stop's clock.
+    again = guard()
     with capture_logs() as events:
         again.advance()
     assert manager.calls[-1] == f"kill {UNIT} 9"

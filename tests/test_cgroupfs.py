@@ -228,7 +228,7 @@ def test_a_process_that_does_not_die_is_signalled_once_and_not_waited_on(tmp_pat
             return fs.cgroup(pid)
 
         starts = {stuck.pid: 111, deep.pid: 222}
-        signalled: dict[int, int | None] = {}
+        signalled: dict[int, tuple[int | None, float]] = {}
 
         def kill() -> int:
             return cgroupfs.kill_uid(
@@ -244,13 +244,17 @@ def test_a_process_that_does_not_die_is_signalled_once_and_not_waited_on(tmp_pat
             )
 
         assert kill() == 2
-        assert sorted(looked) == sorted([stuck.pid, deep.pid])  # once each, no spin
-        assert signalled == {stuck.pid: 111, deep.pid: 222}
+        # Each looked at once to be killed and once to be kept in the account: no spin.
+        assert sorted(looked) == sorted([stuck.pid, deep.pid] * 2)
+        assert {p: s for p, (s, _) in signalled.items()} == {stuck.pid: 111, deep.pid: 222}
         looked.clear()
-        assert kill() == 0 and sorted(looked) == sorted([stuck.pid, deep.pid])
+        assert kill() == 0 and sorted(looked) == sorted([stuck.pid, deep.pid] * 2)
         starts[stuck.pid] = 444  # its PID now names a new process
-        assert kill() == 1 and signalled == {stuck.pid: 444, deep.pid: 222}
+        assert kill() == 1
+        assert {p: s for p, (s, _) in signalled.items()} == {stuck.pid: 444, deep.pid: 222}
         assert stuck.wait(5) == -9 and deep.wait(5) == -9
+        # Reaped: gone from the kernel's view, and from the account (`also` still names it).
+        assert kill() == 0 and signalled == {}
     finally:
         for p in (stuck, deep):
             p.kill()

@@ -82,7 +82,11 @@ class Guard:
         # is pinged then too, so a pass of several bounded calls is never taken for a wedge.
         self.sensor = Sensor(config, log, heartbeat=lambda: self._watchdog(time.monotonic()))
         self.blocker = Blocker(
-            self.sensor.managers, config, log, tick=lambda: self.notifier.notify("WATCHDOG=1")
+            self.sensor.managers,
+            config,
+            log,
+            tick=lambda: self.notifier.notify("WATCHDOG=1"),
+            adopt_stops=True,  # a stop-only stop an earlier guard sent is escalated here
         )
         self.state = GuardState()
         self.publisher = Publisher(config.runtime)

@@ -155,6 +155,10 @@ class _LooseStop:
     stopping: Stopping
     box: threading.Thread | None = None
     error: str = ""
+    # Sent by an earlier guard (read from disk): which run it stops is known only from
+    # its manager's answer, never from its cgroup (a new run has the same one).
+    restored: bool = False
+    seen_stopping: bool = False  # seen deactivating: a later other state is a new run
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,7 @@ class Blocker:
         tick: Callable[[], None] = lambda: None,
         engine: Callable[[str, float], EnginePort] = lambda path, t: Engine(path, timeout=t),
         lock_wait: float = 1.0,
+        adopt_stops: bool = False,
     ) -> None:
         self.managers = managers
         self.config = config
@@ -229,10 +234,12 @@ class Blocker:
         self._silent_engines: dict[str, float] = {}  # engine socket -> silent until
         self._engine_of: dict[str, str] = {}  # container -> the socket its block asks
         self._loose: dict[str, _LooseStop] = {}  # stop-only stops under way
-        self._loose_loaded = False  # those an earlier guard kept on disk: read once
+        # The stop-only stops an earlier guard kept on disk: the daemon adopts them (read
+        # once); a one-shot rescue leaves them to the daemon.
+        self._loose_loaded = not adopt_stops
         self._group_kills: dict[str, _GroupKill] = {}  # the last block()'s (finish() repeats)
         # Per group, the processes its kills signalled (pid -> start) and not yet gone.
-        self._signalled: dict[str, dict[int, int | None]] = {}
+        self._signalled: dict[str, dict[int, tuple[int | None, float]]] = {}
 
     # --- entry points ---------------------------------------------------------
 
@@ -931,12 +938,16 @@ class Blocker:
         shown = printable(cgroup)
         dying = f"dying {action.unit}"
         if not count:
-            if signalled and self._reported.get(dying) != shown:
+            # Still there kill_timeout after their SIGKILL: a process freeing a big mapping
+            # takes a moment to go; one in uninterruptible sleep never does.
+            now = time.monotonic()
+            stuck = [p for p, (_, at) in signalled.items() if now - at >= self.config.kill_timeout]
+            if stuck and self._reported.get(dying) != shown:
                 self._reported[dying] = shown  # said once, until a kill lands again
                 why = (
-                    f"{len(signalled)} process(es) of uid {uid} in {shown} are still there "
-                    "after SIGKILL (uninterruptible sleep: a driver or filesystem that does "
-                    "not return; see spark-guard doctor)"
+                    f"{len(stuck)} process(es) of uid {uid} in {shown} are still there "
+                    f"{self.config.kill_timeout:g}s after SIGKILL (uninterruptible sleep: a "
+                    "driver or filesystem that does not return; see spark-guard doctor)"
                 )
                 tell(
                     self.log,
@@ -983,7 +994,8 @@ class Blocker:
             return  # one under way: its escalation goes on from its own stop
         manager = self.managers.get(action.unit.manager)
         # Frozen by the brake: it is this stop's now, and release_brakes() must not thaw it.
-        frozen = self._braked.pop(key, None) is not None
+        braked = self._braked.pop(key, None)
+        frozen = braked is not None
         try:
             if manager is None:
                 raise ManagerError(f"{action.unit.manager} manager is not connected")
@@ -992,6 +1004,8 @@ class Blocker:
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
             how = self._kill_cgroup_of(cgroup)
+            if braked is not None and cgroupfs.populated(self.cgroup_root, cgroup) is not False:
+                self._braked[key] = braked  # not stopped: the brake's to thaw, as before
             tell(
                 self.log,
                 Event.of(
@@ -1092,7 +1106,10 @@ class Blocker:
                     ),
                 )
                 continue
-            if self._loose_settled(loose, now):
+            state = self._loose_state(loose, now)
+            if state == "unknown":
+                continue
+            if state == "settled":
                 self._forget_loose(key)
                 waited = now - loose.stopping.sent
                 tell(
@@ -1165,33 +1182,50 @@ class Blocker:
             )
         now = self.clock()
         for stop in stops:
-            if stop.boot_id != self.boot_id:
-                self.store.forget_stop(stop.ref)  # before a reboot: nothing of it runs
+            if not stop.boot_id or stop.boot_id != self.boot_id or stop.ref.is_container:
+                # Before a reboot (or a boot that cannot be told): nothing of it runs. A
+                # container's stop was its engine's, which escalates it by itself, and a
+                # run started again keeps its cgroup: not one to kill on an old clock.
+                self.store.forget_stop(stop.ref)
                 continue
             key = str(stop.ref)
             if key not in self._loose:
                 sent = min(stop.sent, now)  # never from the future
-                self._loose[key] = _LooseStop(stop.ref, stop.cgroup, Stopping.at(sent))
+                self._loose[key] = _LooseStop(
+                    stop.ref, stop.cgroup, Stopping.at(sent), restored=True
+                )
 
-    def _loose_settled(self, loose: _LooseStop, now: float) -> bool:
+    def _loose_state(self, loose: _LooseStop, now: float) -> str:
+        """ "settled", "running" (its escalation goes on), or "unknown": a stop an earlier
+        guard sent whose manager does not answer now, so whether the processes there are
+        that run's or a new one's cannot be told; it waits, and is never escalated blind."""
         if loose.ref.is_container:
             if loose.box is not None and loose.box.is_alive():
-                return False
+                return "running"
             # Stopped by its engine, or the engine failed and nothing is left to kill.
-            return not cgroupfs.pids(self.cgroup_root, loose.cgroup) if loose.cgroup else True
+            gone = not cgroupfs.pids(self.cgroup_root, loose.cgroup) if loose.cgroup else True
+            return "settled" if gone else "running"
         manager = self.managers.get(loose.ref.manager)
         if manager is None:
-            return not cgroupfs.pids(self.cgroup_root, loose.cgroup)
+            if loose.restored:
+                return "unknown"
+            # This guard's own stop, its manager gone since: no new run can start meanwhile.
+            return "running" if cgroupfs.pids(self.cgroup_root, loose.cgroup) else "settled"
         try:
             st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
         except ManagerError:
-            return False  # not answering: the deadlines still run
+            return "unknown" if loose.restored else "running"  # this guard's deadlines run
         if st is None or st.active_state in SETTLED or st.load_state == "not-found":
-            return True
-        # A stop that runs shows "deactivating" at once; some time after it went out, any
-        # other state is a new run (started again while this guard rested or restarted),
-        # and a new run is a new decision's to judge, never this stop's to kill.
-        return st.active_state != "deactivating" and now - loose.stopping.sent >= LOOSE_GRACE
+            return "settled"
+        if st.active_state == "deactivating":
+            loose.seen_stopping = True
+            return "running"
+        # Another state after the stop was seen running, or (an earlier guard's) some time
+        # after it went out, is a new run: a new decision's to judge, never this stop's to
+        # kill. This guard's stop not yet seen running may wait behind another job.
+        if loose.seen_stopping or (loose.restored and now - loose.stopping.sent >= LOOSE_GRACE):
+            return "settled"
+        return "running"
 
     def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
         manager = self.managers.get(loose.ref.manager)

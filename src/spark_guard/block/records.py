@@ -472,6 +472,7 @@ class RecordStore:
         be removed now (a read-only disk) is left for the next sweep. Needs no lock."""
         tree = own_tree()
         removed = tree.remove_leftovers(self.blocked) + tree.remove_leftovers(self.released)
+        removed += tree.remove_leftovers(self.stopping)
         try:
             names = os.listdir(self.blocked)
         except OSError:

@@ -171,7 +171,7 @@ def kill_uid(
     any_user: bool = False,
     until: float | None = None,
     also: Iterable[int] = (),
-    signalled: dict[int, int | None] | None = None,
+    signalled: dict[int, tuple[int | None, float]] | None = None,
 ) -> int:
     """SIGKILL the processes of real uid `uid` in the cgroup's subtree, and no other: a
     user's job inside a system unit, her scope, a cgroup of her own. `any_user`: any uid
@@ -181,10 +181,11 @@ def kill_uid(
     `until` (time.monotonic()), by default KILL_DEADLINE from now. `spare`: of the listed
     pids, those to leave (her manager in its init.scope). `also`: pids seen in the subtree
     beyond the walk's bounds, checked as the listed ones are. `signalled`: the caller's
-    account of what earlier calls signalled (pid -> start, by `start_of`), brought up to
-    date: a process signalled before and still there is not waited on again, since one in
-    uninterruptible sleep (a wedged driver) never goes, and would hold every pass for the
-    whole budget. Returns how many were signalled now."""
+    account of what earlier calls signalled (pid -> (start, by `start_of`; when, by
+    time.monotonic())), brought up to date: a process signalled before and still there is
+    not waited on again, since one in uninterruptible sleep (a wedged driver) never goes,
+    and would hold every pass for the whole budget; one gone, or whose PID names another
+    process now, leaves it. Returns how many were signalled now."""
     if not cgroup or cgroup == "/" or uid == 0:
         raise OSError(f"refusing to kill uid {uid}'s processes in cgroup {cgroup!r}")
     inside = cgroup.rstrip("/") + "/"
@@ -214,17 +215,39 @@ def kill_uid(
                     if where is None or not (where + "/").startswith(inside) or not theirs(pid):
                         continue
                     began = start(pid)
-                    if pid in before and before[pid] == began:
+                    if pid in before and before[pid][0] == began:
                         continue  # signalled by an earlier call, and not gone yet
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     done.add(pid)
-                    before[pid] = began
+                    before[pid] = (began, time.monotonic())
                     fresh += 1
                 finally:
                     os.close(fd)
         if not fresh or time.monotonic() >= deadline:
             break
         time.sleep(0.005)  # forks made before the kill landed show in the next listing
-    for pid in set(before) - set(listed):
-        del before[pid]  # gone: a later process with its number is a new one
+    for pid in list(before):
+        # Gone (or its PID another process's now): a later process with its number is new.
+        # `also` names PIDs whether or not they live: the kernel's word decides.
+        if not _still(pid, before[pid][0], inside, cgroup_of, start):
+            del before[pid]
     return len(done)
+
+
+def _still(
+    pid: int,
+    began: int | None,
+    inside: str,
+    cgroup_of: Callable[[int], str | None],
+    start: Callable[[int], int | None],
+) -> bool:
+    """Whether the process signalled as `pid` (started at `began`) is still in the subtree."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, PermissionError, ValueError, OSError):
+        return False
+    try:
+        where = cgroup_of(pid)
+        return where is not None and (where + "/").startswith(inside) and start(pid) == began
+    finally:
+        os.close(fd)
