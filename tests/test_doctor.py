@@ -527,6 +527,21 @@ def test_the_text_report_follows_the_admins_order(tmp_path, monkeypatch, capsys)
     assert code == 1
 
 
+def test_a_directory_with_no_journal_in_it_is_said(tmp_path, monkeypatch, capsys):
+    """`doctor --directory` pointed at a directory with no journal file (a rescued disk's
+    wrong folder): journalctl reads nothing and, quiet, says nothing, so the run looked
+    clean. Now the kernel step says no log was read."""
+    fake_nvml.install(monkeypatch, FakeNvmlLib([[]], cards=[HEALTHY_CARD]))
+    config = machine(tmp_path)
+    empty = tmp_path / "rescued"
+    (empty / "var-log").mkdir(parents=True)  # one level down, no *.journal either
+    main(["doctor", "--config", str(config), "--directory", str(empty)])
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert steps[:2] == ["classify:", "kernel:"], out
+    assert f"{empty}: no journal files in it" in out and "no log was read" in out
+
+
 # --- who may speak of units in the journal ---
 
 

@@ -358,3 +358,39 @@ def test_status_judges_liveness_on_the_boot_clock_not_the_wall(tmp_path, capsys)
     (runtime / "state.json").write_text(json.dumps(stale))
     assert status_cli.run(args) == 3
     assert json.loads(capsys.readouterr().out)["alive"] is False
+
+
+def test_status_says_when_the_guard_reached_no_manager(tmp_path, capsys):
+    """A guard run where no systemd manager answers (systemd not PID 1, or no right to its
+    socket) watched memory and saw no unit, and status showed it running with 0 loaders,
+    as a healthy guard on a quiet machine. Now state.json names the managers reached and
+    status says when there are none."""
+    import os
+    import time
+
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    args = argparse.Namespace(config=config_file(tmp_path, runtime=str(runtime)), json=False)
+    state = {
+        "format": 1,
+        "pid": os.getpid(),
+        "phase": "strict",
+        "mem_total": GiB,
+        "mem_available": GiB,
+        "reserve": 0,
+        "slope": 0,
+        "managers": [],
+        "loaders": [],
+        "blocked": [],
+        "pending_actions": [],
+        "last_action": "none",
+        "counts": {"actions": {}, "starts": {}},
+        "written_at": time.time(),
+        "written_boot": time.clock_gettime(time.CLOCK_BOOTTIME),
+    }
+    (runtime / "state.json").write_text(json.dumps(state))
+    assert status_cli.run(args) == 0
+    assert "NO SYSTEMD MANAGER REACHED" in capsys.readouterr().out
+    (runtime / "state.json").write_text(json.dumps({**state, "managers": ["system"]}))
+    assert status_cli.run(args) == 0
+    assert "NO SYSTEMD MANAGER" not in capsys.readouterr().out

@@ -236,7 +236,14 @@ class Guard:
                     managers=sorted(self.sensor.managers),
                     gpu=snapshot.gpu_accounting,
                     msg="spark-guard watching"
-                    + (" (dry run: deciding, not acting)" if self.dry_run else ""),
+                    + (" (dry run: deciding, not acting)" if self.dry_run else "")
+                    + (
+                        ""
+                        if self.sensor.managers
+                        else "; no systemd manager reached yet: no unit can be seen or "
+                        "stopped until one answers (systemd not PID 1, or no right to "
+                        "its private socket)"
+                    ),
                 ),
             )
             self.notifier.notify("READY=1")
@@ -310,6 +317,7 @@ class Guard:
             decision_seconds=self._decision_seconds,
             watchdog_at=self._pinged_at,
             room_made=self.room_counts,
+            managers=sorted(self.sensor.managers),
         )
         try:
             written = self.publisher.publish(state)

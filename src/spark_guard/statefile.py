@@ -97,6 +97,7 @@ class PassState(TypedDict):
     slope: int
     gpu_accounting: bool
     gpu_stale: bool
+    managers: list[str]
     loaders: list[LoaderEntry]
     pending_actions: list[ActionEntry]
     blocked: list[BlockedEntry]
@@ -129,6 +130,7 @@ def build(
     decision_seconds: float = 0.0,
     watchdog_at: float = 0.0,
     room_made: dict[str, int] | None = None,
+    managers: list[str] | None = None,
 ) -> PassState:
     memory = snapshot.memory
     return {
@@ -151,6 +153,8 @@ def build(
         "slope": round(decision.slope),
         "gpu_accounting": snapshot.gpu_accounting,
         "gpu_stale": snapshot.gpu_stale,
+        # The managers that answered this pass (none: no unit seen, none stoppable).
+        "managers": list(managers or []),
         "loaders": [
             {
                 "unit": str(ld.ref),

@@ -117,6 +117,11 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
     )
     if s.get("config_error"):
         print(f"CONFIG ERROR, built-in defaults in use: {p(s['config_error'])}")
+    if s.get("managers") == []:  # (a state.json from before the field: not said)
+        print(
+            "NO SYSTEMD MANAGER REACHED: the guard watches memory but sees no unit and "
+            "can stop none (systemd not PID 1, or no right to its private socket)"
+        )
     print(
         f"MemAvailable {format_size(s['mem_available'])} of {format_size(s['mem_total'])}, "
         f"reserve {format_size(s['reserve'])}, trend {format_size(s['slope'])}/s, "
