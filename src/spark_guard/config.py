@@ -26,10 +26,15 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
     return parse(text, str(p))
 
 
-def load_for_command(path: Path | str) -> Config | None:
-    """load() for a command line: the error goes to stderr as one line, and None back."""
+def load_for_command(path: Path | str, *, or_defaults: bool = False) -> Config | None:
+    """load() for a command line: the error goes to stderr as one line, and None back; or,
+    `or_defaults` (rescue, which must not fail for a typo at 3 a.m., as the daemon does
+    not), the built-in defaults, said on the same line."""
     try:
         return load(path)
     except ConfigError as e:
+        if or_defaults:
+            print(f"spark-guard: {e}; going on with the built-in defaults", file=sys.stderr)
+            return Config()
         print(f"spark-guard: {e}", file=sys.stderr)
         return None

@@ -302,12 +302,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = _as_json(what, prediction, result, charge)
         out["room_made"] = _room_json(room)
-        out["managers"] = list(managers)  # none: `pending` counted no loader
+        out["managers"] = list(managers)
+        if not managers:
+            out["pending"] = None  # not counted: no manager said which loaders load
         emit(out, args.json)
     else:
         if room is not None:
             print(_room_line(room))
-        _print(what, prediction, result, charge)
+        _print(what, prediction, result, charge, counted=bool(managers))
     return 0 if result.fits else 1
 
 
@@ -447,7 +449,14 @@ def _as_json(what: str, pred: Prediction, v: Verdict, charge: Charge | None) -> 
     }
 
 
-def _print(what: str, pred: Prediction, v: Verdict, charge: Charge | None = None) -> None:
+def _print(
+    what: str,
+    pred: Prediction,
+    v: Verdict,
+    charge: Charge | None = None,
+    *,
+    counted: bool = True,
+) -> None:
     # The target, the source and the terms' details name model paths and units: shown inert.
     print(f"{p(what)}: {p(pred.source)}")
     if pred.spec is not None and pred.spec.rule and pred.spec.rule not in pred.source:
@@ -469,7 +478,12 @@ def _print(what: str, pred: Prediction, v: Verdict, charge: Charge | None = None
     figure = "device headroom" if v.unified else "MemAvailable"
     print(
         f"{figure} {format_size(v.available)} - reserve {format_size(v.reserve)}"
-        f" - other loaders still loading {format_size(v.pending)} = room {format_size(v.room)}"
+        + (
+            f" - other loaders still loading {format_size(v.pending)}"
+            if counted
+            else " - other loaders still loading (not counted: no manager reached)"
+        )
+        + f" = room {format_size(v.room)}"
     )
     if v.page_cache:
         print(

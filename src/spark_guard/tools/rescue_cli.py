@@ -71,7 +71,7 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_mod.load_for_command(args.config)
+    config = config_mod.load_for_command(args.config, or_defaults=True)
     if config is None:
         return 2
     config = dataclasses.replace(config, stop_timeout=args.stop_timeout, kill_timeout=2.0)
