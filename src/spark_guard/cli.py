@@ -119,13 +119,23 @@ def _join_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _config_after_command(argv: list[str]) -> list[str]:
-    """`spark-guard --config FILE audit` as `spark-guard audit --config FILE`: every command
-    takes --config, and an admin writes it where systemctl would take an option."""
-    if not argv or (argv[0] != "--config" and not argv[0].startswith("--config=")):
+# The top level's own options; every other option before the command is the command's.
+_TOP_LEVEL = ("-h", "--help", "--version")
+
+
+def _options_after_command(argv: list[str]) -> list[str]:
+    """`spark-guard --config FILE -q audit` as `spark-guard audit --config FILE -q`: every
+    command takes --config, -q, --no-pager and --json, and an admin writes them where
+    systemctl would take an option."""
+    before: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in _TOP_LEVEL:
+        took = 2 if argv[i] == "--config" else 1
+        before += argv[i : i + took]
+        i += took
+    if not before or i >= len(argv):
         return argv
-    took = 1 if "=" in argv[0] else 2
-    return [*argv[took : took + 1], *argv[:took], *argv[took + 1 :]]
+    return [argv[i], *before, *argv[i + 1 :]]
 
 
 def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -157,7 +167,7 @@ def _json_modes(argv: list[str]) -> tuple[list[str], str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = _join_dash_values(sys.argv[1:] if argv is None else argv)
     argv, json_mode = _json_modes(argv)
-    argv = _config_after_command(argv)
+    argv = _options_after_command(argv)
     # No top-level option takes a value, so the first word that is not an option is the command.
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     try:

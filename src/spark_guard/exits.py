@@ -8,6 +8,7 @@ preflight's "unknown" was argparse's usage error.
     3  status: the guard is not running (systemctl's 3); doctor: critical
     4  cannot say: a footprint unknown, no manager reached (nothing audited, no unit seen),
        NVML not there to ask
+  141  (128 + SIGPIPE) the reader of stdout went away (`| head`), as with coreutils
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from .quantities import GiB, parse_duration, parse_size
+from .text import printable
 
 
 class ConfigError(ValueError):
@@ -324,11 +325,17 @@ def parse(text: str, path: str = "<config>") -> Config:
         m = re.search(r"\(at line (\d+)", str(e))
         why = str(e)
         twice = re.match(r"Cannot declare \(([^)]*)\) twice", why)
+        line = int(m.group(1)) if m else None
         if twice:
             # The shipped file has every [section] already: a pasted header is the second.
-            name = ".".join(part.strip(" '") for part in twice.group(1).split(","))
+            parts = [part.strip(" '") for part in twice.group(1).split(",")]
+            name = ".".join(part for part in parts if part)
             why = f"[{name}] is already in this file: add these lines under the first one"
-        raise ConfigError(path, None, int(m.group(1)) if m else None, why) from None
+        elif why.startswith("Cannot overwrite a value") and line is not None:
+            lines = text.splitlines()
+            key = lines[line - 1].split("=", 1)[0].strip() if 0 < line <= len(lines) else ""
+            why = f"{printable(key) or 'a key'} is set twice in its section: keep one"
+        raise ConfigError(path, None, line, why) from None
 
     values: dict[str, Any] = {}
     for section, table in data.items():

@@ -33,7 +33,17 @@ from ..core.classify import classify, command_line, expected_footprint
 from ..core.config import Config
 from ..core.policy import charge_clients
 from ..core.quantities import format_size
-from ..core.snapshot import USER_PREFIX, Decision, SeenUnit, Snapshot, UnitRef, droppable, parse_ref
+from ..core.snapshot import (
+    SYSTEM,
+    USER_PREFIX,
+    Decision,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+    droppable,
+    manager_uid,
+    parse_ref,
+)
 from ..core.text import printable as p
 from ..exits import CANNOT_SAY
 from ..foresight.clients import ServerUnit, predict_client
@@ -69,6 +79,18 @@ def _settings(args: argparse.Namespace, base: Settings) -> Settings:
     if args.swa_full:
         s = replace(s, swa_full=True)
     return s
+
+
+def _bad_target(target: str) -> str:
+    """What is wrong with a unit name before anything is asked: a manager that is none
+    (user:abc) is a usage error, not "that manager is not running here"."""
+    if target.endswith(".gguf") or os.path.exists(target) or not target.startswith(USER_PREFIX):
+        return ""
+    try:
+        manager_uid(parse_ref(target, SYSTEM).manager)
+    except ValueError as e:
+        return f"{target}: {e}"
+    return ""
 
 
 def _unit_ref(target: str, own_unit: UnitRef | None) -> UnitRef:
@@ -156,6 +178,8 @@ def _predict(
 ) -> tuple[str, Prediction, UnitRef | None, Charge | None]:
     predictor = Predictor()
     target = args.target
+    if os.path.isdir(target):
+        raise PreflightError(f"{target}: a directory, not a model file or a unit")
     if target.endswith(".gguf") or os.path.isfile(target):
         path = os.path.abspath(target)
         spec = LoadSpec(
@@ -170,6 +194,10 @@ def _predict(
     fixed = expected_footprint(ref, config)
     if fixed is not None:
         return str(ref), Prediction(fixed, "[loaders.footprint] in the config"), ref, None
+    if ref.is_container:
+        raise PreflightError(
+            f"{ref}: no size in [loaders.footprint]; for a container, give its model file"
+        )
     command_lines, env, user = _unit_spec(ref, config)
     found = first_spec(command_lines, env)
     asks = any(command_line(c).asks for c in command_lines)
@@ -262,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_mod.load_for_command(args.config)
     if config is None:
+        return 2
+    bad = _bad_target(args.target)
+    if bad:
+        print(f"spark-guard preflight: {p(bad)}", file=sys.stderr)
         return 2
     log_mod.configure("console", level="error")
     try:

@@ -48,10 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-guard: {p(error)}", file=sys.stderr)
     if args.all == bool(names):
         blocked = p(", ".join(str(r.ref) for r in records) or "nothing")
-        print(
-            f"spark-guard: name the units to release, or --all (blocked: {blocked})",
-            file=sys.stderr,
-        )
+        what = "units or --all, not both" if args.all else "the units to release, or --all"
+        print(f"spark-guard: name {what} (blocked: {blocked})", file=sys.stderr)
         return 2
     try:
         chosen = records if args.all else select(records, names, store)
