@@ -242,6 +242,7 @@ BAD_INPUTS = [
     # The README's footprint pasted with its header below the shipped file's own.
     (["check-config", "{tmp}/twice.toml"], 1, "twice.toml:3: [loaders.footprint] is already"),
     (["check-config", "{tmp}/key.toml"], 1, "key.toml:3: reserve is set twice in its section"),
+    (["check-config", "{tmp}/fps.toml"], 1, "fps.toml:1: loaders.footprints: unknown table"),
     (["preflight", "{tmp}", "--config", "{cfg}"], 4, "a directory, not a model file"),
     (["preflight", "user:abc:llama", "--config", "{cfg}"], 2, "not a manager key: 'user:abc'"),
     (["release", "--all", "x.service", "--config", "{cfg}"], 2, "units or --all, not both"),
@@ -286,6 +287,7 @@ def test_bad_input_to_any_command_is_one_line_and_its_documented_exit(tmp_path, 
         "[containers]\nenabled = false\n[gpu]\nenabled = false\n"
     )
     (tmp_path / "broken.toml").write_text("[budget\n")
+    (tmp_path / "fps.toml").write_text('[loaders.footprints]\n"a.service" = "1GiB"\n')
     (tmp_path / "key.toml").write_text('[budget]\nreserve = "8GiB"\nreserve = "9GiB"\n')
     (tmp_path / "twice.toml").write_text(
         '[loaders.footprint]\n# "x.service" = "1GiB"\n[loaders.footprint]\n"x.service" = "1GiB"\n'

@@ -362,6 +362,16 @@ def parse(text: str, path: str = "<config>") -> Config:
                         _line_of(text, section, None) or line,
                         f"unknown section [{section}]{hint} (known: {', '.join(sections)})",
                     )
+                if isinstance(raw, dict):  # a [section.key] table of its own
+                    tables = [".".join(FOOTPRINT_TABLE)] if section == FOOTPRINT_TABLE[0] else []
+                    close = difflib.get_close_matches(name, tables, n=1)
+                    hint = f"; did you mean [{close[0]}]?" if close else ""
+                    raise ConfigError(
+                        path,
+                        name,
+                        _line_of(text, name, None) or line,
+                        f"unknown table [{name}]{hint}",
+                    )
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ConfigError(
