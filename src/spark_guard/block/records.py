@@ -20,9 +20,9 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.block import STEPS, Step, moved
 from ..core.snapshot import CONTAINER, UnitRef, manager_uid, valid_id, valid_name
@@ -31,6 +31,7 @@ from ..system.unitfiles import Link
 
 FORMAT = 1
 STOP_FORMAT = 1
+T = TypeVar("T")
 RELEASING = ".releasing"  # beside a record: its release is under way
 
 
@@ -328,24 +329,7 @@ class RecordStore:
 
     def stops(self) -> tuple[list[PendingStop], list[RecordError]]:
         """The stop-only stops kept, and an error for each file that is not one."""
-        found: list[PendingStop] = []
-        errors: list[RecordError] = []
-        try:
-            names = sorted(os.listdir(self.stopping))
-        except OSError:
-            return found, errors
-        for name in names:
-            if not name.endswith(".json"):
-                continue
-            path = os.path.join(self.stopping, name)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    found.append(PendingStop.from_json(f.read(1 << 16), path))
-            except RecordError as e:
-                errors.append(e)
-            except (OSError, UnicodeDecodeError) as e:
-                errors.append(RecordError(f"{path}: cannot read: {e}"))
-        return found, errors
+        return _read_each(self.stopping, PendingStop.from_json, OSError, limit=1 << 16)
 
     def path_of(self, ref: UnitRef) -> str:
         return os.path.join(self.blocked, f"{ref}.json")
@@ -369,24 +353,7 @@ class RecordStore:
 
     def all(self) -> tuple[list[Record], list[RecordError]]:
         """Every record, and an error for each file that is not one (left in place)."""
-        records: list[Record] = []
-        errors: list[RecordError] = []
-        try:
-            names = sorted(os.listdir(self.blocked))
-        except FileNotFoundError:
-            return records, errors
-        for name in names:
-            if not name.endswith(".json"):
-                continue
-            path = os.path.join(self.blocked, name)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    records.append(Record.from_json(f.read(), path))
-            except RecordError as e:
-                errors.append(e)
-            except (OSError, UnicodeDecodeError) as e:
-                errors.append(RecordError(f"{path}: cannot read: {e}"))
-        return records, errors
+        return _read_each(self.blocked, Record.from_json, FileNotFoundError)
 
     def save(self, record: Record) -> tuple[str, str]:
         """Write the record, atomically. A file in its place whose content is not a record
@@ -527,6 +494,34 @@ class RecordStore:
             yield got
         finally:
             os.close(fd)
+
+
+def _read_each(
+    directory: str,
+    parse: Callable[[str, str], T],
+    missing: type[OSError],
+    limit: int = -1,
+) -> tuple[list[T], list[RecordError]]:
+    """Each *.json file of `directory` parsed, in name order, and a RecordError for each
+    that is not one (left in place); none where listing it raises `missing`."""
+    found: list[T] = []
+    errors: list[RecordError] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except missing:
+        return found, errors
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                found.append(parse(f.read(limit), path))
+        except RecordError as e:
+            errors.append(e)
+        except (OSError, UnicodeDecodeError) as e:
+            errors.append(RecordError(f"{path}: cannot read: {e}"))
+    return found, errors
 
 
 def _write_atomic(path: str, text: str) -> None:
