@@ -62,9 +62,12 @@ def _free_uid() -> int:
     return next(u for u in range(4200, 60000) if u not in used)
 
 
+_LIVE: set[str] = set()  # accounts this process made and still uses (two users at once)
+
+
 def _remove_stale() -> None:
     for p in pwd.getpwall():
-        if p.pw_name.startswith(PREFIX):
+        if p.pw_name.startswith(PREFIX) and p.pw_name not in _LIVE:
             subprocess.run(["userdel", p.pw_name], capture_output=True)
 
 
@@ -93,12 +96,14 @@ def unprivileged_user(parent: Path | None = None) -> Iterator[User]:
         check=True,
         capture_output=True,
     )
+    _LIVE.add(name)
     try:
         entry = pwd.getpwnam(name)
         home.mkdir(mode=0o700)
         os.chown(home, entry.pw_uid, entry.pw_gid)
         yield User(name, entry.pw_uid, entry.pw_gid, home)
     finally:
+        _LIVE.discard(name)
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
         if parent is None:

@@ -24,15 +24,18 @@ removed.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 from lab import nspawn
+from lab.harness import UserManager
 from spark_guard.system.engine import Engine, EngineError
 
 # A loader as the test loaders are: it takes its memory (64 MiB, touched) and holds it. PID 1
@@ -313,3 +316,102 @@ class PodmanService:
         for point in reversed([p for p in points if p.startswith(prefix)]):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# A loader of a user's rootless container: `llama-server` by name, holding no memory to
+# speak of (what counts here is whose engine it is); SIGTERM ends it. In a tiny image of
+# sh, sleep and libc: vfs copies an image for each container, and hers is built as her.
+TINY_IMAGE = "sg-tiny:test"
+TINY_LOADER = "/usr/local/bin/llama-server"
+_TINY_SCRIPT = b"#!/bin/sh\ntrap 'exit 0' TERM\nsleep 3600 &\nwait\n"
+
+
+def tiny_image_tar() -> bytes:
+    """A tar of /bin/sh, /bin/sleep, the libraries they link and TINY_LOADER."""
+    files = ["/bin/sh", "/bin/sleep"]
+    for binary in ("/bin/sh", "/bin/sleep"):
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+        files += [w for line in out.splitlines() for w in line.split() if w.startswith("/")]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in dict.fromkeys(files):
+            tar.add(os.path.realpath(path), arcname=path.lstrip("/"))
+        info = tarfile.TarInfo(TINY_LOADER.lstrip("/"))
+        info.size, info.mode = len(_TINY_SCRIPT), 0o755
+        tar.addfile(info, io.BytesIO(_TINY_SCRIPT))
+    return buf.getvalue()
+
+
+class RootlessPodman:
+    """A user's own Podman API service, as Debian's podman.socket gives her one: a unit of
+    her manager (`podman system service` on $XDG_RUNTIME_DIR/podman/podman.sock, her uid,
+    her subuids through newuidmap), her storage in her home, and the tiny image, made
+    through her socket (`podman --remote`) as her. `um` must run setuid helpers."""
+
+    UNIT = "podman-api.service"
+
+    def __init__(self, um: UserManager) -> None:
+        assert um.user is not None and um.setuid_helpers
+        self.um = um
+        self.user = um.user
+        self.socket = um.runtime / "podman" / "podman.sock"
+
+    def engine(self, timeout: float = 5.0) -> Engine:
+        return Engine(str(self.socket), timeout=timeout, user_runtime=str(self.um.user_runtime))
+
+    def podman(self, *args: str, stdin: bytes | None = None, timeout: float = 60) -> str:
+        """Her podman CLI, on her socket, as her (the setuid helpers in reach, as in her
+        shell)."""
+        u = self.user
+        argv = ["setpriv", f"--reuid={u.uid}", f"--regid={u.gid}", "--clear-groups"]
+        argv += [PODMAN, "--remote", f"--url=unix://{self.socket}", *args]
+        env = {
+            "HOME": str(u.home),
+            "XDG_RUNTIME_DIR": str(self.um.runtime),
+            "PATH": "/usr/bin:/bin",
+        }
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env=env)
+        if done.returncode:
+            raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.decode()[-2000:]}")
+        return done.stdout.decode().strip()
+
+    def __enter__(self) -> RootlessPodman:
+        conf = self.user.home / ".config" / "containers"
+        conf.mkdir(parents=True, exist_ok=True)
+        # The sandbox's hard rlimits are under Podman's defaults, which runc then fails to set.
+        (conf / "containers.conf").write_text("[containers]\ndefault_ulimits = []\n")
+        for d in (conf.parent, conf, conf / "containers.conf"):
+            os.chown(d, self.user.uid, self.user.gid)
+        # As Debian's podman.socket and podman.service: her manager listens, Podman serves.
+        self.um.write_unit(
+            self.UNIT.replace(".service", ".socket"),
+            "[Socket]\nListenStream=%t/podman/podman.sock\nSocketMode=0660\n",
+        )
+        self.um.write_unit(
+            self.UNIT,
+            "[Service]\nExecStart=/usr/bin/podman --storage-driver=vfs --cgroup-manager=cgroupfs"
+            " --events-backend=file system service --time=0\n",
+        )
+        try:
+            self.um.systemctl("start", self.UNIT.replace(".service", ".socket"))
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    self.engine(1.0).version()
+                    break
+                except EngineError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"her podman did not answer: {self.um.log.read_text()[-2000:]}"
+                        ) from None
+                    time.sleep(0.1)
+            self.podman("import", "-", TINY_IMAGE, stdin=tiny_image_tar(), timeout=120)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(RuntimeError, subprocess.SubprocessError, OSError):
+            self.podman("rm", "-af", "-t", "0", timeout=60)
+        self.um.systemctl("stop", self.UNIT.replace(".service", ".socket"), self.UNIT, check=False)

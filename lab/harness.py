@@ -49,11 +49,15 @@ class UserManager:
         *,
         journald: bool = False,
         user: User | None = None,
+        setuid_helpers: bool = False,
     ) -> None:
         # user: the manager runs as that real unprivileged account (tests/users.py), with
         # its passwd home, its own runtime dir and a cgroup delegated to it, named as
         # PID 1 names it (user@UID.service), the way logind and user@.service set it up.
         self.user = user
+        # setuid_helpers: her units may run setuid programs (newuidmap, for her rootless
+        # Podman's subuids), as a real user@.service's can; else no capability is in reach.
+        self.setuid_helpers = setuid_helpers
         if user is not None:
             uid_dir = str(user.uid)
         self.base = Path(tempfile.mkdtemp(prefix="sg-um."))
@@ -137,9 +141,9 @@ class UserManager:
         drop = ""
         if self.user is not None:
             u = self.user
+            bounding = "" if self.setuid_helpers else "--bounding-set=-all "
             drop = (
-                f"setpriv --reuid={u.uid} --regid={u.gid} --clear-groups "
-                "--inh-caps=-all --bounding-set=-all "
+                f"setpriv --reuid={u.uid} --regid={u.gid} --clear-groups --inh-caps=-all {bounding}"
             )
         inner.append(f"exec {drop}{SYSTEMD} --user")
         (self.base / "start.sh").write_text("\n".join(inner) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -267,7 +268,7 @@ HOLD = object()
 
 
 def _engine(path: str, timeout: float = 0.5) -> Engine:
-    return Engine(path, timeout=timeout, root_peer=os.geteuid() == 0)
+    return Engine(path, timeout=timeout, check_peer=os.geteuid() == 0)
 
 
 def _timed(call: Callable[[], object]) -> tuple[str, float]:
@@ -370,7 +371,7 @@ def test_no_socket_and_a_peer_that_is_not_root() -> None:
     message, _ = _timed(lambda: Engine("/nonexistent/docker.sock").stop("llm"))
     assert message == "/nonexistent/docker.sock: stop llm: No such file or directory"
     with _server(lambda conn: conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")) as path:
-        assert Engine(path, root_peer=False).start("x") is True
+        assert Engine(path, check_peer=False).start("x") is True
         if os.geteuid() != 0:
             message, _ = _timed(lambda: Engine(path).start("x"))
             assert message == f"{path}: start x: peer is uid {os.geteuid()}, not root"
@@ -487,3 +488,132 @@ def test_ids_seen_together_are_asked_together() -> None:
         os.rmdir(base)
     assert [getattr(a, "id", None) for a in answers] == ids, answers
     assert most[0] == ASKERS, most  # as many at once as there are askers, and no more
+
+
+# --- a user's own (rootless) engine, in her runtime dir (issue 29 §2) ---------------------
+
+
+@contextlib.contextmanager
+def _listening(path: str, uid: int, gid: int) -> Iterator[None]:
+    """A process of uid:gid listening on `path` (bound by root before it drops to uid:gid:
+    the peer's credentials are the listener's), answering 204 to anything."""
+    ready, done = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(path)
+                os.chown(path, uid, gid)
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                s.listen(4)
+                os.write(done, b"x")
+                while True:
+                    conn, _ = s.accept()
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+                    conn.close()
+        finally:
+            os._exit(0)
+    os.close(done)
+    try:
+        assert os.read(ready, 1) == b"x"
+        yield
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(ready)
+
+
+@pytest.mark.root
+def test_her_engine_is_reached_only_as_hers_never_through_her_symlinks() -> None:
+    """Her rootless engine listens in her runtime dir, which she owns: the client walks
+    to it from the root-owned runtime root with her rights and no symlink followed, and
+    believes only a process of her uid. Each swap she can make is refused: her socket a
+    symlink to root's engine, her podman dir a symlink to root's, a socket of root's in her
+    dir, and one of hers that root listens on. Bob's engine is never hers either."""
+    from lab.accounts import unprivileged_user
+
+    runtime = tempfile.mkdtemp(prefix="sg-rt.")
+    os.chmod(runtime, 0o755)
+    with unprivileged_user() as her, unprivileged_user() as bob:
+        mine = os.path.join(runtime, str(her.uid))
+        os.makedirs(os.path.join(mine, "podman"))
+        for d in (mine, os.path.join(mine, "podman")):
+            os.chown(d, her.uid, her.gid)
+            os.chmod(d, 0o700)
+        sock = os.path.join(mine, "podman", "podman.sock")
+
+        def call() -> str:
+            engine = Engine(sock, timeout=0.5, user_runtime=runtime)
+            assert engine.owner == her.uid
+            try:
+                return "started" if engine.start("llm") else "running"
+            except EngineError as e:
+                return str(e)
+
+        with _listening(sock, her.uid, her.gid):
+            assert call() == "started"  # hers, by her uid: believed
+        os.unlink(sock)
+
+        with _server(lambda conn: conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")) as roots:
+            os.symlink(roots, sock)  # her socket, a symlink to an engine of root's
+            assert call() == f"{sock}: start llm: not a socket of uid {her.uid}"
+            os.unlink(sock)
+            os.rename(os.path.join(mine, "podman"), os.path.join(mine, "old"))
+            os.symlink(os.path.dirname(roots), os.path.join(mine, "podman"))
+            os.rename(roots, os.path.join(os.path.dirname(roots), "podman.sock"))
+            assert "'podman' is not a directory (a symlink?)" in call()
+            os.rename(os.path.join(os.path.dirname(roots), "podman.sock"), roots)
+            os.unlink(os.path.join(mine, "podman"))
+            os.rename(os.path.join(mine, "old"), os.path.join(mine, "podman"))
+
+        with _listening(sock, 0, 0):  # root's socket, in her dir
+            assert call() == f"{sock}: start llm: not a socket of uid {her.uid}"
+            os.chown(sock, her.uid, her.gid, follow_symlinks=False)  # hers, root listening
+            assert call() == f"{sock}: start llm: peer is uid 0, not uid {her.uid}"
+        os.unlink(sock)
+
+        with _listening(sock, bob.uid, bob.gid):  # Bob's process, on a socket in her dir
+            os.chown(sock, her.uid, her.gid, follow_symlinks=False)
+            assert call() == f"{sock}: start llm: peer is uid {bob.uid}, not uid {her.uid}"
+    shutil.rmtree(runtime)
+
+
+def test_her_containers_are_asked_of_her_engines_only() -> None:
+    """A container id in a cgroup of her tree is asked of her own engines, never of
+    root's (she can name a scope of hers after root's container), and an engine of hers
+    named in `engines` is not asked about root's containers."""
+    from spark_guard.system.containerwatch import UNKNOWN, ContainerWatch
+
+    asked: list[int] = []
+
+    def roots(conn: socket.socket) -> None:
+        asked.append(1)
+        conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
+
+    runtime = tempfile.mkdtemp(prefix="sg-rt.")
+    try:
+        with _server(roots) as path:
+            her = os.path.join(runtime, "4242", "podman", "podman.sock")
+            watch = ContainerWatch(
+                [path, her],
+                0.5,
+                docker_root="/nonexistent",
+                user_engines=("podman/podman.sock",),
+                user_runtime=runtime,
+            )
+            assert watch.engines == (path,)
+            cid = "ab" * 32
+            watch.lookup(cid, 4242)
+            watch.wait(10)
+            assert watch.lookup(cid, 4242)[0] is UNKNOWN  # she runs no engine: none said
+            assert asked == [] and watch.errors == {}
+            watch.lookup(cid)
+            watch.wait(10)
+            assert asked == [1]
+            watch.close()
+    finally:
+        shutil.rmtree(runtime)

@@ -13,6 +13,7 @@ from spark_guard.core.snapshot import (
     SeenUnit,
     Snapshot,
     UnitRef,
+    parse_ref,
 )
 
 GiB = 1024**3
@@ -790,3 +791,43 @@ def test_a_loader_container_is_judged_as_a_unit_and_named_container_name():
     # A unit named like the glob is not a container: the glob says container:.
     assert "footprint" not in {a.reason for a in decide(
         snap(100 * GiB, loader("vllm-1.service")), config).actions}  # fmt: skip
+
+
+def test_her_rootless_container_is_hers_and_only_her_units_are_tied_to_it():
+    """Issue 29 §2: a container of her own (rootless) engine is user:UID:container:NAME.
+    The config names it as her units are named (`container:NAME`), and protects it at
+    her level; it never keeps a model over root's loader; and only a unit of her own
+    manager that runs `podman run --name NAME` is blocked with it: root's unit and Bob's,
+    which run a container of that name on engines of their own, are not."""
+    config = parse('[loaders.footprint]\n"container:llm" = "100GiB"\n')
+    hers = replace(box("llm", "vllm/vllm-openai"), ref=UnitRef("user:1000", "container:llm"))
+    assert hers.ref.is_container and str(hers.ref) == "user:1000:container:llm"
+    assert parse_ref("user:1000:container:llm", "system") == hers.ref
+    run = ("/usr/bin/podman", "run", "--rm", "--name", "llm", "localhost/llm")
+    her_wrap = unit("user:1000:llm-box.service", 5.0, run)
+    bobs_wrap = unit("user:1001:llm-box.service", 5.0, run)
+    roots_wrap = unit("llm-box.service", 5.0, run)
+    d = decide(snap(60 * GiB, hers, her_wrap, bobs_wrap, roots_wrap), config)
+    assert [(str(a.unit), a.reason, a.how) for a in d.actions] == [
+        ("user:1000:container:llm", "footprint", "block"),
+        ("user:1000:llm-box.service", "footprint", "block"),
+    ]
+    # Protected for her (a user:UID: entry), or for every user (user:), not by root's list.
+    for entry in ("user:1000:container:llm", "user:container:l*"):
+        keep = parse(
+            f'[loaders.footprint]\n"container:llm" = "100GiB"\n[protected]\nextra = ["{entry}"]\n'
+        )
+        assert decide(snap(60 * GiB, hers), keep).actions == ()
+    roots_only = parse(
+        '[loaders.footprint]\n"container:llm" = "100GiB"\n[protected]\nextra = ["container:llm"]\n'
+    )
+    assert [str(a.unit) for a in decide(snap(60 * GiB, hers), roots_only).actions] == [
+        "user:1000:container:llm"
+    ]
+    # Root's loader of the same model keeps it over her earlier container.
+    mine = replace(hers, exec_start=(LLAMA_QWEN,), active_since=1.0, container=None)
+    root = unit("llama.service", 30.0, LLAMA_QWEN)
+    d = decide(snap(100 * GiB, mine, root, rescue=SSH_UP, now=1000.0), Config())
+    assert [(str(a.unit), a.reason) for a in d.actions] == [
+        ("user:1000:container:llm", "duplicate")
+    ]

@@ -26,12 +26,14 @@ PREFIX = "spark_guard"
 
 def unit_labels(unit: str) -> tuple[str, str, str]:
     """'llama.service' -> (llama.service, system, ""); 'user:1000:x.service' -> (x, user, 1000);
-    'container:vllm' -> (vllm, container, "")."""
+    'container:vllm' -> (vllm, container, ""); 'user:1000:container:vllm' -> (vllm,
+    container, 1000)."""
     ref = parse_ref(unit, SYSTEM)
     if ref.manager == SYSTEM:
         return ref.name, "system", ""
-    if ref.is_container:
-        return ref.name, "container", ""
+    if ref.is_container:  # a user's rootless one names her uid
+        uid = "" if ref.engine_owner == 0 else str(ref.engine_owner)
+        return ref.container, "container", uid
     return ref.name, "user", str(manager_uid(ref.manager))
 
 

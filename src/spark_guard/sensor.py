@@ -22,6 +22,7 @@ from .core.snapshot import (
     ARGV_PASS_BUDGET,
     ARGV_UNIT_BUDGET,
     CONTAINER,
+    CONTAINER_PREFIX,
     FIRST_LOGIN_UID,
     MAPS_MAX_MODELS,
     SYSTEM,
@@ -44,7 +45,7 @@ from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .system import cgroupfs
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
-from .system.engine import Container, container_id
+from .system.engine import Container, container_id, scope_container_id
 from .system.gpu import GpuWatch, unified_memory
 from .system.managers import (
     Connecting,
@@ -211,6 +212,8 @@ class Sensor:
             config.engine_timeout,
             on_answer=lambda: self.on_manager_ready(),
             docker_root=config.docker_root,
+            user_engines=config.user_engines if config.containers else (),
+            user_runtime=config.user_runtime,
         )
         self._container_of: dict[UnitRef, tuple[Container, str]] = {}
         # The loop never waits on a model read; a command (sense_once) does, up to its deadline.
@@ -401,6 +404,22 @@ class Sensor:
         path = f"{base}/{first}"
         return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
 
+    def _container_id(self, cgroup: str, engines: bool) -> tuple[int, str | None]:
+        """(whose engine, the container's id) of a process's cgroup: root's engines' below
+        any slice but a user's; below her user@UID.service, a scope her rootless engine had
+        her manager make (asked of her engines only)."""
+        if engines:
+            cid = container_id(cgroup)
+            if cid is not None:
+                return 0, cid
+        if not self.containers.user_engines:
+            return 0, None
+        tree = cgroupfs.user_tree(cgroup)
+        if tree is None or tree[1] == 0:
+            return 0, None
+        base, uid = tree
+        return uid, scope_container_id(cgroup[len(base) :])
+
     def _fresh(self, pid: int, cgroup: str, rss: int) -> None:
         """Forget what was read of `pid` if it is another process now: its cgroup changed,
         or (a big one, whose figures count) its start time did."""
@@ -510,7 +529,7 @@ class Sensor:
         groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
         cgroups: dict[UnitRef, str] = {}
         engines = bool(self.containers.engines) and self.containers.present()
-        seen_ids: set[str] = set()
+        seen_ids: set[tuple[int, str]] = set()
         containers: dict[UnitRef, tuple[Container, str]] = {}
         what: dict[UnitRef, str] = {}  # the groups of users' processes (SeenUnit.group)
         for pid in self.proc.pids():
@@ -518,14 +537,17 @@ class Sensor:
             if info is None:
                 continue  # exited while we looked: normal
             self._fresh(pid, info.cgroup, info.rss + (gpu.get(pid) or 0))
-            cid = container_id(info.cgroup) if engines else None
+            whose, cid = self._container_id(info.cgroup, engines)
             if cid is not None:
-                seen_ids.add(cid)
-                answer, engine = self.containers.lookup(cid)
+                seen_ids.add((whose, cid))
+                answer, engine = self.containers.lookup(cid, whose)
                 if answer is PENDING:
                     continue  # its engine answers within a pass: seen then, as a container
                 if isinstance(answer, Container) and valid_name(answer.name):
+                    # Root's engine's: container:NAME; her own engine's: hers, at her level.
                     ref = UnitRef(CONTAINER, answer.name)
+                    if whose:
+                        ref = UnitRef(user_manager(whose), CONTAINER_PREFIX + answer.name)
                     containers[ref] = (answer, engine)
                     groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
                     cgroups.setdefault(ref, container_cgroup(info.cgroup, cid))
@@ -539,7 +561,7 @@ class Sensor:
             if owner.group:
                 what[owner.ref] = owner.group
         self._split_jobs(groups, cgroups, what)
-        if engines:
+        if engines or self.containers.user_engines:
             self.containers.forget(seen_ids)
             self._report_engines()
         self._container_of = containers
@@ -875,12 +897,14 @@ class Sensor:
                 continue
             if not cache.predicted and seen.ref.is_container:
                 # Its command, with the model found through its bind mounts, as root reads
-                # it, never through a symlink (foresight/containers.py).
+                # it (a rootless one's as she does), never through a symlink
+                # (foresight/containers.py).
                 cache.prediction = predict_container(
                     self.predictor,
                     self._container_of[seen.ref][0],
                     mem_total,
                     wait=self.wait_for_models,
+                    owner=seen.ref.engine_owner or None,
                 )
                 cache.predicted = cache.prediction is None or not cache.prediction.pending
             elif not cache.predicted and cache.details.unreadable:

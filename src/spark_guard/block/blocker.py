@@ -79,7 +79,7 @@ from ..core.events import Event, EventKind, Level, tell
 from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged, manager_uid
 from ..core.text import printable
 from ..system import cgroupfs
-from ..system.engine import Engine
+from ..system.engine import Engine, engine_owner
 from ..system.managers import ManagerError, UnitState
 from ..system.procfs import ProcError, ProcFS
 from ..system.unitfiles import (
@@ -191,7 +191,7 @@ class Blocker:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         tick: Callable[[], None] = lambda: None,
-        engine: Callable[[str, float], EnginePort] = lambda path, t: Engine(path, timeout=t),
+        engine: Callable[[str, float], EnginePort] | None = None,
         lock_wait: float = 1.0,
         adopt_stops: bool = False,
     ) -> None:
@@ -202,8 +202,11 @@ class Blocker:
         self.sleep = sleep
         # Called while waiting for units to stop (the daemon sends WATCHDOG=1).
         self.tick = tick
-        # An engine's API at a socket path, with a timeout: the port a container's block uses.
-        self.engine = engine
+        # An engine's API at a socket path, with a timeout: the port a container's block uses
+        # (a socket in a user's runtime dir is her rootless engine: its peer must be her).
+        self.engine = engine or (
+            lambda path, t: Engine(path, timeout=t, user_runtime=self.user_runtime)
+        )
         # How long a pass waits for the store's lock (another guard's pass holds it): the
         # daemon goes on after a second; a one-shot rescue waits its turn.
         self.lock_wait = lock_wait
@@ -1055,7 +1058,7 @@ class Blocker:
 
         def stop() -> None:
             try:
-                api.stop(action.unit.name, timeout)
+                api.stop(action.unit.container, timeout)
             except Exception as e:  # reported by _advance_loose, in the loop
                 loose.error = str(e) or type(e).__name__
 
@@ -1356,6 +1359,11 @@ class Blocker:
         path = path or self._engine_of.get(key, "")
         if not path:
             self._problem(record, "stop: no engine known for it")
+            return
+        if engine_owner(path, self.user_runtime) != record.ref.engine_owner:
+            # Hers only through her own engine, root's only through root's (a record's
+            # socket is the guard's own writing: this is never expected).
+            self._problem(record, f"stop: {path} is not the engine of {record.ref}")
             return
         self._retry_at[key] = self.clock() + RETRY_AFTER
         self._killed.discard(key)

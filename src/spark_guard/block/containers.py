@@ -62,8 +62,9 @@ class ContainerBlockError(RuntimeError):
     """A block or a release that did not hold; str() names the container and the reason."""
 
 
-def _fail(name: str, what: str) -> ContainerBlockError:
-    return ContainerBlockError(f"container:{printable(name, 128)}: {what}")
+def _fail(ref: str, what: str) -> ContainerBlockError:
+    """`ref`: how the admin names it (container:NAME, or user:UID:container:NAME)."""
+    return ContainerBlockError(f"{printable(ref, 160)}: {what}")
 
 
 def block(
@@ -84,7 +85,7 @@ def block(
     policy to set: its block is done once it is stopped (and removed). A container whose
     recorded id is gone is followed by its name. ContainerBlockError if a step fails or
     does not hold when inspected again (the container is left as far as it got)."""
-    name = record.unit
+    shown = str(record.ref)
     try:
         now = _current(engine, record)  # its policy as it is now, not as it was seen
         if answered is not None:
@@ -132,10 +133,10 @@ def block(
             record.note("stopped; it is removed on its stop (--rm): no restart policy to set")
             return after
         if after.running:
-            raise _fail(name, f"still running after the stop ({after.status})")
+            raise _fail(shown, f"still running after the stop ({after.status})")
         if remember is not None and not remember(record):
             raise _fail(
-                name,
+                shown,
                 "stopped, but its record cannot be written: its restart policy is left as "
                 "it was until the record of it can be",
             )
@@ -143,23 +144,23 @@ def block(
             engine.update_restart(now.id, BLOCKED_POLICY)
         except EngineError as e:
             if e.status in (404, 405, 501):  # the container is there: the call is not
-                raise _fail(name, f"stopped, but {engine.path} {NO_UPDATE}") from None
+                raise _fail(shown, f"stopped, but {engine.path} {NO_UPDATE}") from None
             raise
         after = engine.inspect(now.id)
         if after.restart != BLOCKED_POLICY or after.max_retries:
-            raise _fail(name, f"restart policy is {after.policy} after setting it to no")
+            raise _fail(shown, f"restart policy is {after.policy} after setting it to no")
         if after.running:
-            raise _fail(name, f"running again ({after.status}) after its policy was set to no")
+            raise _fail(shown, f"running again ({after.status}) after its policy was set to no")
         record.note("restart policy set to no")
     except EngineError as e:
-        raise _fail(name, str(e)) from None
+        raise _fail(shown, str(e)) from None
     return after
 
 
 def _current(engine: EnginePort, record: Record) -> Container | None:
     """The container the record is of: its recorded id, or once that is gone a container
     of its name (a re-created one); None when neither exists."""
-    for ref in ([record.container.id] if record.container else []) + [record.unit]:
+    for ref in ([record.container.id] if record.container else []) + [record.ref.container]:
         try:
             return engine.inspect(ref)
         except EngineError as e:
@@ -176,7 +177,7 @@ def holds(engine: EnginePort, record: Record) -> str:
     except EngineError as e:
         if e.status == 404:
             return ""  # removed: nothing can start it
-        raise _fail(record.unit, str(e)) from None
+        raise _fail(str(record.ref), str(e)) from None
     if now.running:
         return f"running again ({now.status})"
     if (now.restart or BLOCKED_POLICY) != BLOCKED_POLICY:
@@ -192,7 +193,7 @@ def release(engine: EnginePort, record: Record, *, start: bool = True) -> Contai
     the one blocked) or the policy does not hold."""
     state = record.container
     if state is None:
-        raise _fail(record.unit, "the record has no account of its policy: nothing to put back")
+        raise _fail(str(record.ref), "the record has no account of its policy: nothing to put back")
     try:
         try:
             now = engine.inspect(state.id)
@@ -202,8 +203,8 @@ def release(engine: EnginePort, record: Record, *, start: bool = True) -> Contai
             # Removed since (`--rm`, or by hand): nothing of the block is left on it.
             record.note(f"container {state.id[:12]} no longer exists: nothing to put back")
             return None
-        if now.name != record.unit:
-            raise _fail(record.unit, f"its id now has the name {now.name}: not released")
+        if now.name != record.ref.container:
+            raise _fail(str(record.ref), f"its id now has the name {now.name}: not released")
         if (now.restart or "no", now.max_retries) != (state.restart or "no", state.max_retries):
             # (Unchanged where the block could not set it: Podman before 5.1.)
             engine.update_restart(state.id, state.restart or BLOCKED_POLICY, state.max_retries)
@@ -211,16 +212,16 @@ def release(engine: EnginePort, record: Record, *, start: bool = True) -> Contai
         if (now.restart or "no") != (state.restart or "no") or (
             now.max_retries != state.max_retries
         ):
-            raise _fail(record.unit, f"restart policy is {now.policy}, not {state.policy}")
+            raise _fail(str(record.ref), f"restart policy is {now.policy}, not {state.policy}")
         record.note(f"restart policy {state.policy} put back")
         if start and state.was_running and not now.running:
             engine.start(state.id)
             now = engine.inspect(state.id)
             if not now.running:
-                raise _fail(record.unit, f"did not stay running after the start ({now.status})")
+                raise _fail(str(record.ref), f"did not stay running after the start ({now.status})")
             record.note("started")
     except EngineError as e:
-        raise _fail(record.unit, str(e)) from None
+        raise _fail(str(record.ref), str(e)) from None
     return now
 
 

@@ -109,7 +109,7 @@ class Record:
     def move(self, to: Step) -> None:
         """Go on to step `to`: the one way a block changes step (core.block.StepError if
         its table does not allow it; the step is then left as it was)."""
-        self.step = moved(str(self.ref), self.step, to, container=self.manager == CONTAINER)
+        self.step = moved(str(self.ref), self.step, to, container=self.ref.is_container)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -145,11 +145,12 @@ class Record:
         if record.step not in STEPS or not record.unit or not record.manager:
             raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
         record.step = Step(record.step)
-        if record.manager == CONTAINER:
+        if record.ref.is_container:
             # Its name and id go into the engine's URLs: checked as the engine checks them.
             if not _container_ok(record):
                 raise RecordError(f"{where}: unreadable record: bad container name or id")
-            return record
+            if record.manager == CONTAINER:
+                return record
         try:
             manager_uid(record.manager)  # 'system' or 'user:UID': what every reader assumes
         except ValueError:
@@ -239,7 +240,7 @@ def _container(value: Any) -> ContainerState | None:
 
 def _container_ok(record: Record) -> bool:
     c = record.container
-    return valid_name(record.unit) and (
+    return valid_name(record.ref.container) and (
         c is None
         or (
             valid_id(c.id)

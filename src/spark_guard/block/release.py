@@ -95,7 +95,7 @@ def release(
     unless `start` is False (the package's removal: like a unit re-enabled, it starts at
     the next boot, not now)."""
     if record.ref.is_container:
-        return _release_container(record, store, engine_timeout, start)
+        return _release_container(record, store, engine_timeout, start, user_runtime)
     with _locked(store, record):
         current = store.load(record.ref)
         if current is None:
@@ -171,7 +171,9 @@ def _locked(store: RecordStore, record: Record) -> Iterator[None]:
         yield
 
 
-def _release_container(record: Record, store: RecordStore, timeout: float, start: bool) -> Released:
+def _release_container(
+    record: Record, store: RecordStore, timeout: float, start: bool, user_runtime: str
+) -> Released:
     with _locked(store, record):
         current = store.load(record.ref)
         if current is None:
@@ -185,9 +187,12 @@ def _release_container(record: Record, store: RecordStore, timeout: float, start
     # guard's passes take (the releasing mark keeps the guard off this container meanwhile).
     container = current.container
     try:
-        now = release_container(
-            Engine(container.engine, timeout=max(timeout, RELEASE_TIMEOUT)), current, start=start
+        engine = Engine(
+            container.engine, timeout=max(timeout, RELEASE_TIMEOUT), user_runtime=user_runtime
         )
+        if engine.owner != current.ref.engine_owner:
+            raise ContainerBlockError(f"{current.ref}: {container.engine} is not its engine")
+        now = release_container(engine, current, start=start)
     except ContainerBlockError as e:
         with store.lock():
             _abandon(store, current, archived)

@@ -21,6 +21,7 @@ from .config import Config
 from .snapshot import (
     ARGV_MAX_ARGS,
     ARGV_MAX_BYTES,
+    CONTAINER,
     MODEL_SUFFIXES,
     SYSTEM,
     USER_PREFIX,
@@ -49,8 +50,9 @@ def matches_any(name: str, globs: Iterable[str]) -> bool:
 
 
 def config_name(ref: UnitRef) -> str:
-    """How the config names it: the unit's name on any manager, `container:NAME`."""
-    return str(ref) if ref.is_container else ref.name
+    """How the config names it: the unit's name on any manager, `container:NAME` (a
+    user's rootless container too, as her units are named by their names)."""
+    return str(ref) if ref.manager == CONTAINER else ref.name
 
 
 def is_protected(ref: UnitRef, config: Config, guard_unit: UnitRef | None = None) -> bool:
@@ -63,7 +65,7 @@ def is_protected(ref: UnitRef, config: Config, guard_unit: UnitRef | None = None
     user's, `container:NAME` for a container."""
     if guard_unit is not None and ref == guard_unit:
         return True
-    if ref.is_container:
+    if ref.manager == CONTAINER:
         return matches_any(str(ref), config.protected_units)
     return matches_any(ref.name, protected_names(config, ref.manager))
 

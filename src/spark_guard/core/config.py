@@ -140,6 +140,8 @@ class Config:
     # [containers]: engines asked about the containers whose processes the guard sees
     containers: bool = True
     engines: tuple[str, ...] = ("/run/docker.sock", "/run/podman/podman.sock")
+    # A user's own (rootless) engines: sockets in her runtime dir, asked about her containers.
+    user_engines: tuple[str, ...] = ("podman/podman.sock", "docker.sock")
     engine_timeout: float = 2.0  # seconds for one call to an engine
     docker_root: str = "/var/lib/docker"  # dockerd's data-root: read while its API is silent
     # [guard]
@@ -202,6 +204,16 @@ def _str_list(v: object) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
         raise ValueError(f"expected a list of non-empty strings, got {v!r}")
     return tuple(v)
+
+
+def _relative_list(v: object) -> tuple[str, ...]:
+    """Paths within a user's runtime dir: relative, no `..`, no empty component."""
+    out = _str_list(v)
+    for x in out:
+        parts = x.split("/")
+        if x.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"expected paths relative to a user's runtime dir, got {x!r}")
+    return out
 
 
 def _bool(v: object) -> bool:
@@ -268,6 +280,7 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("gpu", "deadline"): ("gpu_deadline", _positive_duration),
     ("containers", "enabled"): ("containers", _bool),
     ("containers", "engines"): ("engines", _str_list),
+    ("containers", "user_engines"): ("user_engines", _relative_list),
     ("containers", "timeout"): ("engine_timeout", _positive_duration),
     ("containers", "docker_root"): ("docker_root", _path),
     ("guard", "dry_run"): ("dry_run", _bool),

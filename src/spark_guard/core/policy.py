@@ -29,6 +29,7 @@ from .classify import (
 from .config import Config, Steady
 from .quantities import format_size
 from .snapshot import (
+    CONTAINER,
     SYSTEM,
     Action,
     ActionKind,
@@ -92,9 +93,10 @@ _ROOTS = (SYSTEM, user_manager(0))
 
 
 def _roots(loader: Loader) -> bool:
-    """A loader of root's: a unit of PID 1 or of root's own manager, or a container (every
-    engine the guard asks runs as root: its peer is checked, system/engine.py)."""
-    return loader.ref.is_container or loader.ref.manager in _ROOTS
+    """A loader of root's: a unit of PID 1 or of root's own manager, or a container of an
+    engine of root's (its peer is checked, system/engine.py). A user's rootless
+    container is hers."""
+    return loader.ref.manager in (CONTAINER, *_ROOTS)
 
 
 def _keep_order(loader: Loader) -> tuple[bool, float, str]:
@@ -391,16 +393,26 @@ def _tie_launchers(snapshot: Snapshot, config: Config, actions: dict[str, Action
     """A container stopped while a unit runs it in the foreground (`docker run --rm
     --name X` under Restart=always) comes back with the unit's next start, as a new
     container of its name: the unit is stopped and blocked with it, for the same reason."""
+
     # A stop-only container is not blocked: its unit's next start makes one that loads
     # nothing by itself, so the unit is left as it is too.
-    stopped = {a.unit.name: a for a in actions.values() if a.unit.is_container and a.how == "block"}
+    # Keyed by whose engine ("" for root's, which any unit's client may drive; a user's
+    # manager for her rootless one, which only her own units drive) and name.
+    def whose(ref: UnitRef) -> str:
+        return "" if ref.manager == CONTAINER else ref.manager
+
+    stopped = {
+        (whose(a.unit), a.unit.container): a
+        for a in actions.values()
+        if a.unit.is_container and a.how == "block"
+    }
     if not stopped:
         return
     # A unit that runs `docker compose up` launches every container of its project.
     for seen in snapshot.units:
-        action = stopped.get(seen.ref.name)
+        action = stopped.get((whose(seen.ref), seen.ref.container))
         if seen.container is not None and seen.container.project and action is not None:
-            stopped.setdefault(COMPOSE + seen.container.project, action)
+            stopped.setdefault((whose(seen.ref), COMPOSE + seen.container.project), action)
     for seen in snapshot.units:
         if seen.ref.is_container or str(seen.ref) in actions or seen.group:
             continue
@@ -409,7 +421,7 @@ def _tie_launchers(snapshot: Snapshot, config: Config, actions: dict[str, Action
         ):
             continue
         for name in launched_containers(seen):
-            action = stopped.get(name)
+            action = stopped.get(("", name)) or stopped.get((seen.ref.manager, name))
             if action is None:
                 continue
             actions[str(seen.ref)] = replace(

@@ -16,7 +16,8 @@ from typing import Literal
 SYSTEM = "system"
 # The manager key of a container: not a systemd manager but its engine's
 # restart policy brings it back. A container's UnitRef is ("container", NAME), shown and
-# named by the admin as `container:NAME`.
+# named by the admin as `container:NAME`. A user's rootless engine's container is hers:
+# ("user:UID", "container:NAME"), named `user:UID:container:NAME`, judged at her level.
 CONTAINER = "container"
 CONTAINER_PREFIX = CONTAINER + ":"
 
@@ -191,20 +192,36 @@ class UnitRef:
 
     @property
     def is_container(self) -> bool:
-        return self.manager == CONTAINER
+        """A container: of an engine of root's, or of a user's own (rootless) engine."""
+        if self.manager == CONTAINER:
+            return True
+        return self.manager.startswith(USER_PREFIX) and self.name.startswith(CONTAINER_PREFIX)
+
+    @property
+    def container(self) -> str:
+        """The container's name as its engine knows it ("" for a unit)."""
+        if self.manager == CONTAINER:
+            return self.name
+        return self.name[len(CONTAINER_PREFIX) :] if self.is_container else ""
+
+    @property
+    def engine_owner(self) -> int:
+        """The uid whose engine a container is in: 0 for root's engines, hers for her own."""
+        return 0 if self.manager == CONTAINER else manager_uid(self.manager)
 
 
 def parse_ref(text: str, default_manager: str) -> UnitRef:
     """'llama' or 'llama.service' (on `default_manager`), 'user:1000:llama.service',
-    'container:NAME', and a group of a user's processes, named by its cgroup
-    ('user:1000:/user.slice/.../hideout', whose name is hers, ':' in it too)."""
+    'container:NAME', 'user:1000:container:NAME' (a container of her rootless engine),
+    and a group of a user's processes, named by its cgroup ('user:1000:/user.slice/.../
+    hideout', whose name is hers, ':' in it too)."""
     if text.startswith(CONTAINER_PREFIX):
         return UnitRef(CONTAINER, text[len(CONTAINER_PREFIX) :])
     manager, name = default_manager, text
     if text.startswith(USER_PREFIX) and text.count(":") >= 2:
         _, uid, name = text.split(":", 2)
         manager = USER_PREFIX + uid
-    if "." not in name and "/" not in name:
+    if "." not in name and "/" not in name and not name.startswith(CONTAINER_PREFIX):
         name += ".service"
     return UnitRef(manager, name)
 

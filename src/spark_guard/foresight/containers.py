@@ -166,11 +166,17 @@ def read_mounted(
 
 
 def predict_container(
-    predictor: Predictor, container: Container, mem_total: int, *, wait: bool
+    predictor: Predictor,
+    container: Container,
+    mem_total: int,
+    *,
+    wait: bool,
+    owner: int | None = None,
 ) -> Prediction | None:
     """The footprint of `container`'s loader, as Predictor.predict gives a unit's; None when
     its command is no loader this knows. `wait=False`: never block; a pending Prediction
-    while the model is read (ask again later), as Predictor.predict."""
+    while the model is read (ask again later), as Predictor.predict. `owner`: a user's
+    rootless container, whose mounts are her files, read with her rights."""
     found: dict[str, str] = {}  # the container's paths read, and where they are on the host
 
     def read(path: str, kind: str, wait: bool) -> Model | SafetensorsModel | Held | str | None:
@@ -188,7 +194,7 @@ def predict_container(
         def job(deadline: float) -> Model:
             return read_mounted(source, rest, deadline=deadline, cache=predictor.headers)
 
-        got = predictor.run(READ_NAME.format(host=host), None, job, wait=wait)
+        got = predictor.run(READ_NAME.format(host=host), owner, job, wait=wait)
         if got is None:
             return None
         if isinstance(got, str):

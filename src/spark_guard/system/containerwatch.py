@@ -13,8 +13,14 @@ deadline.
 An answer is kept while the container is seen, and asked again every REFRESH
 seconds (its restart policy can change under it). The engines are asked in
 their order in the config; one that says 404 does not have it, and the next is
-asked. No engine knows it (a rootless engine's, or no engine running): the id
-is `UNKNOWN`, and the process is seen as what its manager says it is.
+asked. No engine knows it (no engine running): the id is `UNKNOWN`, and the
+process is seen as what its manager says it is.
+
+A container whose scope is below a user's user@UID.service is hers, run by her
+own rootless engine: it is asked of her engines only (`user_engines`, in her
+runtime dir; the peer must be her uid), never of root's, and hers are never
+asked about anyone else's. Her questions have askers of their own, so an engine
+of hers that hangs holds up no question about root's containers.
 
 At boot dockerd starts the containers whose policy says so before its API
 answers (tens of seconds on a busy boot): the loader runs, and nobody can ask
@@ -34,7 +40,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..core.snapshot import valid_id
-from .engine import Container, Engine, EngineError, inspect_from_disk
+from .engine import (
+    USER_RUNTIME,
+    Container,
+    Engine,
+    EngineError,
+    engine_owner,
+    inspect_from_disk,
+    user_engine_paths,
+)
 from .safefs import Tree, UnsafePath
 
 REFRESH = 30.0  # seconds before a known container is asked about again
@@ -47,7 +61,8 @@ MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stay
 # other ids behind it are answered at once (from dockerd's files, or unknown), not one
 # timeout each (8 ids behind a silent dockerd were judged after 2, 4, ... 16 s).
 SILENT_BREAK = 10.0
-ASKERS = 4  # threads asking at once; each lives on, idle, once started
+ASKERS = 4  # threads asking at once about root's containers; each lives on, idle, once started
+USER_ASKERS = 2  # ... and about users' (their engines are theirs: they may hang)
 
 
 class _Unknown:
@@ -63,6 +78,7 @@ class _Pending:
 UNKNOWN = _Unknown()  # no engine has it (or none answered): not a container the guard can act on
 PENDING = _Pending()  # asked, no answer yet
 Answer = Container | _Unknown | _Pending
+Key = tuple[int, str]  # (whose engines: 0 for root's, a user's uid; the container id)
 
 
 @dataclass
@@ -95,37 +111,45 @@ class ContainerWatch:
         on_answer: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         docker_root: str = DOCKER_ROOT,
+        user_engines: Iterable[str] = (),
+        user_runtime: str = USER_RUNTIME,
     ) -> None:
-        self.engines = tuple(engines)
+        # Root's engines only: a socket in a user's runtime dir answers for her containers.
+        self.engines = tuple(p for p in engines if not engine_owner(p, user_runtime))
+        self.user_engines = tuple(user_engines)
+        self.user_runtime = user_runtime
         self.docker_root = docker_root
         self.timeout = timeout
         self.on_answer = on_answer
         self.clock = clock
-        self._entries: dict[str, _Entry] = {}
-        self._queue: list[str] = []
+        self._entries: dict[Key, _Entry] = {}
+        # Questions waiting, and the askers idle, for root's engines (False) and users' (True).
+        self._queue: dict[bool, list[Key]] = {False: [], True: []}
+        self._idle = {False: 0, True: 0}
+        self._threads: dict[bool, list[threading.Thread]] = {False: [], True: []}
         self._lock = threading.Condition()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0  # askers waiting for a question
         self._closed = False
         # Engine errors other than "no such container", the latest per socket: said once.
         self.errors: dict[str, str] = {}
         self._silent_until: dict[str, float] = {}  # engine socket -> not asked until
 
     def present(self) -> bool:
-        """Whether any engine socket exists (else nothing is asked: no thread, no cost)."""
+        """Whether any engine socket of root's exists (else nothing is asked of them)."""
         return any(os.path.exists(p) for p in self.engines)
 
-    def lookup(self, cid: str) -> tuple[Answer, str]:
-        """(what is known of container `cid`, the engine socket that said it). PENDING
-        starts a question if none is out; a known answer older than REFRESH is asked
-        again while the old one stands."""
+    def lookup(self, cid: str, owner: int = 0) -> tuple[Answer, str]:
+        """(what is known of container `cid`, the engine socket that said it), asked of
+        root's engines (`owner` 0) or of user `owner`'s own. PENDING starts a question if
+        none is out; a known answer older than REFRESH is asked again while the old one
+        stands."""
         now = self.clock()
+        key = (owner, cid)
         with self._lock:
-            entry = self._entries.get(cid)
+            entry = self._entries.get(key)
             if entry is None:
                 if len(self._entries) >= MAX_IDS:
                     return UNKNOWN, ""
-                entry = self._entries[cid] = _Entry()
+                entry = self._entries[key] = _Entry()
             if entry.from_disk:
                 after = DISK_REFRESH
             else:
@@ -133,19 +157,19 @@ class ContainerWatch:
             stale = entry.answer is not None and now - entry.at >= after
             if (entry.answer is None or stale) and not entry.asked:
                 entry.asked = True
-                self._queue.append(cid)
-                self._lock.notify()
-                self._start()
+                self._queue[bool(owner)].append(key)
+                self._lock.notify_all()
+                self._start(bool(owner))
             if entry.answer is None:
                 return PENDING, ""
             return entry.answer, entry.engine
 
-    def forget(self, keep: Iterable[str]) -> None:
+    def forget(self, keep: Iterable[Key]) -> None:
         """Drop what is known of containers no longer seen."""
         keep = set(keep)
         with self._lock:
-            for cid in [c for c, e in self._entries.items() if c not in keep and not e.asked]:
-                del self._entries[cid]
+            for key in [k for k, e in self._entries.items() if k not in keep and not e.asked]:
+                del self._entries[key]
 
     def wait(self, timeout: float) -> None:
         """Wait until every question out has an answer, or `timeout` seconds (commands)."""
@@ -164,28 +188,31 @@ class ContainerWatch:
 
     # --- the thread ---
 
-    def _start(self) -> None:
+    def _start(self, users: bool) -> None:
         """One more asker, if more questions wait than askers do (under the lock)."""
-        self._threads = [t for t in self._threads if t.is_alive()]
-        if len(self._queue) > self._idle and len(self._threads) < ASKERS:
-            thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
-            self._threads.append(thread)
-            self._idle += 1  # counted from now: the next lookup does not start another for it
+        threads = self._threads[users] = [t for t in self._threads[users] if t.is_alive()]
+        most = USER_ASKERS if users else ASKERS
+        if len(self._queue[users]) > self._idle[users] and len(threads) < most:
+            name = "engine-watch-users" if users else "engine-watch"
+            thread = threading.Thread(target=self._run, args=(users,), name=name, daemon=True)
+            threads.append(thread)
+            self._idle[users] += 1  # counted from now: the next lookup does not start another
             thread.start()
 
-    def _run(self) -> None:
+    def _run(self, users: bool) -> None:
+        queue = self._queue[users]
         while True:
             with self._lock:
-                while not self._queue and not self._closed:
+                while not queue and not self._closed:
                     self._lock.wait()
-                self._idle -= 1
+                self._idle[users] -= 1
                 if self._closed:
                     return
-                cid = self._queue.pop(0)
-            answer, engine, disk = self._ask(cid)
+                key = queue.pop(0)
+            answer, engine, disk = self._ask(*key)
             with self._lock:
-                self._idle += 1
-                entry = self._entries.get(cid)
+                self._idle[users] += 1
+                entry = self._entries.get(key)
                 if entry is not None:
                     # An engine that failed keeps the old answer: a hiccup does not make a
                     # known container a plain scope for REFRESH seconds.
@@ -198,20 +225,26 @@ class ContainerWatch:
                 self._lock.notify_all()
             self.on_answer()
 
-    def _ask(self, cid: str) -> tuple[Container | _Unknown | None, str, bool]:
+    def _ask(self, owner: int, cid: str) -> tuple[Container | _Unknown | None, str, bool]:
         """(the container, UNKNOWN if every engine there said it has none, None if one that
         might have it did not answer; the socket; whether dockerd's files said it)."""
         silent: list[str] = []
-        for path in self.engines:
-            if not os.path.exists(path):
+        if owner:
+            paths = user_engine_paths(owner, self.user_runtime, self.user_engines)
+        else:
+            paths = list(self.engines)
+        for path in paths:
+            # (A user's path is looked at by the walk of Engine, not here: no stat of hers.)
+            if not owner and not os.path.exists(path):
                 continue
             if self.clock() < self._silent_until.get(path, 0.0):
                 silent.append(path)  # it did not answer a moment ago: not waited on again
                 continue
+            engine = Engine(path, timeout=self.timeout, user_runtime=self.user_runtime)
             try:
-                container = Engine(path, timeout=self.timeout).inspect(cid)
+                container = engine.inspect(cid)
             except EngineError as e:
-                if e.status == 404:
+                if e.status == 404 or (owner and _absent(e)):
                     continue
                 silent.append(path)
                 self.errors[path] = str(e)
@@ -220,13 +253,24 @@ class ContainerWatch:
                 continue
             self.errors.pop(path, None)
             self._silent_until.pop(path, None)
+            if container.id != cid:
+                continue  # an answer about another container is no answer about this one
             return container, path, False
         docker = [p for p in silent if "podman" not in os.path.basename(p)]
-        if docker:
+        if docker and not owner:
             found = read_docker_disk(self.docker_root, cid)
             if found is not None:
                 return found, docker[0], True
         return (None if silent else UNKNOWN), "", False
+
+
+def _absent(e: EngineError) -> bool:
+    """A user's engine that is not there (no such socket or directory, nobody listening):
+    she runs none, which is no error to tell."""
+    text = str(e)
+    return any(
+        t in text for t in ("No such file or directory", "no such directory", "Connection refused")
+    )
 
 
 def read_docker_disk(root: str, cid: str) -> Container | None:

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import socket
+import stat
 import struct
 import time
 import urllib.parse
@@ -52,9 +53,14 @@ from ..core.snapshot import (
     valid_name,
 )
 from ..core.text import printable
+from .safefs import Tree, UnsafePath, anchor_stat
 
 DOCKER_SOCKET = "/run/docker.sock"
 PODMAN_SOCKET = "/run/podman/podman.sock"
+USER_RUNTIME = "/run/user"
+# A user's own (rootless) engines, in her runtime dir: Podman's podman.socket and rootless
+# Docker's dockerd-rootless.
+USER_ENGINES = ("podman/podman.sock", "docker.sock")
 
 TIMEOUT = 2.0  # seconds for a call: connect, send, and the whole answer
 BODY_MAX = 4 << 20  # bytes of a response body, whatever the call
@@ -122,6 +128,36 @@ def container_id(cgroup: str) -> str | None:
         if i > 0 and parts[i - 1] in _CGROUPFS_PARENTS:
             return m.group(2)
     return None
+
+
+_SCOPE = re.compile(r"(?:docker-|libpod-)([0-9a-f]{64})\.scope")
+
+
+def scope_container_id(below: str) -> str | None:
+    """The id of the container whose scope `below` (a cgroup path below a user's
+    user@UID.service) is, or is below: `user.slice/libpod-<id>.scope`, as her rootless
+    Podman has her manager make it, or rootless Docker's `docker-<id>.scope`. The outermost
+    wins; a bare id or `libpod-conmon-` is not one."""
+    for part in below.split("/"):
+        m = _SCOPE.fullmatch(part)
+        if m is not None:
+            return m.group(1)
+    return None
+
+
+def engine_owner(path: str, user_runtime: str = USER_RUNTIME) -> int:
+    """Whose engine listens at `path`: the uid of `<user_runtime>/UID/...` (hers, rootless),
+    else root (0). The peer on the socket must then be that uid."""
+    base = os.path.normpath(user_runtime).rstrip("/") + "/"
+    if not path.startswith(base):
+        return 0
+    uid = path[len(base) :].split("/", 1)[0]
+    return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else 0
+
+
+def user_engine_paths(uid: int, user_runtime: str, relative: tuple[str, ...]) -> list[str]:
+    """Her engines' sockets: each of `relative` in her runtime dir."""
+    return [os.path.join(user_runtime, str(uid), r) for r in relative]
 
 
 def _text(value: object, limit: int) -> str:
@@ -328,14 +364,18 @@ class Engine:
         *,
         timeout: float = TIMEOUT,
         body_max: int = BODY_MAX,
-        root_peer: bool = True,
+        check_peer: bool = True,
+        user_runtime: str = USER_RUNTIME,
     ) -> None:
         self.path = path
         self.timeout = timeout
         self.body_max = body_max
-        # The peer must be root (SO_PEERCRED): the engines the guard asks run as root, and
-        # a socket where a user's process listens is not one of them.
-        self.root_peer = root_peer
+        # The peer must be the engine's owner (SO_PEERCRED): root for the engines of root's
+        # the guard asks, a socket where a user's process listens being none of them; for
+        # a user's own engine in her runtime dir, her uid, never root's or another's.
+        self.check_peer = check_peer
+        self.user_runtime = user_runtime
+        self.owner = engine_owner(path, user_runtime)
 
     # --- the calls ---
 
@@ -405,6 +445,26 @@ class Engine:
             raise EngineError(self.path, call, "not a container name or id")
         return ref
 
+    def _connect(self, sock: socket.socket, call: str) -> None:
+        """Root's engine: its path. Hers: her runtime dir walked from the root-owned
+        runtime root with O_NOFOLLOW, with her file rights (a symlink of hers to root's
+        docker.sock, or to another user's socket, is refused or cannot be opened by her),
+        and connected to through /proc/self/fd."""
+        if not self.owner:
+            sock.connect(self.path)
+            return
+        directory, name = os.path.split(self.path)
+        runtime = os.path.join(self.user_runtime, str(self.owner))
+        try:
+            tree = Tree(self.user_runtime, self.owner, anchor_stat(runtime).st_gid)
+            with tree.directory(directory) as fd:
+                st = os.lstat(name, dir_fd=fd)
+                if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.owner:
+                    raise EngineError(self.path, call, f"not a socket of uid {self.owner}")
+                sock.connect(f"/proc/self/fd/{fd}/{name}")
+        except UnsafePath as e:
+            raise EngineError(self.path, call, str(e)) from None
+
     def _json(self, method: str, path: str, call: str, limit: int) -> Any:
         body = self._call(method, path, call, limit=limit)[1]
         try:
@@ -437,12 +497,13 @@ class Engine:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
                 s.settimeout(self.timeout)
-                s.connect(self.path)
-                if self.root_peer:
+                self._connect(s, call)
+                if self.check_peer:
                     creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                     uid = struct.unpack("3i", creds)[1]
-                    if uid != 0:
-                        raise EngineError(self.path, call, f"peer is uid {uid}, not root")
+                    if uid != self.owner:
+                        who = f"uid {self.owner}" if self.owner else "root"
+                        raise EngineError(self.path, call, f"peer is uid {uid}, not {who}")
                 _Reader(s, deadline).send(request)
                 cap = self.body_max if limit is None else min(limit, self.body_max)
                 status, data = _Reader(s, deadline, cap).response()

@@ -1,0 +1,150 @@
+"""A user's rootless Podman under the guard (issue 29 §2).
+
+The stage: the guard as a unit of root's harness manager; Mallory and Bob, two
+real accounts with subuids, each with her own `systemd --user` (setuid helpers
+in reach, as a real user@.service has them) and Debian's podman serving her
+own API as Debian's podman.socket does: her manager listens on
+$XDG_RUNTIME_DIR/podman/podman.sock, `podman system service` answers as her.
+Their containers are made through their own sockets, as them.
+
+On a systemd host her Podman has her manager make `user.slice/libpod-<id>.scope`
+for each container. This hybrid host's Podman sees cgroup v1 and makes none for a
+rootless user, so the test moves the container's processes into that scope,
+standing in for her manager; everything else is hers and real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lab.accounts import User, unprivileged_user
+from lab.engine import TINY_IMAGE, TINY_LOADER, RootlessPodman
+from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
+from lab.harness import UserManager
+from spark_guard.system.engine import Container
+
+pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.root]
+
+
+@dataclass
+class Stage:
+    root: UserManager  # root's manager, with the guard in it
+    mallory: User
+    mum: UserManager
+    hers: RootlessPodman
+    bob: User
+    bum: UserManager
+    his: RootlessPodman
+
+    def guard(self, *args: str) -> tuple[int, str]:
+        import subprocess
+
+        done = subprocess.run(
+            [PY, "-m", "spark_guard", *args, "--config", str(self.root.base / "guard.toml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    def configure(self, size: str) -> None:
+        write_config(
+            self.root,
+            f'[loaders.footprint]\n"container:llm" = "{size}"\n'
+            f'[protected]\nextra = ["user:{self.bob.uid}:container:llm"]\n',
+        )
+        offset = len(log_text(self.root))
+        self.root.systemctl("reload", GUARD)
+        wait_log(self.root, "config-reloaded", after=offset)
+
+
+@pytest.fixture(scope="module")
+def stage() -> Iterator[Stage]:
+    with (
+        unprivileged_user() as mallory,
+        unprivileged_user() as bob,
+        guard_manager() as root,
+        UserManager(user=mallory, user_runtime=root.user_runtime, setuid_helpers=True) as mum,
+        UserManager(user=bob, user_runtime=root.user_runtime, setuid_helpers=True) as bum,
+        RootlessPodman(mum) as hers,
+        RootlessPodman(bum) as his,
+    ):
+        write_config(root)
+        restart_guard(root)
+        for user in (mallory, bob):
+            wait_log(root, rf"manager-connected: watching user:{user.uid} manager")
+        yield Stage(root, mallory, mum, hers, bob, bum, his)
+
+
+def _run_loader(engine: RootlessPodman, um: UserManager) -> Container:
+    """`podman run -d --restart always --name llm` of a llama-server, as its user, through
+    her own socket; its processes put in the scope her manager would make for it."""
+    engine.podman(
+        "run", "-d", "--name", "llm", "--restart", "always", "--network", "none",
+        TINY_IMAGE, TINY_LOADER, "-m", "/models/big.gguf",
+    )  # fmt: skip
+    box = engine.engine().inspect("llm")
+    assert box.running and box.pid and box.policy == "always"
+    scope = Path("/sys/fs/cgroup/unified", um.cgroup, "user.slice", f"libpod-{box.id}.scope")
+    scope.mkdir(parents=True, exist_ok=True)
+    children = Path(f"/proc/{box.pid}/task/{box.pid}/children").read_text().split()
+    for pid in [str(box.pid), *children]:
+        (scope / "cgroup.procs").write_text(pid)
+    return box
+
+
+def test_her_rootless_loader_is_blocked_through_her_own_engine_and_bobs_is_untouched(
+    stage: Stage,
+) -> None:
+    """Her `--restart always` llama-server container, over its footprint: the guard asks
+    her engine who it is (the peer on her socket is her uid), names it
+    user:UID:container:llm, judges it at her level, and stops it through her engine, where
+    its policy does not bring it back. Podman 4.3 cannot change a restart policy, so the
+    block says so (as for root's Podman). Bob's container of the same name, protected for
+    him, runs on: his engine is never asked to stop anything. Released, hers runs again
+    with the policy it never lost."""
+    stage.configure("100GiB")
+    his = _run_loader(stage.his, stage.bum)
+    offset = len(log_text(stage.root))
+    hers = _run_loader(stage.hers, stage.mum)
+    key = f"user:{stage.mallory.uid}:container:llm"
+
+    failed = wait_log(
+        stage.root, rf"block-failed.*{re.escape(key)}.*cannot change a restart policy.*", 30, offset
+    )
+    assert "Podman before 5.1" in failed.group(0)
+    now = stage.hers.engine().inspect("llm")
+    assert (now.id, now.running, now.policy) == (hers.id, False, "always")
+    time.sleep(1)
+    assert not stage.hers.engine().inspect("llm").running  # its policy did not restart it
+    record = json.loads((stage.root.base / "state" / "blocked" / f"{key}.json").read_text())
+    assert record["manager"] == f"user:{stage.mallory.uid}" and record["unit"] == "container:llm"
+    assert record["step"] == "stop" and "Podman before 5.1" in record["problem"]
+    assert record["container"]["restart"] == "always"
+    assert record["container"]["engine"] == str(stage.hers.socket)
+    note = (stage.root.base / "motd.d" / "spark-guard").read_text()
+    assert f"{key}  blocking (stop)" in note
+
+    # Bob's, of the same name, protected: the same run, never asked to stop.
+    still = stage.his.engine().inspect("llm")
+    assert (still.running, still.pid, still.started_at) == (True, his.pid, his.started_at)
+    text = log_text(stage.root)[offset:]
+    assert f"user:{stage.bob.uid}:container:llm" not in text
+    assert not re.search(r"unit-stop-requested: container:llm", text)
+
+    # It fits after all: released, started, its policy never changed.
+    stage.configure("1MiB")
+    rc, out = stage.guard("release", key)
+    assert rc == 0, out
+    now = stage.hers.engine().inspect("llm")
+    assert (now.running, now.policy) == (True, "always")
+    assert not (stage.root.base / "state" / "blocked" / f"{key}.json").exists()
+    for engine in (stage.hers, stage.his):
+        engine.podman("rm", "-f", "-t", "0", "llm")
