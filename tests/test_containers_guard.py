@@ -23,7 +23,7 @@ from lab import LAB
 from lab.accounts import User
 from lab.engine import FIGHTS, LOADER, DockerD
 from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
-from lab.harness import UserManager
+from lab.harness import UserManager, file_tree
 
 pytestmark = [pytest.mark.engine, pytest.mark.root]
 
@@ -388,8 +388,10 @@ def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released
     """Issue 29 §1, the most common autostart: a unit runs `docker run --rm --name vllm`
     with Restart=always. Its cgroup holds only the client; the loader is the container.
     The container is refused on its footprint and stopped; the unit is blocked with it
-    (masked: its Restart= cannot make a new container of that name); a release of both
-    puts the unit back and says the container is gone."""
+    (masked: its Restart= cannot make a new container of that name); both stay down
+    through a dockerd restart and the guard's restart; a release of both puts the unit's
+    files and links back byte for byte, says the container is gone, and the unit starts
+    again and runs its container."""
     d = dockerd
     with guard_manager() as um:
         _config(um, d, '[loaders.footprint]\n"container:vllm" = "100GiB"\n')
@@ -406,7 +408,9 @@ def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released
             f"[Service]\nExecStart={run}\nRestart=always\nRestartSec=1\n"
             "[Install]\nWantedBy=default.target\n",
         )
-        um.systemctl("enable", "--now", "vllm-wrap.service")
+        um.systemctl("enable", "vllm-wrap.service")
+        before = file_tree(um.unit_dir)
+        um.systemctl("start", "--no-block", "vllm-wrap.service")
         wait_log(um, r"unit-blocked.*container:vllm", timeout=40, after=offset)
         wait_log(um, r"unit-blocked: user:0:vllm-wrap\.service", timeout=20, after=offset)
         # Its client proxies the stop to the container, whose python (PID 1 there) has no
@@ -419,6 +423,17 @@ def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released
         assert um.show("vllm-wrap.service", "LoadState")["LoadState"] == "masked"
         time.sleep(3)  # RestartSec=1 three times over: nothing made a new container
         assert "vllm" not in d.docker("ps", "-a", "--format", "{{.Names}}").split()
+        # Down through a dockerd restart and the guard's.
+        d.restart()
+        restart_guard(um)
+        time.sleep(3)
+        assert "vllm" not in d.docker("ps", "-a", "--format", "{{.Names}}").split()
+        assert um.show("vllm-wrap.service", "LoadState")["LoadState"] == "masked"
+        # It fits after all (no footprint given: the trend guards it): released, and it runs.
+        _config(um, d, "")
+        offset = len(log_text(um))
+        um.systemctl("reload", GUARD)
+        wait_log(um, "config-reloaded", after=offset)
         out = _cli(um, "release", "--all")
         assert out.returncode == 0, out.stderr
         assert "released container:vllm: the container no longer exists" in out.stdout, out.stdout
@@ -426,7 +441,13 @@ def test_a_unit_that_wraps_docker_run_is_blocked_with_its_container_and_released
             "LoadState": "loaded",
             "UnitFileState": "enabled",
         }
+        assert file_tree(um.unit_dir) == before
+        um.systemctl("start", "vllm-wrap.service")
+        assert _wait(lambda: "vllm" in d.docker("ps", "--format", "{{.Names}}").split(), 30)
+        # (Its python, PID 1 in the container, has no SIGTERM handler: removed, not stopped.)
         um.systemctl("disable", "vllm-wrap.service")
+        um.systemctl("stop", "--no-block", "vllm-wrap.service")
+        d.docker("rm", "-f", "vllm")
         um.systemctl("stop", GUARD)
 
 
