@@ -323,11 +323,15 @@ class PodmanService:
 # sh, sleep and libc: vfs copies an image for each container, and hers is built as her.
 TINY_IMAGE = "sg-tiny:test"
 TINY_LOADER = "/usr/local/bin/llama-server"
-_TINY_SCRIPT = b"#!/bin/sh\ntrap 'exit 0' TERM\nsleep 3600 &\nwait\n"
+TINY_FIGHTER = "/usr/local/sbin/llama-server"  # ignores SIGTERM: a stop waits its timeout
+_TINY_SCRIPTS = {
+    TINY_LOADER: b"#!/bin/sh\ntrap 'exit 0' TERM\nsleep 3600 &\nwait\n",
+    TINY_FIGHTER: b"#!/bin/sh\ntrap '' TERM\nsleep 3600 &\nwait\n",
+}
 
 
 def tiny_image_tar() -> bytes:
-    """A tar of /bin/sh, /bin/sleep, the libraries they link and TINY_LOADER."""
+    """A tar of /bin/sh, /bin/sleep, the libraries they link, TINY_LOADER and TINY_FIGHTER."""
     files = ["/bin/sh", "/bin/sleep"]
     for binary in ("/bin/sh", "/bin/sleep"):
         out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
@@ -336,9 +340,10 @@ def tiny_image_tar() -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in dict.fromkeys(files):
             tar.add(os.path.realpath(path), arcname=path.lstrip("/"))
-        info = tarfile.TarInfo(TINY_LOADER.lstrip("/"))
-        info.size, info.mode = len(_TINY_SCRIPT), 0o755
-        tar.addfile(info, io.BytesIO(_TINY_SCRIPT))
+        for name, script in _TINY_SCRIPTS.items():
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size, info.mode = len(script), 0o755
+            tar.addfile(info, io.BytesIO(script))
     return buf.getvalue()
 
 

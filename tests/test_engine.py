@@ -617,3 +617,23 @@ def test_her_containers_are_asked_of_her_engines_only() -> None:
             watch.close()
     finally:
         shutil.rmtree(runtime)
+
+
+def test_a_question_that_never_ends_does_not_hide_the_container() -> None:
+    """A question stuck past the engine's timeout (her runtime dir a FUSE mount of hers
+    that never answers an open) leaves the container's processes seen as what their
+    manager says (UNKNOWN), not left out of every pass while PENDING."""
+    from spark_guard.system.containerwatch import PENDING, STALL_SLACK, UNKNOWN, ContainerWatch
+
+    now = [100.0]
+    with _server(lambda _conn: HOLD) as path:
+        watch = ContainerWatch(
+            [path], 3.0, docker_root="/nonexistent", clock=lambda: now[0], user_engines=()
+        )
+        cid = "cd" * 32
+        assert watch.lookup(cid)[0] is PENDING
+        now[0] += 3.0
+        assert watch.lookup(cid)[0] is PENDING  # within its timeout: still its engine's
+        now[0] += STALL_SLACK + 0.1
+        assert watch.lookup(cid)[0] is UNKNOWN  # stuck: no longer hidden
+        watch.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lab.accounts import User, unprivileged_user
-from lab.engine import TINY_IMAGE, TINY_LOADER, RootlessPodman
+from lab.engine import TINY_FIGHTER, TINY_IMAGE, TINY_LOADER, RootlessPodman
 from lab.guardunit import GUARD, PY, guard_manager, log_text, restart_guard, wait_log, write_config
 from lab.harness import UserManager
 from spark_guard.system.engine import Container
@@ -44,8 +45,6 @@ class Stage:
     his: RootlessPodman
 
     def guard(self, *args: str) -> tuple[int, str]:
-        import subprocess
-
         done = subprocess.run(
             [PY, "-m", "spark_guard", *args, "--config", str(self.root.base / "guard.toml")],
             capture_output=True,
@@ -83,14 +82,16 @@ def stage() -> Iterator[Stage]:
         yield Stage(root, mallory, mum, hers, bob, bum, his)
 
 
-def _run_loader(engine: RootlessPodman, um: UserManager) -> Container:
-    """`podman run -d --restart always --name llm` of a llama-server, as its user, through
+def _run_loader(
+    engine: RootlessPodman, um: UserManager, name: str = "llm", binary: str = TINY_LOADER
+) -> Container:
+    """`podman run -d --restart always --name NAME` of a llama-server, as its user, through
     her own socket; its processes put in the scope her manager would make for it."""
     engine.podman(
-        "run", "-d", "--name", "llm", "--restart", "always", "--network", "none",
-        TINY_IMAGE, TINY_LOADER, "-m", "/models/big.gguf",
+        "run", "-d", "--name", name, "--restart", "always", "--network", "none",
+        TINY_IMAGE, binary, "-m", "/models/big.gguf",
     )  # fmt: skip
-    box = engine.engine().inspect("llm")
+    box = engine.engine().inspect(name)
     assert box.running and box.pid and box.policy == "always"
     scope = Path("/sys/fs/cgroup/unified", um.cgroup, "user.slice", f"libpod-{box.id}.scope")
     scope.mkdir(parents=True, exist_ok=True)
@@ -148,3 +149,47 @@ def test_her_rootless_loader_is_blocked_through_her_own_engine_and_bobs_is_untou
     assert not (stage.root.base / "state" / "blocked" / f"{key}.json").exists()
     for engine in (stage.hers, stage.his):
         engine.podman("rm", "-f", "-t", "0", "llm")
+
+
+def test_her_container_that_ignores_its_stop_is_killed_below_the_reserve_hers_only(
+    stage: Stage,
+) -> None:
+    """Below the reserve the guard does not wait out her engine's stop (60 s here): it
+    kills her container's processes itself, as her groups are killed (her uid and her
+    subuids', by the kernel's word), and her engine, asked to stop it, does not restart
+    it. A process of root's in her container's scope (a setuid program she ran there) is
+    spared."""
+    write_config(
+        stage.root,
+        '[budget]\nreserve = "100TiB"\n[guard]\nstop_timeout = "60s"\n'
+        f'[protected]\nextra = ["user:{stage.bob.uid}:container:*"]\n',
+    )
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    key = f"user:{stage.mallory.uid}:container:fighter"
+    fighter = _run_loader(stage.hers, stage.mum, "fighter", TINY_FIGHTER)
+    scope = Path("/sys/fs/cgroup/unified", stage.mum.cgroup, "user.slice")
+    scope = scope / f"libpod-{fighter.id}.scope"
+    roots = subprocess.Popen(["sleep", "3600"])  # root's, in her scope
+    try:
+        (scope / "cgroup.procs").write_text(str(roots.pid))
+        killed = wait_log(stage.root, rf"unit-killed: {re.escape(key)}.*", 40, offset)
+        assert f"of uid {stage.mallory.uid}" in killed.group(0), killed.group(0)
+        deadline = time.monotonic() + 20
+        while stage.hers.engine().inspect("fighter").running and time.monotonic() < deadline:
+            time.sleep(0.2)
+        now = stage.hers.engine().inspect("fighter")
+        assert not now.running, log_text(stage.root)[offset:][-3000:]
+        assert roots.poll() is None  # root's process there lives on
+        time.sleep(1)
+        assert not stage.hers.engine().inspect("fighter").running  # not restarted
+        record = json.loads((stage.root.base / "state" / "blocked" / f"{key}.json").read_text())
+        assert record["reason"] == "reserve" and record["container"]["restart"] == "always"
+    finally:
+        roots.kill()
+        roots.wait()
+        write_config(stage.root)
+        stage.root.systemctl("reload", GUARD)
+        stage.guard("release", "--all")
+        stage.hers.podman("rm", "-f", "-t", "0", "fighter")

@@ -871,8 +871,24 @@ class Blocker:
 
     def _kill_cgroup(self, record: Record, why: str) -> None:
         try:
-            how = cgroupfs.kill(self.cgroup_root, record.cgroup, cgroup_of=self.proc.cgroup)
-        except OSError as e:
+            if record.ref.is_container and record.ref.engine_owner:
+                # A user's rootless container, in her delegated subtree: her processes and
+                # her subuids', never root's (a setuid program she runs there), as her
+                # groups are killed.
+                uid = record.ref.engine_owner
+                count = cgroupfs.kill_uid(
+                    self.cgroup_root,
+                    record.cgroup,
+                    uid,
+                    uid_of=self.proc.uid,
+                    cgroup_of=self.proc.cgroup,
+                    start_of=self.proc.start_ticks,
+                    any_user=cgroupfs.in_her_tree(record.cgroup, uid),
+                )
+                how = f"{count} process(es) of uid {uid} and her subuids signalled"
+            else:
+                how = cgroupfs.kill(self.cgroup_root, record.cgroup, cgroup_of=self.proc.cgroup)
+        except (OSError, ValueError, RuntimeError) as e:
             self._problem(record, f"cgroup kill of {record.cgroup or '(unknown cgroup)'}: {e}")
             return
         record.note(f"killed: {how} ({why})")
@@ -1505,7 +1521,9 @@ class Blocker:
         self._retry_at[key] = self.clock() + CONTAINER_RECHECK
         state = record.container
         was = state.policy if state else "?"
-        record.note("verified: stopped, restart policy no")
+        # None: removed (`--rm`) before its engine could be asked: no policy was changed.
+        done = f"its restart policy set to no (was {was})" if state else "removed"
+        record.note(f"verified: stopped, {'restart policy no' if state else 'removed'}")
         self._save(record)
         tell(
             self.log,
@@ -1516,12 +1534,12 @@ class Blocker:
                 manager=record.manager,
                 reason=record.reason,
                 engine=state.engine if state else None,
-                restart_was=was,
+                restart_was=was if state else None,
                 seconds=round(waited, 3),
                 record=self.store.path_of(record.ref),
                 clients=record.clients or None,
                 **record.figures,
-                msg=f"{key} is stopped and its restart policy set to no (was {was}) "
+                msg=f"{key} is stopped and {done} "
                 f"({record.reason}: {record.detail}); undo with: spark-guard release {key}",
             ),
         )

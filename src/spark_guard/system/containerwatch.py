@@ -61,6 +61,7 @@ MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stay
 # other ids behind it are answered at once (from dockerd's files, or unknown), not one
 # timeout each (8 ids behind a silent dockerd were judged after 2, 4, ... 16 s).
 SILENT_BREAK = 10.0
+STALL_SLACK = 1.0  # seconds past the engine timeout after which a question is stuck
 ASKERS = 4  # threads asking at once about root's containers; each lives on, idle, once started
 USER_ASKERS = 2  # ... and about users' (their engines are theirs: they may hang)
 
@@ -87,6 +88,7 @@ class _Entry:
     engine: str = ""  # the socket that answered
     at: float = 0.0  # monotonic time of the answer
     asked: bool = False  # queued or being asked
+    asked_at: float = 0.0  # when the question went out
     from_disk: bool = False  # read from dockerd's files: its API did not answer
 
 
@@ -156,11 +158,17 @@ class ContainerWatch:
                 after = REFRESH if isinstance(entry.answer, Container) else RETRY
             stale = entry.answer is not None and now - entry.at >= after
             if (entry.answer is None or stale) and not entry.asked:
-                entry.asked = True
+                entry.asked, entry.asked_at = True, now
                 self._queue[bool(owner)].append(key)
                 self._lock.notify_all()
                 self._start(bool(owner))
             if entry.answer is None:
+                # Every call ends within its timeout; a question out longer is stuck (her
+                # runtime dir a FUSE mount of hers that never answers an open): its
+                # processes are seen as what their manager says they are meanwhile, never
+                # left out.
+                if now - entry.asked_at > self.timeout + STALL_SLACK:
+                    return UNKNOWN, ""
                 return PENDING, ""
             return entry.answer, entry.engine
 
