@@ -19,7 +19,10 @@ starts them again at every boot. The layout:
   memory for real and touches it, as lab/wedge.py's loaders do
   (lab/fake_loader.py), then holds it;
 - `keep` (`--restart always`, ollama's image): holds KEEP_MIB at once, and
-  is protected by the guard's config.
+  is protected by the guard's config;
+- `vllm-box.service`, the way people autostart a containerized server: a
+  unit that runs `docker run --rm --name box ...` in the foreground under
+  Restart=always; `box` loads as `vllm` does. Installed disabled.
 
 What each loader does is read at each start from /usr/local/lib/sg-lab/NAME.load
 ("WAIT MiB RATE"), so a run can create the containers on a first boot (dockerd
@@ -47,6 +50,7 @@ from lab.wedge import HERE, PROBE_UNIT, _enable
 LAB = "/usr/local/lib/sg-lab"  # in the guest's /usr: seen by the containers too
 TARBALL = "/var/lib/sg-lab/rootfs.tar"
 LOADER, KEEP = "vllm", "keep"
+BOX, BOX_UNIT = "box", "vllm-box.service"  # a container that a unit runs (docker run --rm)
 IMAGES = {LOADER: "vllm/vllm-openai:test", KEEP: "ollama/ollama:test"}
 POLICIES = {LOADER: "unless-stopped", KEEP: "always"}
 WAIT_S = 5  # after its start, before it allocates: the guard has seen it by then
@@ -81,6 +85,7 @@ reserve = "{RESERVE_MIB}MiB"
 grace = "{grace}"
 [loaders.footprint]
 "container:{LOADER}" = "{footprint}"
+"container:{BOX}" = "3GiB"
 [protected]
 extra = ["container:{KEEP}"]
 """
@@ -119,6 +124,10 @@ def prepare(
     shutil.copy(HERE / "fake_loader.py", lab / "fake_loader.py")
     (lab / f"{LOADER}.load").write_text("{} {} {}\n".format(*loader))
     (lab / f"{KEEP}.load").write_text(f"0 {KEEP_MIB} 0\n")
+    (lab / f"{BOX}.load").write_text("{} {} {}\n".format(*loader))
+    # The wrapper's script: a unit file would expand the entry's $ words itself.
+    (lab / f"{BOX}.sh").write_text(f"exec {_docker_run(BOX, ['--rm'])}\n")
+    vm.path(f"/etc/systemd/system/{BOX_UNIT}").write_text(BOX_UNIT_TEXT)
     vm.path(TARBALL).parent.mkdir(parents=True)
     vm.path(TARBALL).write_bytes(rootfs_tar())
     vm.path("/etc/docker").mkdir(exist_ok=True)
@@ -137,15 +146,35 @@ def prepare(
         vm.chroot("systemctl", "disable", "--quiet", "spark-guard.service")
 
 
-def _run(name: str) -> str:
+def _docker_run(name: str, how: list[str], image: str = IMAGES[LOADER]) -> str:
     return shlex.join(
         [
-            "docker", "run", "-d", "--name", name, "--restart", POLICIES[name],
+            "docker", "run", *how, "--name", name,
             # the guest's kernel has AppArmor, the image not its parser (a Recommends)
             "--security-opt", "apparmor=unconfined",
-            "--network", "none", "-v", "/usr:/usr:ro", IMAGES[name], "sh", "-c", ENTRY, name,
+            "--network", "none", "-v", "/usr:/usr:ro", image, "sh", "-c", ENTRY, name,
         ]
     )  # fmt: skip
+
+
+def _run(name: str) -> str:
+    return _docker_run(name, ["-d", "--restart", POLICIES[name]], IMAGES[name])
+
+
+BOX_UNIT_TEXT = f"""[Unit]
+Description=a containerized model server, as people autostart one
+After=docker.service
+Requires=docker.service
+
+[Service]
+ExecStartPre=-/usr/bin/docker rm -f {BOX}
+ExecStart=/bin/sh {LAB}/{BOX}.sh
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def create(vm: VM) -> None:

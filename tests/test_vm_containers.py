@@ -20,7 +20,12 @@ One disk, two boots (snapshot=False keeps what each does):
    dockerd and sets its restart policy to `no`, with its record (the old
    policy, that it ran); `keep` runs on. (A third boot only for dockerd's
    start at boot would cost a minute of CI for the same dockerd start.)
-2. The reboot: dockerd does not start `vllm`; its record is still there. The
+   `vllm-box.service`, a unit that wraps `docker run --rm --name box` (issue
+   29), is enabled and started then too, as multi-user.target starts it after
+   dockerd: its container is refused on its footprint before it loads, stopped
+   (and removed: `--rm`), and the unit, which would run it again, is stopped,
+   disabled and masked with it.
+2. The reboot: dockerd does not start `vllm`, nor anything `box`; its record is still there. The
    admin gives it a footprint that fits and reloads the guard; `spark-guard
    release container:vllm`: the exact policy is back, it runs and loads (100 MiB, at
    once), and `keep` was never touched.
@@ -43,6 +48,7 @@ from lab.vm import VM
 pytestmark = pytest.mark.vm
 
 RECORD = f"/var/lib/spark-guard/blocked/container:{cv.LOADER}.json"
+BOX_RECORD = f"/var/lib/spark-guard/blocked/{cv.BOX_UNIT}.json"
 REF = f"container:{cv.LOADER}"
 RELEASED_MIB = 100  # what vllm loads once released (within the footprint the admin gave it)
 
@@ -61,6 +67,13 @@ def _kinds(vm: VM, ref: str) -> list[object]:
 
 def _running(name: str) -> str:
     return f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" = true ]"
+
+
+def _box(vm: VM) -> tuple[str, str, str]:
+    """The wrapped unit's ActiveState, LoadState and UnitFileState."""
+    each = "for p in ActiveState LoadState UnitFileState; do systemctl show -P $p {}; done"
+    out = [*vm.ssh(each.format(cv.BOX_UNIT)).stdout.split(), "?", "?", "?"]
+    return out[0], out[1], out[2]
 
 
 def test_a_loader_container_started_by_dockerd_at_boot_is_blocked_and_stays_down(deb):
@@ -82,6 +95,9 @@ def test_a_loader_container_started_by_dockerd_at_boot_is_blocked_and_stays_down
             vm.ssh("systemctl start spark-guard.service", timeout=120)
             times["guard started"] = time.monotonic() - vm.started
             vm.ssh("systemctl start docker.service", timeout=180)
+            vm.ssh(
+                f"systemctl enable --quiet {cv.BOX_UNIT}; systemctl start --no-block {cv.BOX_UNIT}"
+            )
             blocked = f'grep -Eq \'"step": *"blocked"\' {shlex.quote(RECORD)} 2>/dev/null'
             assert cv.wait_for(vm, blocked, 120), _why(vm, "no blocked record")
             times["record"] = time.monotonic() - vm.started
@@ -110,6 +126,22 @@ def test_a_loader_container_started_by_dockerd_at_boot_is_blocked_and_stays_down
             assert _kinds(vm, f"container:{cv.KEEP}") == [], _why(vm, record)
             assert cv.kernel_kills(vm) == 0, _why(vm, record)
             assert REF in vm.ssh("spark-guard status", check=False).stdout, _why(vm, record)
+            # The wrapped unit: its container refused before it loads, the unit blocked with it.
+            boxed = f'grep -Eq \'"step": *"blocked"\' {shlex.quote(BOX_RECORD)} 2>/dev/null'
+            assert cv.wait_for(vm, boxed, 120), _why(vm, "no blocked record of the unit")
+            unit = json.loads(vm.ssh(f"cat {shlex.quote(BOX_RECORD)}").stdout)
+            assert (unit["reason"], unit["phase"]) == ("footprint", "strict"), _why(vm, unit)
+            assert unit["detail"].startswith(f"it runs container:{cv.BOX}, stopped:"), unit
+            active, load, enabled = _box(vm)
+            # (its docker client killed with the container: "failed" is as down)
+            assert active in ("inactive", "failed") and load == "masked", _why(vm, unit, active)
+            assert enabled != "enabled", _why(vm, unit, enabled)  # masked-runtime, disabled
+            assert cv.state(vm, cv.BOX) == {}, _why(vm, unit)  # --rm: gone with its stop
+            kinds = _kinds(vm, f"container:{cv.BOX}")
+            assert "unit-stop-requested" in kinds, _why(vm, unit, kinds)
+            said = vm.ssh(f"journalctl -b -q -o cat CONTAINER_NAME={cv.BOX}", check=False).stdout
+            assert "holding" not in said, _why(vm, said)  # stopped before it loaded
+            assert cv.kernel_kills(vm) == 0, _why(vm, unit)
             started_1 = loader["StartedAt"]
             times["session 1"] = time.monotonic() - vm.started
             assert vm.poweroff(), "the guest did not shut down by itself"
@@ -122,6 +154,12 @@ def test_a_loader_container_started_by_dockerd_at_boot_is_blocked_and_stays_down
             assert loader["StartedAt"] == started_1, _why(vm)  # never started on this boot
             assert vm.ssh(f"test -e {shlex.quote(RECORD)}", check=False).returncode == 0, _why(vm)
             assert REF in vm.ssh("spark-guard status", check=False).stdout, _why(vm)
+            # The wrapped unit never started on this boot, and nothing made a box.
+            active, _load, enabled = _box(vm)
+            assert active in ("inactive", "failed") and enabled != "enabled", _why(vm, active)
+            never = f"systemctl show -P ExecMainStartTimestampMonotonic {cv.BOX_UNIT}"
+            assert vm.ssh(never).stdout.strip() == "0", _why(vm)
+            assert cv.state(vm, cv.BOX) == {}, _why(vm)
             # A footprint that fits, taken in by the running guard (still in its boot phase).
             config = cv.guard_config(footprint=f"{cv.LOADER_MIB + 50}MiB")
             vm.ssh(f"printf %s {shlex.quote(config)} > /etc/spark-guard.toml")
