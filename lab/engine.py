@@ -419,4 +419,10 @@ class RootlessPodman:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(RuntimeError, subprocess.SubprocessError, OSError):
             self.podman("rm", "-af", "-t", "0", timeout=60)
-        self.um.systemctl("stop", self.UNIT.replace(".service", ".socket"), self.UNIT, check=False)
+        # Podman's pause process (her user namespace's holder) outlives a SIGTERM of the
+        # service: the unit is killed, not waited on for its stop timeout.
+        self.um.systemctl(
+            "stop", "--no-block", self.UNIT.replace(".service", ".socket"), check=False
+        )
+        self.um.systemctl("kill", "--signal=SIGKILL", self.UNIT, check=False)
+        self.um.systemctl("stop", "--no-block", self.UNIT, check=False)

@@ -637,3 +637,23 @@ def test_a_question_that_never_ends_does_not_hide_the_container() -> None:
         now[0] += STALL_SLACK + 0.1
         assert watch.lookup(cid)[0] is UNKNOWN  # stuck: no longer hidden
         watch.close()
+
+
+def test_a_container_gone_before_its_engine_was_asked_is_released_by_its_record(
+    tmp_path: Path,
+) -> None:
+    """A `--rm` container removed before its engine could be inspected is blocked with no
+    policy on record (nothing was changed). Its release retires the record and says the
+    container is gone; before, it was refused ("its block had not begun") for ever, while
+    the login note said to release it."""
+    from spark_guard.block.records import RecordStore
+    from spark_guard.block.release import release as release_record
+    from spark_guard.core.block import Step
+
+    store = RecordStore(str(tmp_path / "state"))
+    record = _record("box")
+    record.step = Step.BLOCKED
+    store.save(record)
+    done = release_record(record, store, "/nonexistent", str(tmp_path / "run-user"))
+    assert done.gone and not done.started
+    assert store.load(record.ref) is None

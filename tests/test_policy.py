@@ -803,6 +803,10 @@ def test_her_rootless_container_is_hers_and_only_her_units_are_tied_to_it():
     hers = replace(box("llm", "vllm/vllm-openai"), ref=UnitRef("user:1000", "container:llm"))
     assert hers.ref.is_container and str(hers.ref) == "user:1000:container:llm"
     assert parse_ref("user:1000:container:llm", "system") == hers.ref
+    # A unit of hers named `container:x.service` is a unit (a unit name has its type; a
+    # container's name is believed as hers only without one), and root's user:0 no user's.
+    assert not UnitRef("user:1000", "container:x.service").is_container
+    assert not UnitRef("user:0", "container:llm").is_container
     run = ("/usr/bin/podman", "run", "--rm", "--name", "llm", "localhost/llm")
     her_wrap = unit("user:1000:llm-box.service", 5.0, run)
     bobs_wrap = unit("user:1001:llm-box.service", 5.0, run)

@@ -16,6 +16,7 @@ standing in for her manager; everything else is hers and real.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -32,6 +33,10 @@ from lab.harness import UserManager
 from spark_guard.system.engine import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.root]
+
+# Her engine's unit: until the test moves a container into its scope, its processes run in
+# that unit's cgroup here (see above), where a real Podman never leaves them.
+ENGINE_UNIT = f"user:{RootlessPodman.UNIT}"
 
 
 @dataclass
@@ -57,7 +62,7 @@ class Stage:
         write_config(
             self.root,
             f'[loaders.footprint]\n"container:llm" = "{size}"\n'
-            f'[protected]\nextra = ["user:{self.bob.uid}:container:llm"]\n',
+            f'[protected]\nextra = ["user:{self.bob.uid}:container:llm", "{ENGINE_UNIT}"]\n',
         )
         offset = len(log_text(self.root))
         self.root.systemctl("reload", GUARD)
@@ -162,7 +167,7 @@ def test_her_container_that_ignores_its_stop_is_killed_below_the_reserve_hers_on
     write_config(
         stage.root,
         '[budget]\nreserve = "100TiB"\n[guard]\nstop_timeout = "60s"\n'
-        f'[protected]\nextra = ["user:{stage.bob.uid}:container:*"]\n',
+        f'[protected]\nextra = ["user:{stage.bob.uid}:container:*", "{ENGINE_UNIT}"]\n',
     )
     offset = len(log_text(stage.root))
     stage.root.systemctl("reload", GUARD)
@@ -193,3 +198,72 @@ def test_her_container_that_ignores_its_stop_is_killed_below_the_reserve_hers_on
         stage.root.systemctl("reload", GUARD)
         stage.guard("release", "--all")
         stage.hers.podman("rm", "-f", "-t", "0", "fighter")
+
+
+# Her own engine, as she may write one: it answers for the id she gives it, says the
+# container stopped when asked, and that its policy is "no" once updated.
+FAKE_ENGINE = r"""
+import json, socket, sys
+path, cid = sys.argv[1], sys.argv[2]
+stopped = False
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    method, target = c.recv(65536).decode().split(" ")[:2]
+    status, body = "404 Not Found", b"{}"
+    if method == "GET" and target == f"/containers/{cid}/json" or target == "/containers/llm/json":
+        status = "200 OK"
+        body = json.dumps({
+            "Id": cid, "Name": "/llm", "Path": "llama-server", "Args": ["-m", "/m.gguf"],
+            "Config": {"Image": "vllm/vllm-openai"},
+            "State": {"Running": not stopped, "Status": "exited" if stopped else "running"},
+            "HostConfig": {"RestartPolicy": {"Name": "no" if stopped else "always"}},
+        }).encode()
+    elif method == "POST" and target.startswith(f"/containers/{cid}/stop"):
+        stopped, status, body = True, "204 No Content", b""
+    elif method == "POST" and target == f"/containers/{cid}/update":
+        status = "200 OK"
+    c.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    c.close()
+"""
+
+
+def test_her_engine_that_says_stopped_while_her_loader_runs_is_not_believed(
+    stage: Stage,
+) -> None:
+    """Her own engine (on rootless Docker's socket in her runtime dir) answers for a
+    container whose scope holds her loader, says it stopped when the guard asks, and that
+    its policy is now "no": her loader runs on. Her engine's word is hers: when the block
+    ends with her processes still in the container's scope, the guard kills them (hers
+    only), as it kills her groups. Before, the block was verified on her word and her
+    loader was never stopped."""
+    cid = os.urandom(32).hex()
+    sock = stage.mum.runtime / "docker.sock"
+    script = stage.mallory.home / "engine.py"
+    script.write_text(FAKE_ENGINE)
+    u = stage.mallory
+    drop = ["setpriv", f"--reuid={u.uid}", f"--regid={u.gid}", "--clear-groups"]
+    engine = subprocess.Popen([*drop, PY, str(script), str(sock), cid])
+    loader = subprocess.Popen([*drop, "sleep", "3600"])
+    try:
+        stage.configure("100GiB")
+        offset = len(log_text(stage.root))
+        scope = Path(
+            "/sys/fs/cgroup/unified", stage.mum.cgroup, "user.slice", f"libpod-{cid}.scope"
+        )
+        scope.mkdir(parents=True)
+        (scope / "cgroup.procs").write_text(str(loader.pid))  # her manager's scope, as hers
+        key = f"user:{u.uid}:container:llm"
+        killed = wait_log(stage.root, rf"unit-killed: {re.escape(key)}.*", 30, offset)
+        assert "her engine's block ended" in killed.group(0), killed.group(0)
+        assert f"of uid {u.uid}" in killed.group(0), killed.group(0)
+        assert loader.wait(5) == -9
+    finally:
+        for p in (engine, loader):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        sock.unlink(missing_ok=True)
+        stage.guard("release", "--all")

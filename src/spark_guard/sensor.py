@@ -541,13 +541,14 @@ class Sensor:
             if cid is not None:
                 seen_ids.add((whose, cid))
                 answer, engine = self.containers.lookup(cid, whose)
-                if answer is PENDING:
+                if answer is PENDING and not whose:
                     continue  # its engine answers within a pass: seen then, as a container
-                if isinstance(answer, Container) and valid_name(answer.name):
-                    # Root's engine's: container:NAME; her own engine's: hers, at her level.
-                    ref = UnitRef(CONTAINER, answer.name)
-                    if whose:
-                        ref = UnitRef(user_manager(whose), CONTAINER_PREFIX + answer.name)
+                # Root's engine's: container:NAME; her own engine's: hers, at her level (until
+                # hers answers, and for a name no container of hers may have, her group).
+                ref = UnitRef(CONTAINER, answer.name if isinstance(answer, Container) else "")
+                if whose and isinstance(answer, Container):
+                    ref = UnitRef(user_manager(whose), CONTAINER_PREFIX + answer.name)
+                if isinstance(answer, Container) and ref.is_container and valid_name(answer.name):
                     containers[ref] = (answer, engine)
                     groups.setdefault(ref, []).append((pid, info.rss, gpu.get(pid, 0)))
                     cgroups.setdefault(ref, container_cgroup(info.cgroup, cid))
@@ -748,7 +749,7 @@ class Sensor:
                 ref, state, pids, rss, gpu_bytes, gpu_pids, growth=growth, cgroup=cgroup
             )
         facts = None
-        if ref.is_container:
+        if ref in self._container_of:  # (what an engine answered: only containers are)
             container, engine = self._container_of[ref]
             facts = ContainerFacts(
                 container.id,
@@ -765,7 +766,9 @@ class Sensor:
             # else when first seen running.
             if cache.details is None:  # once per run: two clocks read each pass would drift
                 since = cache.since
-                if container.started_at is not None:
+                # (Her own engine's word is hers: a StartedAt of 1970 would make her the
+                # first to load any model, and another's loader the duplicate stopped.)
+                if container.started_at is not None and not ref.engine_owner:
                     since = min(since, now - max(0.0, time.time() - container.started_at))
                 cache.details = UnitDetails((container.command,), since)
         elif group:
@@ -895,7 +898,7 @@ class Sensor:
             if cache is None or cache.details is None:
                 out.append(seen)
                 continue
-            if not cache.predicted and seen.ref.is_container:
+            if not cache.predicted and seen.ref in self._container_of:
                 # Its command, with the model found through its bind mounts, as root reads
                 # it (a rootless one's as she does), never through a symlink
                 # (foresight/containers.py).

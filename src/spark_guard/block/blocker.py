@@ -871,23 +871,7 @@ class Blocker:
 
     def _kill_cgroup(self, record: Record, why: str) -> None:
         try:
-            if record.ref.is_container and record.ref.engine_owner:
-                # A user's rootless container, in her delegated subtree: her processes and
-                # her subuids', never root's (a setuid program she runs there), as her
-                # groups are killed.
-                uid = record.ref.engine_owner
-                count = cgroupfs.kill_uid(
-                    self.cgroup_root,
-                    record.cgroup,
-                    uid,
-                    uid_of=self.proc.uid,
-                    cgroup_of=self.proc.cgroup,
-                    start_of=self.proc.start_ticks,
-                    any_user=cgroupfs.in_her_tree(record.cgroup, uid),
-                )
-                how = f"{count} process(es) of uid {uid} and her subuids signalled"
-            else:
-                how = cgroupfs.kill(self.cgroup_root, record.cgroup, cgroup_of=self.proc.cgroup)
+            how = self._kill_of(record.ref, record.cgroup)
         except (OSError, ValueError, RuntimeError) as e:
             self._problem(record, f"cgroup kill of {record.cgroup or '(unknown cgroup)'}: {e}")
             return
@@ -1022,7 +1006,7 @@ class Blocker:
                 frozen, _ = self._freeze_unit(action.unit, manager)
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
-            how = self._kill_cgroup_of(cgroup)
+            how = self._kill_cgroup_of(action.unit, cgroup)
             if braked is not None and cgroupfs.populated(self.cgroup_root, cgroup) is not False:
                 self._braked[key] = braked  # not stopped: the brake's to thaw, as before
             tell(
@@ -1111,7 +1095,11 @@ class Blocker:
                 # Its engine did not stop it (or none is known): killed from the kernel's
                 # side, said, and forgotten (a new decision stops it again).
                 self._forget_loose(key)
-                how = self._kill_cgroup_of(loose.cgroup) if loose.cgroup else "no cgroup known"
+                how = (
+                    self._kill_cgroup_of(loose.ref, loose.cgroup)
+                    if loose.cgroup
+                    else "no cgroup known"
+                )
                 tell(
                     self.log,
                     Event.of(
@@ -1253,9 +1241,9 @@ class Blocker:
                 manager.kill_unit(loose.ref.name, signal.SIGKILL)
                 how = "KillUnit SIGKILL"
             except ManagerError as e:
-                how = self._kill_cgroup_of(loose.cgroup) + f" (KillUnit: {e})"
+                how = self._kill_cgroup_of(loose.ref, loose.cgroup) + f" (KillUnit: {e})"
         else:
-            how = self._kill_cgroup_of(loose.cgroup)
+            how = self._kill_cgroup_of(loose.ref, loose.cgroup)
         tell(
             self.log,
             Event.of(
@@ -1269,11 +1257,29 @@ class Blocker:
             ),
         )
 
-    def _kill_cgroup_of(self, cgroup: str) -> str:
+    def _kill_of(self, ref: UnitRef, cgroup: str) -> str:
+        """SIGKILL what runs in `ref`'s cgroup; how it was done. A user's rootless container
+        is in her delegated subtree: her processes and her subuids' are killed, never
+        root's (a setuid program she runs there), as her groups are."""
+        uid = ref.engine_owner if ref.is_container else 0
+        if not uid:
+            return cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
+        count = cgroupfs.kill_uid(
+            self.cgroup_root,
+            cgroup,
+            uid,
+            uid_of=self.proc.uid,
+            cgroup_of=self.proc.cgroup,
+            start_of=self.proc.start_ticks,
+            any_user=cgroupfs.in_her_tree(cgroup, uid),
+        )
+        return f"{count} process(es) of uid {uid} and her subuids signalled"
+
+    def _kill_cgroup_of(self, ref: UnitRef, cgroup: str) -> str:
         """Its cgroup killed from the kernel's side; what was done, or why not."""
         try:
-            return cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
-        except OSError as e:
+            return self._kill_of(ref, cgroup)
+        except (OSError, ValueError, RuntimeError) as e:
             return f"its cgroup {printable(cgroup) or '(unknown)'} could not be killed: {e}"
 
     def _disable(self, record: Record, manager: ManagerPort) -> None:
@@ -1499,6 +1505,13 @@ class Blocker:
 
     def _container_done(self, record: Record, error: str) -> None:
         key = str(record.ref)
+        if record.ref.engine_owner and cgroupfs.pids(self.cgroup_root, record.cgroup):
+            # Her engine is hers to make say anything ("stopped", "gone", an error): whatever
+            # it said, her processes left in its scope when her block ends are killed from
+            # the kernel's side, as her groups are. (A stop that went through left none.)
+            self._kill_cgroup(
+                record, f"her engine's block ended ({error or 'done'}), its processes ran on"
+            )
         if error:
             if "no answer within" in error and key in self._engine_of:
                 # Not stopped, and nothing will stop it while its engine is silent: killed

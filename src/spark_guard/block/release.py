@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..core.block import Step
 from ..core.events import Event, EventKind
 from ..core.snapshot import SYSTEM, USER_PREFIX, parse_ref
 from ..system.engine import TIMEOUT, Engine
@@ -178,11 +179,18 @@ def _release_container(
         current = store.load(record.ref)
         if current is None:
             raise ReleaseError(f"{record.ref}: already released")
-        if current.container is None:
+        if current.container is None and current.step != Step.BLOCKED:
             raise ReleaseError(
                 f"{current.ref}: not released, its block had not begun (no policy recorded)"
             )
         archived = _begin(store, current)
+    if current.container is None:
+        # Blocked with nothing recorded of it: removed (`--rm`) before its engine could be
+        # asked. No policy was changed: nothing to put back, the record is retired.
+        done = Released(current, archived, False, gone=True)
+        with store.lock():
+            _finish(store, current, archived)
+        return done
     # The engine's stop or start may take its timeout: not under the store's lock, which the
     # guard's passes take (the releasing mark keeps the guard off this container meanwhile).
     container = current.container

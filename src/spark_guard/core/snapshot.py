@@ -192,17 +192,29 @@ class UnitRef:
 
     @property
     def is_container(self) -> bool:
-        """A container: of an engine of root's, or of a user's own (rootless) engine."""
+        """A container: of an engine of root's, or of a user's own (rootless) engine. Hers
+        is `container:NAME` on her manager, a name no unit can have (a unit name ends in its
+        type: her unit `container:x.service` is a unit), and never root's (user:0)."""
         if self.manager == CONTAINER:
             return True
-        return self.manager.startswith(USER_PREFIX) and self.name.startswith(CONTAINER_PREFIX)
+        if not (self.manager.startswith(USER_PREFIX) and self.name.startswith(CONTAINER_PREFIX)):
+            return False
+        try:
+            uid = manager_uid(self.manager)
+        except ValueError:
+            return False
+        return uid > 0 and valid_name(self.container_name) and not valid_unit_name(self.name)
+
+    @property
+    def container_name(self) -> str:
+        return self.name[len(CONTAINER_PREFIX) :]
 
     @property
     def container(self) -> str:
         """The container's name as its engine knows it ("" for a unit)."""
         if self.manager == CONTAINER:
             return self.name
-        return self.name[len(CONTAINER_PREFIX) :] if self.is_container else ""
+        return self.container_name if self.is_container else ""
 
     @property
     def engine_owner(self) -> int:

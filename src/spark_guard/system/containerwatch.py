@@ -56,7 +56,8 @@ RETRY = 10.0  # seconds before an id no engine could answer for is asked again
 DISK_REFRESH = 2.0  # seconds before an answer read from dockerd's files is asked of its API
 DOCKER_ROOT = "/var/lib/docker"
 DISK_MAX = 4 << 20  # bytes of one of dockerd's container files (the API's body cap)
-MAX_IDS = 4096  # ids remembered at once: a churn of short-lived containers stays bounded
+MAX_IDS = 4096  # ids of root's remembered at once: a churn of short-lived containers stays bounded
+USER_MAX_IDS = 128  # ... and of each user's: hers never crowd out root's, nor Bob's
 # An engine that let a question run out its timeout is not asked again for this long: the
 # other ids behind it are answered at once (from dockerd's files, or unknown), not one
 # timeout each (8 ids behind a silent dockerd were judged after 2, 4, ... 16 s).
@@ -125,6 +126,7 @@ class ContainerWatch:
         self.on_answer = on_answer
         self.clock = clock
         self._entries: dict[Key, _Entry] = {}
+        self._count: dict[int, int] = {}  # entries per owner
         # Questions waiting, and the askers idle, for root's engines (False) and users' (True).
         self._queue: dict[bool, list[Key]] = {False: [], True: []}
         self._idle = {False: 0, True: 0}
@@ -149,9 +151,10 @@ class ContainerWatch:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                if len(self._entries) >= MAX_IDS:
+                if self._count.get(owner, 0) >= (USER_MAX_IDS if owner else MAX_IDS):
                     return UNKNOWN, ""
                 entry = self._entries[key] = _Entry()
+                self._count[owner] = self._count.get(owner, 0) + 1
             if entry.from_disk:
                 after = DISK_REFRESH
             else:
@@ -178,6 +181,7 @@ class ContainerWatch:
         with self._lock:
             for key in [k for k, e in self._entries.items() if k not in keep and not e.asked]:
                 del self._entries[key]
+                self._count[key[0]] -= 1
 
     def wait(self, timeout: float) -> None:
         """Wait until every question out has an answer, or `timeout` seconds (commands)."""

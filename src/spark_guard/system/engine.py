@@ -458,10 +458,16 @@ class Engine:
         try:
             tree = Tree(self.user_runtime, self.owner, anchor_stat(runtime).st_gid)
             with tree.directory(directory) as fd:
-                st = os.lstat(name, dir_fd=fd)
-                if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.owner:
-                    raise EngineError(self.path, call, f"not a socket of uid {self.owner}")
-                sock.connect(f"/proc/self/fd/{fd}/{name}")
+                # The socket itself pinned (O_PATH, no symlink followed), checked, and
+                # connected to through its fd: nothing can be swapped in between.
+                pinned = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    st = os.fstat(pinned)
+                    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.owner:
+                        raise EngineError(self.path, call, f"not a socket of uid {self.owner}")
+                    sock.connect(f"/proc/self/fd/{pinned}")
+                finally:
+                    os.close(pinned)
         except UnsafePath as e:
             raise EngineError(self.path, call, str(e)) from None
 
