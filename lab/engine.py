@@ -32,6 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab import nspawn
@@ -233,6 +234,22 @@ class DockerD:
 PODMAN = shutil.which("podman") or "/usr/bin/podman"
 
 
+def _wait_answering(
+    engine: Callable[[float], Engine], gone: Callable[[], bool], why: Callable[[], str]
+) -> None:
+    """Until the engine's API answers (30 s at most); RuntimeError with `why()` if it never
+    does, or once `gone()` says its server has exited."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            engine(1.0).version()
+            return
+        except EngineError:
+            if gone() or time.monotonic() > deadline:
+                raise RuntimeError(f"the Podman API did not answer: {why()}") from None
+            time.sleep(0.1)
+
+
 class PodmanService:
     """A private Podman API service (`podman system service`) on its own socket, with its
     own storage and the same imported image, for what Podman's compat API does (Debian's
@@ -274,15 +291,8 @@ class PodmanService:
                 start_new_session=True,
                 env=env,
             )
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    self.engine(1.0).version()
-                    break
-                except EngineError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("podman system service did not start") from None
-                    time.sleep(0.1)
+            proc = self.proc
+            _wait_answering(self.engine, lambda: proc.poll() is not None, lambda: "did not start")
         except BaseException:
             self.__exit__()
             raise
@@ -399,17 +409,7 @@ class RootlessPodman:
         )
         try:
             self.um.systemctl("start", self.UNIT.replace(".service", ".socket"))
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    self.engine(1.0).version()
-                    break
-                except EngineError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"her podman did not answer: {self.um.log.read_text()[-2000:]}"
-                        ) from None
-                    time.sleep(0.1)
+            _wait_answering(self.engine, lambda: False, lambda: self.um.log.read_text()[-2000:])
             self.podman("import", "-", TINY_IMAGE, stdin=tiny_image_tar(), timeout=120)
         except BaseException:
             self.__exit__()
