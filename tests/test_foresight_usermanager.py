@@ -84,7 +84,7 @@ def test_a_loader_whose_model_cannot_be_read_is_reported_and_left_to_the_trend(u
     assert m.group(0).startswith(
         "warning footprint-unknown: footprint of user:0:llama-lost.service unknown "
         f"({corrupt}: at byte 16: tensor count 18446744073709551615 cannot fit in the 4088 "
-        "bytes left); guarded by the trend."
+        "bytes left); guarded by the trend, and during boot by [boot] unsized."
     )
     time.sleep(1.0)
     assert um.show("llama-lost.service", "ActiveState")["ActiveState"] == "active"

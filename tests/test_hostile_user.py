@@ -895,3 +895,60 @@ def test_a_server_that_will_not_stop_is_killed_and_one_that_preloads_is_blocked(
     stage.root.systemctl("reload", GUARD)
     stage.guard("release", "user:0:ollama-preload.service", "--no-start", check=True)
     assert stage.root.show("ollama-preload.service", "LoadState")["LoadState"] == "loaded"
+
+
+# --- 10. the first look at her unit, before her manager answers, is a full look --------
+
+
+def _look(sensor: Any, ref: str) -> Any:
+    """Her unit as one full look of the sensor sees it (a pass of the guard)."""
+    units = {str(u.ref): u for u in sensor.snapshot(rescue=False).units}
+    assert ref in units, sorted(units)
+    return units[ref]
+
+
+def test_her_unit_seen_before_her_manager_answers_is_foreseen_from_its_argv(
+    stage: Stage,
+) -> None:
+    """The incident at boot (issue 38): a linger user's loader runs before the guard has
+    connected to her manager. The first look judges it by what the kernel shows: its
+    processes' argv name the model, so its footprint is foreseen from the model's header
+    at once, not "unknown" for its whole run. Once her manager answers, the unit is read
+    again (ExecStart=) and foreseen from that: nothing from the silent moment is kept."""
+    from spark_guard import config as config_mod
+    from spark_guard import log
+    from spark_guard.core.snapshot import Foreseen
+    from spark_guard.sensor import Sensor
+
+    name = "llama-early.service"
+    # A llama-server the kernel names as such: a script run through its #! line shows as
+    # `python3 /path/llama-server -m MODEL` (stage.server is a shell that execs python).
+    server = stage.root.base / "sbin" / "llama-server"
+    server.parent.mkdir(exist_ok=True)
+    server.write_text(f"#!{PY}\n" + (LAB / "fake_loader.py").read_text())
+    server.chmod(0o755)
+    stage.her_unit(name, f"{server} -m {stage.tiny} -c 2048 --alloc 20")
+    stage.mum.systemctl("start", name)
+    ref = f"{stage.key}:{name}"
+    config = config_mod.load(str(stage.root.base / "guard.toml"))
+    sensor = Sensor(config, log.get_logger())
+    sensor.wait_for_models = True  # a command's sensor: each model read is waited for
+    try:
+        deadline = time.monotonic() + 20
+        first = _look(sensor, ref)
+        while not first.cmdlines and time.monotonic() < deadline:
+            first = _look(sensor, ref)  # (her server may not have exec'd python yet)
+        assert first.unmanaged == "its manager is out of view"
+        assert first.exec_start == ()  # nothing read from her manager yet
+        assert any(str(stage.tiny) in line for line in first.cmdlines), first.cmdlines
+        assert first.foreseen is Foreseen.KNOWN, first.prediction
+        assert first.predicted is not None and first.predicted > 0
+
+        sensor.refresh_managers()  # her manager answers
+        after = _look(sensor, ref)
+        assert after.unmanaged == ""
+        assert after.exec_start and str(stage.tiny) in after.exec_start[0], after.exec_start
+        assert after.foreseen is Foreseen.KNOWN and after.predicted == first.predicted
+    finally:
+        sensor.close()
+        stage.mum.systemctl("stop", name, check=False)

@@ -113,7 +113,12 @@ def test_strict_trend_stops_growing_loaders():
     grower = loader("ollama.service", growth=3 * GiB)
     idle = SeenUnit(UnitRef("user:1000", "lmstudio-server.service"), pids=(7,), gpu=27 * GiB)
     d = decide(snap(30 * GiB, grower, idle, history=hist), Config())
-    assert [(a.unit.name, a.reason) for a in d.actions] == [("ollama.service", "trend")]
+    # The grower is the trend's; the idle server that holds 27 GiB at boot with no size
+    # anyone knows is past [boot] unsized (2 GiB), and stopped for that.
+    assert [(a.unit.name, a.reason) for a in d.actions] == [
+        ("ollama.service", "trend"),
+        ("lmstudio-server.service", "unsized"),
+    ]
     assert d.slope < -2.9 * GiB
     # A slow fall that stays above the reserve within the horizon: nothing.
     slow = tuple((20.0 - i, (30 * GiB + i * 100 * 1024**2)) for i in range(5, -1, -1))
@@ -835,3 +840,48 @@ def test_her_rootless_container_is_hers_and_only_her_units_are_tied_to_it():
     assert [(str(a.unit), a.reason) for a in d.actions] == [
         ("user:1000:container:llm", "duplicate")
     ]
+
+
+# --- strict phase: a loader nobody can size --------------------------------------
+
+
+def test_at_boot_a_loader_of_unknown_footprint_holds_at_most_boot_unsized():
+    """The incident's copy whose model could not be read (a 115 GB mmap: its page cache
+    counts as available, so the figure does not fall and no trend shows) is let hold
+    [boot] unsized and no more while the rescue window is not open."""
+    small = loader("llama-a.service", rss=1 * GiB)
+    big = loader("llama-b.service", rss=3 * GiB)
+    d = decide(snap(100 * GiB, small, big), Config())
+    assert [(a.unit.name, a.reason) for a in d.actions] == [("llama-b.service", "unsized")]
+    (action,) = d.actions
+    assert action.kind == "stop" and action.how == "block"
+    assert "footprint unknown" in action.detail and "[boot] unsized 2.0GiB" in action.detail
+    # The admin's limit is the limit; a size in [loaders.footprint] judges it by that.
+    assert decide(snap(100 * GiB, big), parse('[boot]\nunsized = "4GiB"\n')).actions == ()
+    assert decide(snap(100 * GiB, big), footprints(**{"llama-b": 20})).actions == ()
+    # Once the rescue window is open (ssh up for the grace), the trend and the reserve
+    # judge it, as before.
+    assert decide(snap(100 * GiB, big, rescue=SSH_UP, now=100.0), Config()).actions == ()
+
+
+def test_a_client_charged_to_its_server_is_not_judged_unsized():
+    """A client's load lands in its server: the client holds nothing worth stopping, its
+    server is judged by what the client asks."""
+    server = SeenUnit(
+        UnitRef("user:1000", "lmstudio-server.service"),
+        pids=(7,),
+        rss=1 * GiB,
+        exec_start=(("lms", "server", "start"),),
+        active_since=1.0,
+    )
+    client = SeenUnit(
+        UnitRef("user:1000", "lms-load.service"),
+        pids=(8,),
+        rss=3 * GiB,
+        exec_start=(("lms", "load", "qwen"),),
+        active_since=2.0,
+        predicted=4 * GiB,
+        runs_as=1000,
+    )
+    d = decide(snap(100 * GiB, server, client), Config())
+    assert [a.unit.name for a in d.actions if a.reason == "unsized"] == []

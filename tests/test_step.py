@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from spark_guard.core.config import Config
+from spark_guard.core.config import Config, parse
 from spark_guard.core.policy import STEADY, STRICT
 from spark_guard.core.snapshot import (
     Action,
@@ -177,8 +177,10 @@ def test_a_loader_whose_model_is_being_read_is_told_once_the_read_answers():
 
 def test_the_remembered_fall_is_the_trend_that_stops_an_unknown_loader():
     """No footprint known: MemAvailable falls 2 GiB/s, pass after pass; the first pass
-    whose projection crosses the reserve within the horizon stops the growing loader."""
-    config = Config()
+    whose projection crosses the reserve within the horizon stops the growing loader.
+    (Its boot allowance for an unknown footprint, [boot] unsized, set out of the way:
+    this is the trend's transcript.)"""
+    config = parse('[boot]\nunsized = "1TiB"\n')
     transcript = [
         seen(
             float(t),
@@ -303,3 +305,31 @@ def test_a_groups_kill_is_not_held_back_by_repeat_after():
         state, _, _, stops = take(state, decision, now, Config(), dry_run=False)
         kills.append(len(stops))
     assert kills == [1, 1, 1]
+
+
+def test_a_loader_told_of_with_an_unknown_footprint_is_told_again_once_it_is_known():
+    """The incident at boot: her copy is seen before her manager answers, from what the
+    kernel shows, and its size is not yet known; once her manager answers and the model's
+    header is read, the journal says the footprint, and that copy is stopped for it."""
+    first = llama("llama-ds4-0731", since=1.0, rss=GiB // 2)
+    first = replace(first, exec_start=(), prediction="no model file or size in its command line")
+    known = replace(
+        first,
+        exec_start=(("llama-server", "-m", "/srv/models/ds4.gguf"),),
+        predicted=118 * GiB,
+        prediction="estimate",
+        foreseen=Foreseen.KNOWN,
+    )
+    passes = list(
+        replay(
+            [seen(1.0, 100 * GiB, first), seen(1.5, 100 * GiB, first), seen(2.0, 100 * GiB, known)]
+        )
+    )
+    assert said(passes[0]) == [
+        ("loader-seen", "llama-ds4-0731.service"),
+        ("footprint-unknown", "llama-ds4-0731.service"),
+    ]
+    assert said(passes[1]) == []
+    assert ("loader-seen", "llama-ds4-0731.service") in said(passes[2])
+    assert passes[2].events[0].fields["expected"] == 118 * GiB
+    assert stopped(passes[2]) == [("llama-ds4-0731.service", "footprint")]

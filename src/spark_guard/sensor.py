@@ -73,6 +73,7 @@ MAPS_HELD_PER_OWNER = 32
 # a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
 DETAILS_OWNER_BUDGET = 1 << 20
 DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is asked again
+FORESEE_RETRY = 5.0  # seconds before a footprint found unknown is foreseen again
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
 # How long a command (or the daemon's first pass) waits for managers to connect: one
@@ -94,7 +95,18 @@ class _UnitCache:
     # When this run was first seen (a container's: its engine's StartedAt is wall-clock).
     since: float = 0.0
     details_bytes: int = 0  # what `details` holds of its writer's text
-    retry_at: float = 0.0  # details unreadable: when they are asked for again
+    # Details unreadable, or a footprint found unknown: when they are asked for again.
+    retry_at: float = 0.0
+    # Its manager was out of view when it was first seen (the normal case at boot: a
+    # linger user's manager starts beside the guard): judged on its processes' argv, as
+    # a group is, and read afresh from the manager once it answers. Nothing learnt then
+    # is final.
+    kernel_view: bool = False
+    # The processes' argv a prediction was made from (a group's, or a unit seen in the
+    # kernel's view): a footprint not known from them is foreseen again when they change
+    # (a wrapper that execs its server, a second process that names the model).
+    foreseen_from: tuple[tuple[str, ...], ...] = ()
+    argv: tuple[CommandLine, ...] = ()  # its processes' argv as last read
 
 
 @dataclass
@@ -606,7 +618,7 @@ class Sensor:
             if ref in unmanaged:
                 seen = replace(seen, unmanaged=unmanaged[ref])
             units.append(seen)
-        units = self._foresee(units, memory.total)
+        units = self._foresee(units, memory.total, now)
         for ref in [r for r in self._units if r not in groups]:
             del self._units[ref]
         live = {pid for procs in groups.values() for pid, _, _ in procs}
@@ -778,10 +790,16 @@ class Sensor:
             # shell, and be "first" to any model another user loads.
             if cache.details is None:
                 cache.details = UnitDetails((), cache.since)
-        elif cache.details is None or (cache.details.unreadable and now >= cache.retry_at):
+        elif (
+            cache.details is None
+            or (cache.details.unreadable and now >= cache.retry_at)
+            or (cache.kernel_view and ref.manager in self.managers)
+        ):
             held = budget.details_held.get(ref.manager, 0)
             if cache.details is not None:  # asked again: what the last answer made goes
                 cache.commands, cache.prediction, cache.predicted = None, None, False
+                cache.foreseen_from = ()
+            cache.kernel_view = ref.manager not in self.managers
             try:
                 if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
                     raise ManagerError(
@@ -793,6 +811,8 @@ class Sensor:
                     raise ManagerError(f"{ref.manager}: not asked in this pass")
                 cache.details = self.managers[ref.manager].unit_details(ref.name)
             except KeyError:
+                # Out of view: no ExecStart= to read yet; its processes' argv stand in
+                # for it (_foresee) until its manager answers and it is read again.
                 cache.details = UnitDetails((), None)
             except ManagerError as e:
                 # Asked again later (its manager paused or slow, her budget spent): a
@@ -840,6 +860,7 @@ class Sensor:
             if pc.cmdline is not None:
                 cmdlines.append(pc.cmdline)
             models.extend(pc.models)
+        cache.argv = tuple(cmdlines)
         return SeenUnit(
             ref,
             state,
@@ -875,21 +896,22 @@ class Sensor:
         return [
             ServerUnit(
                 ref.manager,
-                c.details.exec_start,
+                c.argv if c.kernel_view else c.details.exec_start,
                 parse_environment(c.details.environment),
                 c.details.user,
             )
             for ref, c in self._units.items()
             if c.details is not None
-            and c.commands
-            and any(ln.serves == OLLAMA for ln in c.commands)
+            and any(ln.serves == OLLAMA for ln in (c.argv if c.kernel_view else c.commands or ()))
         ]
 
-    def _foresee(self, units: list[SeenUnit], mem_total: int) -> list[SeenUnit]:
-        """Each loader's footprint before it allocates, once per run: the command line and
-        the model's header do not change under it. Models are read off the loop, with the
-        unit owner's rights (foresight/predict.py): while a read is on, the prediction is
-        pending (None: the trend guards the unit) and the next pass asks again; the loop
+    def _foresee(self, units: list[SeenUnit], mem_total: int, now: float) -> list[SeenUnit]:
+        """Each loader's footprint before it allocates, once per run of its ExecStart=
+        (the command line and the model's header do not change under it); from its
+        processes' argv while it has none to read, again whenever they change. Models are
+        read off the loop, with the unit owner's rights (foresight/predict.py): while a
+        read is on, the prediction is pending (None: the trend guards the unit, and the
+        strict phase's `unsized` bound) and the next pass asks again; the loop
         never waits for it. After every unit of the pass is seen: a client's load
         (foresight/clients.py) is looked up in its Ollama server unit's files."""
         out = []
@@ -898,44 +920,26 @@ class Sensor:
             if cache is None or cache.details is None:
                 out.append(seen)
                 continue
-            if not cache.predicted and seen.ref in self._container_of:
-                # Its command, with the model found through its bind mounts, as root reads
-                # it (a rootless one's as she does), never through a symlink
-                # (foresight/containers.py).
-                cache.prediction = predict_container(
-                    self.predictor,
-                    self._container_of[seen.ref][0],
-                    mem_total,
-                    wait=self.wait_for_models,
-                    owner=seen.ref.engine_owner or None,
-                )
-                cache.predicted = cache.prediction is None or not cache.prediction.pending
-            elif not cache.predicted and cache.details.unreadable:
-                # Said where a loader's footprint is: why its unit gave no command line.
+            if seen.ref in self._container_of:
+                if not cache.predicted:
+                    # Its command, with the model found through its bind mounts, as root
+                    # reads it (a rootless one's as she does), never through a symlink
+                    # (foresight/containers.py).
+                    cache.prediction = predict_container(
+                        self.predictor,
+                        self._container_of[seen.ref][0],
+                        mem_total,
+                        wait=self.wait_for_models,
+                        owner=seen.ref.engine_owner or None,
+                    )
+                    cache.predicted = cache.prediction is None or not cache.prediction.pending
+            elif cache.details.unreadable:
+                # Said where a loader's footprint is: why its unit gave no command line
+                # (read again after DETAILS_RETRY, and foreseen again then).
                 cache.prediction = Prediction(None, cache.details.unreadable)
                 cache.predicted = True
-            elif not cache.predicted and (seen.cmdlines or not seen.group):
-                details = cache.details
-                # A group has no ExecStart=: its processes' command lines, as read.
-                lines = seen.cmdlines if seen.group else details.exec_start
-                env = parse_environment(details.environment)
-                cache.prediction = predict_client(
-                    self.predictor,
-                    lines,
-                    env,
-                    mem_total,
-                    manager=seen.ref.manager,
-                    user=details.user,
-                    servers=self._ollama_servers(),
-                    wait=self.wait_for_models,
-                ) or self.predictor.predict(
-                    lines,
-                    env,
-                    mem_total,
-                    owner=owner_of(seen.ref.manager),
-                    wait=self.wait_for_models,
-                )
-                cache.predicted = cache.prediction is None or not cache.prediction.pending
+            else:
+                self._foresee_unit(seen, cache, mem_total, now)
             p = cache.prediction
             if p is not None:
                 seen = replace(
@@ -954,6 +958,48 @@ class Sensor:
                 )
             out.append(seen)
         return out
+
+    def _foresee_unit(self, seen: SeenUnit, cache: _UnitCache, mem_total: int, now: float) -> None:
+        """A unit's or group's footprint from its ExecStart=, or from its processes' argv
+        where it has none to read (a group; a unit whose manager is out of view). No
+        "unknown" is kept for a whole run: it is foreseen again when the argv it came from
+        change (a wrapper exec'd its server), and every FORESEE_RETRY (a client's server
+        seen since, a model file laid down after its unit started)."""
+        argv_only = bool(seen.group) or cache.kernel_view
+        argv = tuple(sorted(set(seen.cmdlines)))
+        p = cache.prediction
+        if cache.predicted and p is not None and p.bytes is None:
+            if (argv_only and argv != cache.foreseen_from) or now >= cache.retry_at:
+                cache.predicted = False
+        elif cache.predicted and p is None and argv_only and argv != cache.foreseen_from:
+            cache.predicted = False
+        if cache.predicted or not (seen.cmdlines or not argv_only):
+            return
+        details = cache.details
+        assert details is not None
+        # A group has no ExecStart=, nor has a unit whose manager is out of view
+        # yet: its processes' command lines, as read, with its owner's rights.
+        lines = seen.cmdlines if argv_only else details.exec_start
+        cache.foreseen_from = argv if argv_only else ()
+        env = parse_environment(details.environment)
+        cache.prediction = predict_client(
+            self.predictor,
+            lines,
+            env,
+            mem_total,
+            manager=seen.ref.manager,
+            user=details.user,
+            servers=self._ollama_servers(),
+            wait=self.wait_for_models,
+        ) or self.predictor.predict(
+            lines,
+            env,
+            mem_total,
+            owner=owner_of(seen.ref.manager),
+            wait=self.wait_for_models,
+        )
+        cache.predicted = cache.prediction is None or not cache.prediction.pending
+        cache.retry_at = now + FORESEE_RETRY
 
     def _rescue(self) -> tuple[RescueGroup, ...]:
         m = self._rescue_manager()

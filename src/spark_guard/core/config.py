@@ -113,6 +113,8 @@ class Config:
     rescue_units: tuple[str, ...] = DEFAULT_RESCUE
     rescue_graphical: str = "auto"
     grace: float = 60.0
+    # What a loader the guard cannot size may hold before the rescue window is open.
+    unsized: int = 2 * GiB
     # [poll]
     poll_min: float = 0.1
     poll_max: float = 2.0
@@ -262,6 +264,7 @@ SCHEMA: dict[tuple[str, str], tuple[str, Callable[[object], Any]]] = {
     ("boot", "rescue_units"): ("rescue_units", _str_list),
     ("boot", "rescue_graphical"): ("rescue_graphical", _enum("auto", "yes", "no")),
     ("boot", "grace"): ("grace", parse_duration),
+    ("boot", "unsized"): ("unsized", parse_size),
     ("poll", "min"): ("poll_min", _positive_duration),
     ("poll", "max"): ("poll_max", _positive_duration),
     ("poll", "strict"): ("poll_strict", _positive_duration),

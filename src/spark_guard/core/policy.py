@@ -353,6 +353,27 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
                         projected=projected,
                     )
 
+        # After the trend (a grower that drives the figure down is told so): a loader
+        # nobody can size (no model or size on its command line, none in
+        # [loaders.footprint], its model still being read) holds at most `unsized` while
+        # the rescue window is not yet open: a 115 GB mmap of an unread model raises no
+        # trend (its page cache counts as available) until it is too late to fork.
+        for loader in loaders:
+            if (
+                loader.expected is None
+                and loader.charged_to is None  # its load is its server's
+                and loader.seen.used > config.unsized
+            ):
+                why = loader.seen.prediction or "nothing on its command line says its size"
+                act(
+                    loader,
+                    Reason.UNSIZED,
+                    f"footprint unknown ({printable(why, SHOWN_PATH_MAX)}), holds "
+                    f"{format_size(loader.seen.used)} before the rescue window is open "
+                    f"([boot] unsized {format_size(config.unsized)}); give it a size in "
+                    "[loaders.footprint]",
+                )
+
     if available < reserve:
         # Below the reserve in any phase: free the deficit, growing and biggest first. What
         # is being freed counts against it: the loaders acted on now, and those whose stop

@@ -55,6 +55,7 @@ class Reason(StrEnum):
     TREND = "trend"  # it grows while the judged figure falls toward the reserve
     RESERVE = "reserve"  # the figure is below the reserve: the deficit is freed
     DUPLICATE = "duplicate"  # a second loader of a model one already holds
+    UNSIZED = "unsized"  # boot: its footprint is unknown and it holds more than [boot] unsized
     RESCUE = "rescue"  # the admin's `spark-guard rescue`
 
 

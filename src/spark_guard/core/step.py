@@ -63,6 +63,9 @@ class GuardState:
     done: Mapping[ActionKey, float] = field(default_factory=_nothing)
     # Loaders the journal was told of (loader-seen) and that are still there.
     told: frozenset[UnitRef] = frozenset()
+    # Those of them told with an unknown footprint: told again once it is known (her
+    # manager answered, her wrapper exec'd the server), so the journal's last word holds.
+    told_unknown: frozenset[UnitRef] = frozenset()
     # The loaders of the last decision, and those in it that were not in the one before:
     # the brake freezes a new loader before any growth of it was measured.
     loaders: frozenset[UnitRef] = frozenset()
@@ -195,11 +198,16 @@ _WOULD = {"block": "stop, mask and disable", "kill": "kill", "stop-only": "stop 
 def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) -> GuardState:
     """Tell each loader once (with why its footprint is unknown), count its runs."""
     told = set(state.told)
+    unknown = set(state.told_unknown)
     for loader in decision.loaders:
         # While its model is read, the trend guards it; it is told once the read has
         # answered, with the footprint or why there is none: a pass later.
-        if loader.ref not in told and loader.seen.foreseen is not Foreseen.PENDING:
+        again = loader.ref in unknown and loader.expected is not None
+        if (loader.ref not in told or again) and loader.seen.foreseen is not Foreseen.PENDING:
             told.add(loader.ref)
+            unknown.discard(loader.ref)
+            if loader.expected is None and loader.charged_to is None:
+                unknown.add(loader.ref)
             events.extend(_told(loader))
     refs = frozenset(ld.ref for ld in decision.loaders)
     # A client's base is its server's hold on the pass it was first charged: kept while
@@ -228,6 +236,7 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
     return replace(
         state,
         told=frozenset(told & refs),
+        told_unknown=frozenset(unknown & refs),
         charge_bases=MappingProxyType(bases),
         loaders=refs,
         new_loaders=refs - state.loaders,
@@ -280,8 +289,8 @@ def _told(loader: Loader) -> list[Event]:
             Event(
                 EventKind.FOOTPRINT_UNKNOWN,
                 "warning",
-                f"footprint of {ref} unknown ({why}); guarded by the trend."
-                " Give it a size in [loaders.footprint]",
+                f"footprint of {ref} unknown ({why}); guarded by the trend, and during"
+                " boot by [boot] unsized. Give it a size in [loaders.footprint]",
                 {"unit": str(ref), "manager": ref.manager, "error": why},
             )
         )

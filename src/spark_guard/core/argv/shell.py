@@ -18,6 +18,11 @@ SCRIPT_MAX = 8 << 10  # characters of one `sh -c` script that are split into com
 MAX_DEPTH = 8  # wrappers of shells of wrappers
 WRAPPERS = ("env", "nice", "ionice", "taskset", "numactl", "stdbuf", "chrt", "systemd-inhibit")
 SHELLS = ("sh", "bash", "dash", "zsh")
+# What the kernel shows for a script run by its `#!` line: the interpreter, then the
+# script's path as it was exec'd (`/usr/bin/python3 /usr/local/bin/llama-server -m x`).
+# A path right after one of these is the command that ran; its name says what it is.
+INTERPRETERS = (*SHELLS, "python", "python3", "perl")
+_VERSIONED = re.compile(r"^python3\.\d+$")
 KEYWORDS = ("then", "do", "else", "elif", "if", "while", "until", "!", "{", "}", "(", "time")
 _NUMERIC = re.compile(r"^(0x)?[0-9a-fA-F,.:-]+$")
 _TAKES_NAME = ("-u", "--unset", "-C", "--chdir")  # env's options whose value is a word
@@ -43,6 +48,9 @@ def first_command(argv: Sequence[str]) -> list[str]:
         if base in WRAPPERS:
             args = _past_wrapper(args)
             continue
+        if _interpreted(args):
+            args = args[1:]
+            continue
         if base in SHELLS and "-c" in args[1:]:
             script = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
             lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
@@ -57,6 +65,17 @@ def first_command(argv: Sequence[str]) -> list[str]:
             continue
         return args
     return args
+
+
+def _interpreted(args: Sequence[str]) -> bool:
+    """`INTERPRETER /path/to/script ...`: a script run through its `#!` line (or by
+    hand), whose own path is the command."""
+    base = os.path.basename(args[0])
+    return (
+        len(args) > 1
+        and (base in INTERPRETERS or bool(_VERSIONED.match(base)))
+        and args[1].startswith("/")
+    )
 
 
 def _past_wrapper(args: list[str]) -> list[str]:
@@ -96,6 +115,9 @@ def _walk(args: list[str], env: Mapping[str, str] | None, out: list[list[str]], 
         base = os.path.basename(args[0])
         if base in WRAPPERS:
             args = _past_wrapper(args)
+            continue
+        if _interpreted(args):
+            args = args[1:]
             continue
         if base in SHELLS:
             script = _script(args)
