@@ -43,9 +43,11 @@ reserve_percent = 0
 [loaders.footprint]
 "ollama.service" = "600MiB"
 """
-# Always blocked: the model that cannot fit. Of the two copies of one model, the one
-# whose manager started it second is blocked, whichever that is.
+# Always blocked: the model that cannot fit, on both levels (the incident's own case:
+# alice's copy starts under her linger manager, beside the guard, at boot). Of the two
+# copies of the model that fits, the one whose manager started it second is blocked.
 BIG = "llama-deepseek.service"
+BIGS = (BIG, f"user:{ALICE}:{BIG}")
 COPIES = ("llama-qwen.service", "user:1000:llama-qwen.service")
 
 
@@ -109,16 +111,17 @@ def lay_out(c: Container) -> None:
             f.write(line + "\n")
     user_dir = c.path("/home/alice/.config/systemd/user")
     (user_dir / "default.target.wants").mkdir(parents=True)
-    (user_dir / "llama-qwen.service").write_text(
-        LOADER.format(
-            what="alice's llama.cpp server: Qwen3-0.6B",
-            exec_start=units["llama-qwen.service"][1],
-            target="default.target",
+    for name, what in (("llama-qwen.service", "Qwen3-0.6B"), (BIG, "DeepSeek-V3 (Q2_K)")):
+        (user_dir / name).write_text(
+            LOADER.format(
+                what=f"alice's llama.cpp server: {what}",
+                exec_start=units[name][1],
+                target="default.target",
+            )
         )
-    )
-    (user_dir / "default.target.wants" / "llama-qwen.service").symlink_to(
-        "/home/alice/.config/systemd/user/llama-qwen.service"
-    )
+        (user_dir / "default.target.wants" / name).symlink_to(
+            f"/home/alice/.config/systemd/user/{name}"
+        )
     for dirpath, dirs, files in os.walk(c.path("/home/alice")):
         for name in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
             os.lchown(name, ALICE, ALICE)
@@ -137,7 +140,7 @@ def wait_blocked(c: Container, timeout: float = 120) -> bool:
             for name in found
             if name.endswith(".json") and _step(c, name) == "blocked"
         }
-        if BIG in done and any(unit in done for unit in COPIES):
+        if all(unit in done for unit in BIGS) and any(unit in done for unit in COPIES):
             return True
         time.sleep(1)
     return False
@@ -173,7 +176,8 @@ def states(c: Container) -> dict[str, dict[str, str]]:
         name: c.show(name, *props)
         for name in ("llama-qwen.service", "llama-deepseek.service", "ollama.service")
     }
-    out["user:1000:llama-qwen.service"] = c.show("llama-qwen.service", *props, user=ALICE)
+    for name in ("llama-qwen.service", BIG):
+        out[f"user:{ALICE}:{name}"] = c.show(name, *props, user=ALICE)
     return out
 
 
@@ -185,7 +189,8 @@ def main() -> int:
         lay_out(c)
         say("  system: llama-qwen (Qwen3-0.6B), llama-deepseek (DeepSeek-V3 Q2_K, sparse")
         say("          GGUF of 200+ GiB: real header, no data on disk), ollama (idle, 400 MiB)")
-        say("  alice (linger): llama-qwen, the same Qwen3-0.6B again")
+        say("  alice (linger): llama-qwen, the same Qwen3-0.6B again, and llama-deepseek,")
+        say("          the same DeepSeek-V3 again: the incident's copy on both levels")
         say("  all enabled, Restart=on-failure")
 
         step("installing spark-guard from the .deb (dpkg, its maintainer scripts run)")
@@ -245,7 +250,7 @@ def main() -> int:
             )
 
         # Disabled, not only stopped and masked: each blocked unit's wants link is gone.
-        blocked_units = [u for u in (BIG, *COPIES) if unit_states[u].get("LoadState") == "masked"]
+        blocked_units = [u for u in (*BIGS, *COPIES) if unit_states[u].get("LoadState") == "masked"]
         still_enabled = [u for u in blocked_units if wants_link(c, u).is_symlink()]
 
         step("releasing one unit: spark-guard release llama-deepseek.service")
@@ -283,18 +288,18 @@ def main() -> int:
         step("shutting down and removing everything the demo started")
 
     copies = [unit_states[u] for u in COPIES]
-    stopped = [s for s in [unit_states[BIG], *copies] if s["LoadState"] == "masked"]
+    stopped = [s for s in [*(unit_states[u] for u in BIGS), *copies] if s["LoadState"] == "masked"]
     ok = (
         blocked
         and ssh.strip() == "active"
-        and unit_states[BIG]["LoadState"] == "masked"
+        and all(unit_states[u]["LoadState"] == "masked" for u in BIGS)
         and sorted(s["ActiveState"] for s in copies) == ["active", "inactive"]
-        and len(stopped) == 2
+        and len(stopped) == 3
         and all(s["ActiveState"] in ("inactive", "failed") for s in stopped)
         and all(s["NRestarts"] == "0" and s["UnitFileState"] == "masked-runtime" for s in stopped)
         and unit_states["ollama.service"]["ActiveState"] == "active"
         and released.get("LoadState") == "loaded"
-        and len(blocked_units) == 2
+        and len(blocked_units) == 3
         and not still_enabled
         and not undone
     )
@@ -302,11 +307,13 @@ def main() -> int:
     say("  spark-guard started before the loaders and acted while the machine booted:")
     for line in reasons:
         say(f"  - {line}")
+    say("  DeepSeek-V3 was stopped on both levels: alice's copy too, seen at boot before")
+    say("  her manager answered and foreseen from what the kernel showed of it.")
     say("  Each one was stopped and masked (in the manager's runtime control directory)")
     say("  and stayed down: Restart= could not bring it back. The one Qwen3 copy that fits")
     say("  and the idle ollama were left running; sshd stayed reachable.")
-    if still_enabled or len(blocked_units) != 2:
-        say(f"  NOT disabled: {', '.join(still_enabled) or 'not two units blocked'}")
+    if still_enabled or len(blocked_units) != 3:
+        say(f"  NOT disabled: {', '.join(still_enabled) or 'not three units blocked'}")
     else:
         say(f"  disabled (checked: no wants link left for {', '.join(blocked_units)})")
     if undone:

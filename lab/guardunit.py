@@ -45,15 +45,19 @@ Environment=PYTHONUNBUFFERED=1
         yield manager
 
 
-def write_config(um: UserManager, extra: str = "", *, grace: str = "1h", fast: bool = True) -> None:
+def write_config(
+    um: UserManager, extra: str = "", *, grace: str = "1h", fast: bool = True, unsized: str = ""
+) -> None:
     """The guard's config for a harness manager. `fast`: polls shorter than the shipped
-    defaults, so tests see a pass soon; a benchmark of the guard's own cost wants them off."""
+    defaults, so tests see a pass soon; a benchmark of the guard's own cost wants them off.
+    `unsized`: [boot] unsized, where a test's loader of unknown size holds more than 2 GiB."""
     poll = '[poll]\nstrict = "200ms"\nmax = "500ms"' if fast else ""
     (um.base / "guard.toml").write_text(f"""
 [boot]
 rescue_units = ["rescue-ssh.service"]
 rescue_graphical = "no"
 grace = "{grace}"
+{f'unsized = "{unsized}"' if unsized else ""}
 {poll}
 [paths]
 system_manager = "/nonexistent/systemd/private"

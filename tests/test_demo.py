@@ -55,9 +55,14 @@ def test_demo_run_shows_the_guard_blocking_and_cleans_up():
         "result: as expected",
     ):
         assert needle in text, (needle, text[-6000:])
-    assert re.search(r"llama-deepseek.service +masked inactive masked-runtime restarts=0", text)
+    assert re.search(r"\n  llama-deepseek.service +masked inactive masked-runtime restarts=0", text)
+    # The incident's own case: the model that cannot fit on both levels, alice's copy too.
+    assert re.search(
+        r"user:1000:llama-deepseek.service +masked inactive masked-runtime restarts=0", text
+    )
     summary = text[text.index("==> summary") :]
     assert "stop llama-deepseek.service: expects" in summary
+    assert "stop user:1000:llama-deepseek.service: expects" in summary
     assert "is already loaded by" in summary  # the duplicate, with its reason
     # What the summary claims, it checked: nothing said "NOT", both checks named.
     assert "NOT" not in summary, summary

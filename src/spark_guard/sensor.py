@@ -796,9 +796,10 @@ class Sensor:
             or (cache.kernel_view and ref.manager in self.managers)
         ):
             held = budget.details_held.get(ref.manager, 0)
-            if cache.details is not None:  # asked again: what the last answer made goes
-                cache.commands, cache.prediction, cache.predicted = None, None, False
-                cache.foreseen_from = ()
+            if cache.details is not None:  # asked again: foreseen again from the answer
+                # (what was foreseen stands until then: a loader admitted by its argv's
+                # footprint is never "unknown for now" for the pass its manager answers)
+                cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
             cache.kernel_view = ref.manager not in self.managers
             try:
                 if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
@@ -982,7 +983,7 @@ class Sensor:
         lines = seen.cmdlines if argv_only else details.exec_start
         cache.foreseen_from = argv if argv_only else ()
         env = parse_environment(details.environment)
-        cache.prediction = predict_client(
+        new = predict_client(
             self.predictor,
             lines,
             env,
@@ -998,7 +999,11 @@ class Sensor:
             owner=owner_of(seen.ref.manager),
             wait=self.wait_for_models,
         )
-        cache.predicted = cache.prediction is None or not cache.prediction.pending
+        old = cache.prediction
+        if new is not None and new.pending and old is not None and old.bytes is not None:
+            return  # read again from its unit: the footprint known stands meanwhile
+        cache.prediction = new
+        cache.predicted = new is None or not new.pending
         cache.retry_at = now + FORESEE_RETRY
 
     def _rescue(self) -> tuple[RescueGroup, ...]:
