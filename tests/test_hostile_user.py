@@ -559,10 +559,24 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
                 f"{stage.mum.log.read_text(errors='replace')[-3000:]}"
             ) from None
         assert "its manager is out of view: judged by what the kernel shows" in seen.group(0)
+        # Paused, not killed (a kill is what Restart= answers with a new run): the stop
+        # goes through her manager if it answers within stop_timeout.
+        paused = wait_log(
+            stage.root,
+            rf"unit-stop-failed: cannot stop {stage.key}:llama-hide\.service.*",
+            20,
+            offset,
+        )
+        assert "its processes are paused (SIGSTOP) until it answers" in paused.group(0)
+        # She sends her own processes SIGCONT: a paused loader that runs again is killed.
+        resumed = time.monotonic()
+        stage.mallory.run("pkill", "-CONT", "-f", "fake_loader.py", check=False)
         killed = wait_log(
             stage.root, rf"unit-killed: {stage.key}:llama-hide\.service.*", 20, offset
         )
         assert "killed its cgroup" in killed.group(0), killed.group(0)
+        # At the next passes, not at the end of the pause's stop_timeout (10 s).
+        assert time.monotonic() - resumed < 6, time.monotonic() - resumed
     finally:
         stage.mallory.run("mv", str(hidden), str(socket))
     # Her manager answers again: the block completes, masked like any other.

@@ -6,6 +6,7 @@ guard remembers for its judgement is step.GuardState, not here.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -73,6 +74,10 @@ MAPS_HELD_PER_OWNER = 32
 # a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
 DETAILS_OWNER_BUDGET = 1 << 20
 DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is asked again
+# A process whose argv is still systemd's own, between its fork and the exec of the unit's
+# command (its manager's argv, renamed "(llama-server)" before systemd 255; 255's
+# systemd-executor): not kept, or its pid would keep it for life.
+TRANSIENT_ARGV0 = ("systemd-executor", "systemd", "init")
 FORESEE_RETRY = 5.0  # seconds before a footprint found unknown is foreseen again
 COMMAND_GPU_DEADLINE = 10.0  # a command waits this long for NVML (an init can take seconds)
 UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is tried again
@@ -124,6 +129,7 @@ class _ProcCache:
     # and a big process's start time is checked every pass (_fresh).
     cgroup: str = ""
     start: int | None = None
+    reread: bool = False  # its argv was systemd's, before the exec: read again next pass
 
 
 @dataclass(frozen=True)
@@ -831,6 +837,8 @@ class Sensor:
         # The biggest first: a loader is what grows; a crowd of small processes is not.
         for pid, p_rss, p_gpu in sorted(procs, key=lambda p: -(p[1] + (p[2] or 0))):
             pc = self._procs.setdefault(pid, _ProcCache())
+            if pc.reread:
+                pc.cmdline, pc.argv_bytes, pc.reread = None, 0, False
             if (p_rss >= MAPS_MIN_RSS or p_gpu) and budget.hold_maps(ref.manager):
                 if now - pc.maps_at >= MAPS_RECHECK and budget.maps_scans > 0:
                     budget.maps_scans -= 1
@@ -841,7 +849,13 @@ class Sensor:
             if pc.cmdline is None and left > 0 and pc.argv_bytes <= left:
                 # Read whole (a cut one would be kept cut for the process's life); its size
                 # is remembered, so one that does not fit is not read again each pass.
-                pc.cmdline = CommandLine(self.proc.cmdline(pid) or ())
+                argv = self.proc.cmdline(pid) or ()
+                # Still systemd's between fork and exec? Used, and read again next pass
+                # (never dropped: her loader run as `exec -a "(x)"` still shows its -m).
+                pc.reread = bool(argv) and (
+                    argv[0].startswith("(") or os.path.basename(argv[0]) in TRANSIENT_ARGV0
+                )
+                pc.cmdline = CommandLine(argv)
                 pc.argv_bytes = max(1, sum(len(a) + 1 for a in pc.cmdline))
                 was = pc.uid
                 if was == 0 and self._uid(pid, p_rss, again=True) != was:

@@ -118,6 +118,9 @@ SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 # How often a blocked container's restart policy is read back (an engine call, off the loop):
 # a policy set back to `always` by hand would start it at the next boot.
 CONTAINER_RECHECK = 30.0
+# A unit paused while its manager is not connected is looked at for SIGCONT no sooner than
+# this after its SIGSTOP (a signal is taken when the process next runs).
+PAUSE_SETTLE = 0.5
 # A freeze that failed this way means the manager is not answering, not that it cannot freeze.
 _NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
 
@@ -225,6 +228,8 @@ class Blocker:
         # Which figure the escalation on memory judges: the last look's (daemon.look).
         self.rule = MemoryRule()
         self._retry_at: dict[str, float] = {}
+        # Units whose processes were paused while their manager was not connected: since.
+        self._paused: dict[str, float] = {}
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
         self._on_disk: set[str] = set()  # records this guard has seen on disk
@@ -364,12 +369,14 @@ class Blocker:
         self._advance_loose()
         todo = []
         boxes = []
-        for key, record in self.records.items():
+        for key, record in list(self.records.items()):
             if record.ref.is_container:
                 boxes.append(record)
                 continue
             manager = self.managers.get(record.manager)
             if manager is None:
+                if key in self._paused:
+                    self._hold(record)
                 continue  # its manager is not running: nothing can start the unit
             gone = (
                 record.step == Step.BLOCKED
@@ -378,8 +385,10 @@ class Blocker:
             )
             # A mask gone is laid again in _run, once it is sure the unit was not released;
             # a record that could not be written is tried again on every pass.
-            if key in self._unsaved or due(
-                record.step, self._stopping.get(key), self._retry_at.get(key, 0.0), now, gone
+            if (
+                key in self._unsaved
+                or key in self._paused  # its manager answers now: the stop goes out at once
+                or due(record.step, self._stopping.get(key), self._retry_at.get(key, 0), now, gone)
             ):
                 todo.append(record)
         if todo:
@@ -604,21 +613,43 @@ class Blocker:
             frozen = self._freeze(record, manager)
             job = manager.stop_unit(record.unit)
         except ManagerError as e:
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.UNIT_STOP_FAILED,
-                    "error",
-                    unit=key,
-                    manager=record.manager,
-                    error=str(e),
-                    msg=f"cannot stop {key}: {e}",
-                ),
-            )
-            # The manager is not answering: kill from the kernel side, block later.
-            self._kill_cgroup(record, str(e))
+            # Not connected yet (a linger user's manager at boot, starting beside the
+            # guard): its processes are paused, not killed, since a kill is what Restart=
+            # answers with a new run; the stop goes through the manager once it answers.
+            was = key in self._paused
+            paused = manager is None and self._pause(record)
+            if not (was and paused):  # (said at the pause; once)
+                self._stop_failed(record, str(e), paused)
+            if not paused:
+                # The manager is not answering: kill from the kernel side, block later.
+                self._kill_cgroup(record, str(e))
             self._problem(record, f"stop: {e}")
             return
+        self._paused.pop(key, None)  # (its stop sends SIGCONT after SIGTERM)
+        self._stop_sent(record, job, frozen)
+
+    def _stop_failed(self, record: Record, error: str, paused: bool) -> None:
+        key = str(record.ref)
+        tell(
+            self.log,
+            Event.of(
+                EventKind.UNIT_STOP_FAILED,
+                "error",
+                unit=key,
+                manager=record.manager,
+                error=error,
+                msg=f"cannot stop {key}: {error}"
+                + (
+                    f"; its processes are paused (SIGSTOP) until it answers, killed if it"
+                    f" does not within {self.config.stop_timeout:g}s"
+                    if paused
+                    else ""
+                ),
+            ),
+        )
+
+    def _stop_sent(self, record: Record, job: str, frozen: bool) -> None:
+        key = str(record.ref)
         self._stopping[key] = Stopping.at(self.clock())
         tell(
             self.log,
@@ -641,6 +672,51 @@ class Blocker:
             # allocating. Killed now, the frozen processes never run another instruction.
             self._kill_unit(record, "it ignores SIGTERM (seen while frozen)")
             self._stopping[key] = self._stopping[key].killed(self.clock())
+
+    def _pause(self, record: Record) -> bool:
+        """SIGSTOP a unit's processes while its manager is not connected: nothing exits, so
+        Restart= starts nothing, and nothing allocates. False (kill it instead) for a
+        container, past `stop_timeout` of waiting, or once anything paused runs again (she
+        sent SIGCONT to her own processes), looked at PAUSE_SETTLE after the SIGSTOP."""
+        key, now = str(record.ref), self.clock()
+        if key in self._paused:
+            since = self._paused[key]
+            if now - since >= self.config.stop_timeout or (
+                now - since >= PAUSE_SETTLE and self._resumed(record.cgroup)
+            ):
+                self._paused.pop(key)
+                return False
+            return True
+        if record.ref.is_container or not record.cgroup:
+            return False
+        try:
+            how = cgroupfs.send(
+                self.cgroup_root, record.cgroup, signal.SIGSTOP, cgroup_of=self.proc.cgroup
+            )
+        except (OSError, ValueError, RuntimeError):
+            return False
+        self._paused[key] = now
+        record.note(f"paused: {how}")
+        return True
+
+    def _hold(self, record: Record) -> None:
+        """A paused unit whose manager is still not connected: released meanwhile, it runs
+        on (SIGCONT); paused too long, or running again, it is killed."""
+        if self._released_meanwhile(record) or self.store.releasing(record.ref):
+            self._paused.pop(str(record.ref), None)
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                cgroupfs.send(
+                    self.cgroup_root, record.cgroup, signal.SIGCONT, cgroup_of=self.proc.cgroup
+                )
+        elif not self._pause(record):
+            self._kill_cgroup(record, f"{record.manager} manager is not connected")
+
+    def _resumed(self, cgroup: str) -> bool:
+        """Whether a process of the cgroup runs or sleeps, as no stopped one does (one in an
+        uninterruptible wait is let be: stop_timeout ends that)."""
+        return any(
+            self.proc.state(pid) in ("R", "S") for pid in cgroupfs.pids(self.cgroup_root, cgroup)
+        )
 
     def _freeze(self, record: Record, manager: ManagerPort) -> bool:
         """Freeze the unit before its stop: allocation halts at once. False where it cannot."""

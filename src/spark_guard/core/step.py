@@ -274,7 +274,7 @@ def _told(loader: Loader) -> list[Event]:
         out[0] = replace(
             out[0],
             msg=f"{out[0].msg}; {seen.unmanaged}: judged by what the kernel shows, and "
-            "a block kills its cgroup until the manager answers",
+            "a block pauses its processes until the manager answers",
         )
     if loader.charged_to is not None:
         # A client: its load is the server's, and the server's footprint says it.

@@ -117,6 +117,16 @@ def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> s
         # No cgroup.kill (before 5.14), or a read-only /sys/fs/cgroup
         # (ProtectControlGroups=): signal the listed processes instead.
         pass
+    return send(root, cgroup, signal.SIGKILL, cgroup_of=cgroup_of)
+
+
+def send(
+    root: str, cgroup: str, sig: signal.Signals, *, cgroup_of: Callable[[int], str | None]
+) -> str:
+    """`sig` to every process listed in the unit's cgroup subtree; returns what was done."""
+    if not cgroup or cgroup == "/":
+        raise OSError(f"refusing to signal cgroup {cgroup!r}")
+    path = _dir(root, cgroup)
     count = 0
     for dirpath in _walk(path):
         for pid in _procs(dirpath):
@@ -128,13 +138,13 @@ def kill(root: str, cgroup: str, *, cgroup_of: Callable[[int], str | None]) -> s
                 try:
                     where = cgroup_of(pid)
                     if where is not None and (where + "/").startswith(cgroup.rstrip("/") + "/"):
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        signal.pidfd_send_signal(fd, sig)
                         count += 1
                 finally:
                     os.close(fd)
     if count == 0 and not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such cgroup")
-    return f"SIGKILL to {count} process(es) listed in {path}"
+    return f"{sig.name} to {count} process(es) listed in {path}"
 
 
 # How long kill_uid goes on listing by default: a fork storm's children are listed and

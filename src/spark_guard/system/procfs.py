@@ -295,6 +295,15 @@ class ProcFS:
         except (OSError, ValueError, IndexError):
             return None
 
+    def state(self, pid: int) -> str | None:
+        """Its state letter (stat's third field: R, S, D, T for stopped, Z...); None if gone."""
+        try:
+            with open(self._path(str(pid), "stat"), "rb") as f:
+                raw = f.read(4096)
+            return raw[raw.rindex(b")") + 2 :][:1].decode() or None
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+
     # psutil reads this statm too, after Process(pid) reads stat: 1.8x the walk (psutil_cost.py)
     def rss(self, pid: int) -> int | None:
         try:
