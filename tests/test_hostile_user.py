@@ -976,3 +976,58 @@ def test_her_unit_seen_before_her_manager_answers_is_foreseen_from_its_argv(
     finally:
         sensor.close()
         stage.mum.systemctl("stop", name, check=False)
+
+
+def test_her_loader_paused_while_her_manager_is_away_runs_on_once_released(
+    stage: Stage,
+) -> None:
+    """A loader of hers paused (SIGSTOP) while her manager is out of view, then released
+    by the admin before her manager answers: it is not left stopped for good. It runs on
+    (SIGCONT), and is never killed by the pause's deadline."""
+    write_config(stage.root, '[loaders.footprint]\n"llama-wait.service" = "100TiB"\n')
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    socket = stage.mum.runtime / "systemd" / "private"
+    hidden = socket.with_name("private.hidden")
+    stage.her_unit("llama-wait.service", f"{PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 16")
+    # A timer of hers starts it once her manager is out of the guard's view.
+    timer = stage.mum.unit_dir / "llama-wait.timer"
+    stage.mallory.run(
+        PY,
+        "-c",
+        f"open({str(timer)!r}, 'w').write('[Timer]\\nOnActiveSec=3s\\nAccuracySec=100ms\\n')",
+    )
+    stage.mum.systemctl("daemon-reload")
+    stage.mum.systemctl("start", "llama-wait.timer")
+    offset = len(log_text(stage.root))
+    stage.mallory.run("mv", str(socket), str(hidden))
+    try:
+        wait_log(stage.root, rf"manager-lost: {stage.key} manager", after=offset)
+        wait_log(
+            stage.root,
+            rf"cannot stop {stage.key}:llama-wait\.service: .*paused \(SIGSTOP\)",
+            20,
+            offset,
+        )
+        pid = stage.mum.show("llama-wait.service", "MainPID")["MainPID"]
+        assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T"
+        out = stage.guard("release", f"{stage.key}:llama-wait.service")
+        assert out.returncode == 0, out.stdout + out.stderr
+        deadline = time.monotonic() + 10
+        state = "T"
+        while state == "T" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+        assert state != "T", "still stopped after its release"
+        # Past the pause's deadline (stop_timeout, 10 s), it runs still: never killed.
+        time.sleep(10.5)
+        assert Path(f"/proc/{pid}").exists()
+        assert f"unit-killed: {stage.key}:llama-wait" not in log_text(stage.root)[offset:]
+    finally:
+        stage.mallory.run("mv", str(hidden), str(socket), check=False)
+        stage.mum.systemctl("stop", "llama-wait.service", check=False)
+        write_config(stage.root)
+        offset = len(log_text(stage.root))
+        stage.root.systemctl("reload", GUARD)
+        wait_log(stage.root, "config-reloaded", after=offset)

@@ -113,12 +113,8 @@ def test_strict_trend_stops_growing_loaders():
     grower = loader("ollama.service", growth=3 * GiB)
     idle = SeenUnit(UnitRef("user:1000", "lmstudio-server.service"), pids=(7,), gpu=27 * GiB)
     d = decide(snap(30 * GiB, grower, idle, history=hist), Config())
-    # The grower is the trend's; the idle server that holds 27 GiB at boot with no size
-    # anyone knows is past [boot] unsized (2 GiB), and stopped for that.
-    assert [(a.unit.name, a.reason) for a in d.actions] == [
-        ("ollama.service", "trend"),
-        ("lmstudio-server.service", "unsized"),
-    ]
+    # The grower is the trend's; the idle server (27 GiB, growing no more) is left alone.
+    assert [(a.unit.name, a.reason) for a in d.actions] == [("ollama.service", "trend")]
     assert d.slope < -2.9 * GiB
     # A slow fall that stays above the reserve within the horizon: nothing.
     slow = tuple((20.0 - i, (30 * GiB + i * 100 * 1024**2)) for i in range(5, -1, -1))
@@ -849,9 +845,10 @@ def test_at_boot_a_loader_of_unknown_footprint_holds_at_most_boot_unsized():
     """The incident's copy whose model could not be read (a 115 GB mmap: its page cache
     counts as available, so the figure does not fall and no trend shows) is let hold
     [boot] unsized and no more while the rescue window is not open."""
-    small = loader("llama-a.service", rss=1 * GiB)
-    big = loader("llama-b.service", rss=3 * GiB)
-    d = decide(snap(100 * GiB, small, big), Config())
+    small = loader("llama-a.service", rss=1 * GiB, growth=GiB)
+    big = loader("llama-b.service", rss=3 * GiB, growth=GiB)
+    idle = loader("llama-c.service", rss=30 * GiB)  # holds more, grows no more
+    d = decide(snap(100 * GiB, small, big, idle), Config())
     assert [(a.unit.name, a.reason) for a in d.actions] == [("llama-b.service", "unsized")]
     (action,) = d.actions
     assert action.kind == "stop" and action.how == "block"

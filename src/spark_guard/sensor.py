@@ -107,6 +107,7 @@ class _UnitCache:
     # a group is, and read afresh from the manager once it answers. Nothing learnt then
     # is final.
     kernel_view: bool = False
+    read_at: float = 0.0  # seen by the kernel, its manager failed to answer: asked again then
     # The processes' argv a prediction was made from (a group's, or a unit seen in the
     # kernel's view): a footprint not known from them is foreseen again when they change
     # (a wrapper that execs its server, a second process that names the model).
@@ -144,6 +145,11 @@ class _Owner:
 # Root's managers, PID 1 and root's own: a login user's process in one of their units is
 # her job or session there, not theirs.
 _ROOTS = (SYSTEM, user_manager(0))
+
+
+def _smaller(new: Prediction, old: Prediction | None) -> bool:
+    """A new footprint below one known before (or none where one was known)."""
+    return old is not None and old.bytes is not None and (new.bytes or 0) < old.bytes
 
 
 def _human(uid: int | None) -> bool:
@@ -799,14 +805,10 @@ class Sensor:
         elif (
             cache.details is None
             or (cache.details.unreadable and now >= cache.retry_at)
-            or (cache.kernel_view and ref.manager in self.managers)
+            or (cache.kernel_view and ref.manager in self.managers and now >= cache.read_at)
         ):
             held = budget.details_held.get(ref.manager, 0)
-            if cache.details is not None:  # asked again: foreseen again from the answer
-                # (what was foreseen stands until then: a loader admitted by its argv's
-                # footprint is never "unknown for now" for the pass its manager answers)
-                cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
-            cache.kernel_view = ref.manager not in self.managers
+            was_kernel_view = cache.kernel_view
             try:
                 if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
                     raise ManagerError(
@@ -816,29 +818,53 @@ class Sensor:
                 if ref.manager in self._left_out_now:
                     # Another manager's call timed out in this pass: this one waits too.
                     raise ManagerError(f"{ref.manager}: not asked in this pass")
-                cache.details = self.managers[ref.manager].unit_details(ref.name)
+                answer = self.managers[ref.manager].unit_details(ref.name)
             except KeyError:
                 # Out of view: no ExecStart= to read yet; its processes' argv stand in
-                # for it (_foresee) until its manager answers and it is read again.
-                cache.details = UnitDetails((), None)
+                # for it (_foresee) until its manager answers and it is read again. It
+                # became active when first seen (as a group), until its manager says.
+                cache.details, cache.kernel_view = UnitDetails((), cache.since), True
             except ManagerError as e:
                 # Asked again later (its manager paused or slow, her budget spent): a
-                # unit read at a bad moment is not left unread for its whole run.
-                cache.details = UnitDetails((), None, unreadable=str(e))
-                cache.retry_at = now + DETAILS_RETRY
+                # unit read at a bad moment is not left unread for its whole run. One
+                # seen by the kernel so far, its footprint known from its argv, stays
+                # so: they go on standing in (else, why is what its footprint says).
+                cache.retry_at = cache.read_at = now + DETAILS_RETRY
+                known = cache.prediction is not None and cache.prediction.bytes is not None
+                if not (was_kernel_view and known):
+                    cache.details = UnitDetails((), None, unreadable=str(e))
+                    cache.kernel_view = False
+            else:
+                if cache.details is not None:  # read again: foreseen again from it
+                    # (what was foreseen stands until then: a loader admitted by its
+                    # argv's footprint is never "unknown for now" when its manager answers)
+                    cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
+                cache.details, cache.kernel_view = answer, False
             d = cache.details
+            assert d is not None  # (kept from the kernel's view when the read failed)
             cache.details_bytes = sum(len(a) + 1 for row in d.exec_start for a in row) + sum(
                 len(e) for e in d.environment
             )
             budget.details_held[ref.manager] = held + cache.details_bytes
+        details = cache.details
+        assert details is not None  # (every branch above reads or sets them)
         if cache.commands is None:
-            cache.commands = tuple(CommandLine(a) for a in cache.details.exec_start)
+            cache.commands = tuple(CommandLine(a) for a in details.exec_start)
         left = budget.unit(ref.manager)
+        # Foreseen from argv and no size known: argv read again when it is foreseen again
+        # (a wrapper script that exec'd its server keeps its pid and start time).
+        foreseen = cache.prediction
+        again = bool(
+            (group or cache.kernel_view)
+            and cache.predicted
+            and (foreseen is None or foreseen.bytes is None)
+            and now >= cache.retry_at
+        )
         # The biggest first: a loader is what grows; a crowd of small processes is not.
         for pid, p_rss, p_gpu in sorted(procs, key=lambda p: -(p[1] + (p[2] or 0))):
             pc = self._procs.setdefault(pid, _ProcCache())
-            if pc.reread:
-                pc.cmdline, pc.argv_bytes, pc.reread = None, 0, False
+            if pc.reread or again:
+                pc.cmdline, pc.reread = None, False  # (its size kept: the budget's memo)
             if (p_rss >= MAPS_MIN_RSS or p_gpu) and budget.hold_maps(ref.manager):
                 if now - pc.maps_at >= MAPS_RECHECK and budget.maps_scans > 0:
                     budget.maps_scans -= 1
@@ -886,7 +912,7 @@ class Sensor:
             exec_start=cache.commands,
             cmdlines=tuple(cmdlines),
             mapped_models=tuple(dict.fromkeys(models))[:MAPS_MAX_MODELS],
-            active_since=cache.details.active_since,
+            active_since=details.active_since,
             growth=growth,
             cgroup=cgroup,
             container=facts,
@@ -930,12 +956,22 @@ class Sensor:
         never waits for it. After every unit of the pass is seen: a client's load
         (foresight/clients.py) is looked up in its Ollama server unit's files."""
         out = []
+        memo: list[list[ServerUnit]] = []
+
+        def servers() -> list[ServerUnit]:  # asked at most once a pass, and only if needed
+            if not memo:
+                memo.append(self._ollama_servers())
+            return memo[0]
+
         for seen in units:
             cache = self._units.get(seen.ref)
             if cache is None or cache.details is None:
                 out.append(seen)
                 continue
             if seen.ref in self._container_of:
+                p = cache.prediction
+                if p is not None and p.bytes is None and now >= cache.retry_at:
+                    cache.predicted = False  # unknown: foreseen again, never for a whole run
                 if not cache.predicted:
                     # Its command, with the model found through its bind mounts, as root
                     # reads it (a rootless one's as she does), never through a symlink
@@ -948,13 +984,14 @@ class Sensor:
                         owner=seen.ref.engine_owner or None,
                     )
                     cache.predicted = cache.prediction is None or not cache.prediction.pending
+                    cache.retry_at = now + FORESEE_RETRY
             elif cache.details.unreadable:
                 # Said where a loader's footprint is: why its unit gave no command line
                 # (read again after DETAILS_RETRY, and foreseen again then).
                 cache.prediction = Prediction(None, cache.details.unreadable)
                 cache.predicted = True
             else:
-                self._foresee_unit(seen, cache, mem_total, now)
+                self._foresee_unit(seen, cache, mem_total, now, servers)
             p = cache.prediction
             if p is not None:
                 seen = replace(
@@ -974,48 +1011,65 @@ class Sensor:
             out.append(seen)
         return out
 
-    def _foresee_unit(self, seen: SeenUnit, cache: _UnitCache, mem_total: int, now: float) -> None:
+    def _foresee_unit(
+        self,
+        seen: SeenUnit,
+        cache: _UnitCache,
+        mem_total: int,
+        now: float,
+        servers: Callable[[], list[ServerUnit]],
+    ) -> None:
         """A unit's or group's footprint from its ExecStart=, or from its processes' argv
-        where it has none to read (a group; a unit whose manager is out of view). No
-        "unknown" is kept for a whole run: it is foreseen again when the argv it came from
-        change (a wrapper exec'd its server), and every FORESEE_RETRY (a client's server
-        seen since, a model file laid down after its unit started)."""
+        where it has none to read (a group; a unit whose manager is out of view), or where
+        its ExecStart= says no size (a wrapper script). No "unknown" is kept for a whole
+        run: foreseen again every FORESEE_RETRY (a client's server seen since, a model
+        file laid down after its unit started), and, from argv, whenever they change (a
+        wrapper exec'd its server; a process added that names a bigger model: the larger
+        figure stands)."""
         argv_only = bool(seen.group) or cache.kernel_view
         argv = tuple(sorted(set(seen.cmdlines)))
-        p = cache.prediction
-        if cache.predicted and p is not None and p.bytes is None:
-            if (argv_only and argv != cache.foreseen_from) or now >= cache.retry_at:
-                cache.predicted = False
-        elif cache.predicted and p is None and argv_only and argv != cache.foreseen_from:
+        old = cache.prediction
+        sized = old is not None and old.bytes is not None
+        changed = argv != cache.foreseen_from and (argv_only or not sized)
+        unknown = old is not None and old.bytes is None and now >= cache.retry_at
+        if changed or unknown:
             cache.predicted = False
         if cache.predicted or not (seen.cmdlines or not argv_only):
             return
         details = cache.details
         assert details is not None
-        # A group has no ExecStart=, nor has a unit whose manager is out of view
-        # yet: its processes' command lines, as read, with its owner's rights.
-        lines = seen.cmdlines if argv_only else details.exec_start
-        cache.foreseen_from = argv if argv_only else ()
         env = parse_environment(details.environment)
-        new = predict_client(
-            self.predictor,
-            lines,
-            env,
-            mem_total,
-            manager=seen.ref.manager,
-            user=details.user,
-            servers=self._ollama_servers(),
-            wait=self.wait_for_models,
-        ) or self.predictor.predict(
-            lines,
-            env,
-            mem_total,
-            owner=owner_of(seen.ref.manager),
-            wait=self.wait_for_models,
-        )
-        old = cache.prediction
+
+        def predict(lines: tuple[tuple[str, ...], ...]) -> Prediction | None:
+            return predict_client(
+                self.predictor,
+                lines,
+                env,
+                mem_total,
+                manager=seen.ref.manager,
+                user=details.user,
+                servers=servers(),
+                wait=self.wait_for_models,
+            ) or self.predictor.predict(
+                lines,
+                env,
+                mem_total,
+                owner=owner_of(seen.ref.manager),
+                wait=self.wait_for_models,
+            )
+
+        # A group has no ExecStart=, nor has a unit whose manager is out of view yet:
+        # its processes' command lines, as read, with its owner's rights.
+        new = predict(seen.cmdlines if argv_only else details.exec_start)
+        cache.foreseen_from = argv
+        if not argv_only and (new is None or new.bytes is None) and seen.cmdlines:
+            by_argv = predict(seen.cmdlines)  # ExecStart= a script: what it exec'd says
+            if by_argv is not None and (by_argv.bytes is not None or by_argv.pending):
+                new = by_argv
         if new is not None and new.pending and old is not None and old.bytes is not None:
-            return  # read again from its unit: the footprint known stands meanwhile
+            return  # read again: the footprint known stands meanwhile
+        if argv_only and new is not None and _smaller(new, old):
+            new = old  # argv changed: never smaller than what one of them named
         cache.prediction = new
         cache.predicted = new is None or not new.pending
         cache.retry_at = now + FORESEE_RETRY

@@ -228,8 +228,9 @@ class Blocker:
         # Which figure the escalation on memory judges: the last look's (daemon.look).
         self.rule = MemoryRule()
         self._retry_at: dict[str, float] = {}
-        # Units whose processes were paused while their manager was not connected: since.
-        self._paused: dict[str, float] = {}
+        # Units whose processes were paused while their manager was not connected: since
+        # when, and where (a record released or dropped meanwhile still gets its SIGCONT).
+        self._paused: dict[str, tuple[float, str]] = {}
         self._reported: dict[str, str] = {}
         self._banner: str | None = None
         self._on_disk: set[str] = set()  # records this guard has seen on disk
@@ -367,6 +368,10 @@ class Blocker:
             self.store.sweep()
             banner.sweep(self.motd, self.issue)
         self._advance_loose()
+        for key in list(self._paused):
+            record = self.records.get(key)
+            if record is None or self.store.releasing(record.ref):
+                self._resume(key)  # released meanwhile: it runs on
         todo = []
         boxes = []
         for key, record in list(self.records.items()):
@@ -375,7 +380,7 @@ class Blocker:
                 continue
             manager = self.managers.get(record.manager)
             if manager is None:
-                if key in self._paused:
+                if key in self._paused or (record.step == Step.STOP and record.cgroup):
                     self._hold(record)
                 continue  # its manager is not running: nothing can start the unit
             gone = (
@@ -617,6 +622,8 @@ class Blocker:
             # guard): its processes are paused, not killed, since a kill is what Restart=
             # answers with a new run; the stop goes through the manager once it answers.
             was = key in self._paused
+            if manager is not None and was:
+                self._paused.pop(key)  # it answers, but not this: killed below
             paused = manager is None and self._pause(record)
             if not (was and paused):  # (said at the pause; once)
                 self._stop_failed(record, str(e), paused)
@@ -625,7 +632,8 @@ class Blocker:
                 self._kill_cgroup(record, str(e))
             self._problem(record, f"stop: {e}")
             return
-        self._paused.pop(key, None)  # (its stop sends SIGCONT after SIGTERM)
+        if key in self._paused:
+            self._resume(key)  # its stop's SIGTERM is on its way; each process takes it
         self._stop_sent(record, job, frozen)
 
     def _stop_failed(self, record: Record, error: str, paused: bool) -> None:
@@ -680,7 +688,7 @@ class Blocker:
         sent SIGCONT to her own processes), looked at PAUSE_SETTLE after the SIGSTOP."""
         key, now = str(record.ref), self.clock()
         if key in self._paused:
-            since = self._paused[key]
+            since = self._paused[key][0]
             if now - since >= self.config.stop_timeout or (
                 now - since >= PAUSE_SETTLE and self._resumed(record.cgroup)
             ):
@@ -695,27 +703,33 @@ class Blocker:
             )
         except (OSError, ValueError, RuntimeError):
             return False
-        self._paused[key] = now
+        self._paused[key] = (now, record.cgroup)
         record.note(f"paused: {how}")
         return True
 
+    def _resume(self, key: str) -> None:
+        """SIGCONT what was paused of `key` (released meanwhile, or its stop sent: systemd
+        signals its main process only under KillMode=process), and forget the pause."""
+        _, cgroup = self._paused.pop(key)
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            cgroupfs.send(self.cgroup_root, cgroup, signal.SIGCONT, cgroup_of=self.proc.cgroup)
+
     def _hold(self, record: Record) -> None:
-        """A paused unit whose manager is still not connected: released meanwhile, it runs
-        on (SIGCONT); paused too long, or running again, it is killed."""
-        if self._released_meanwhile(record) or self.store.releasing(record.ref):
-            self._paused.pop(str(record.ref), None)
-            with contextlib.suppress(OSError, ValueError, RuntimeError):
-                cgroupfs.send(
-                    self.cgroup_root, record.cgroup, signal.SIGCONT, cgroup_of=self.proc.cgroup
-                )
-        elif not self._pause(record):
+        """A unit whose manager is still not connected, paused (or left at its stop by an
+        earlier guard, which may have paused it): paused too long, or running again, it is
+        killed."""
+        key = str(record.ref)
+        if key not in self._paused:
+            self._paused[key] = (self.clock(), record.cgroup)
+        if not self._pause(record):
             self._kill_cgroup(record, f"{record.manager} manager is not connected")
 
     def _resumed(self, cgroup: str) -> bool:
         """Whether a process of the cgroup runs or sleeps, as no stopped one does (one in an
         uninterruptible wait is let be: stop_timeout ends that)."""
         return any(
-            self.proc.state(pid) in ("R", "S") for pid in cgroupfs.pids(self.cgroup_root, cgroup)
+            self.proc.state(pid) in ("R", "S", "Z")  # Z: its leader gone, its threads on
+            for pid in cgroupfs.pids(self.cgroup_root, cgroup)
         )
 
     def _freeze(self, record: Record, manager: ManagerPort) -> bool:

@@ -355,14 +355,17 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
 
         # After the trend (a grower that drives the figure down is told so): a loader
         # nobody can size (no model or size on its command line, none in
-        # [loaders.footprint], its model still being read) holds at most `unsized` while
-        # the rescue window is not yet open: a 115 GB mmap of an unread model raises no
-        # trend (its page cache counts as available) until it is too late to fork.
+        # [loaders.footprint], its model still being read) grows to at most `unsized`
+        # while the rescue window is not yet open: a 115 GB mmap of an unread model raises
+        # no trend (its page cache counts as available) until it is too late to fork. One
+        # that holds more and grows no more (a server idle with what it loaded) is left
+        # to the reserve rule.
         for loader in loaders:
             if (
                 loader.expected is None
                 and loader.charged_to is None  # its load is its server's
                 and loader.seen.used > config.unsized
+                and _growth(loader, snapshot.now, config) > 0
             ):
                 why = loader.seen.prediction or "nothing on its command line says its size"
                 act(
