@@ -720,6 +720,8 @@ class Blocker:
         killed."""
         key = str(record.ref)
         if key not in self._paused:
+            if not cgroupfs.populated(self.cgroup_root, record.cgroup):
+                return  # nothing of it runs: nothing to hold
             self._paused[key] = (self.clock(), record.cgroup)
         if not self._pause(record):
             self._kill_cgroup(record, f"{record.manager} manager is not connected")
