@@ -821,9 +821,10 @@ class Sensor:
                 answer = self.managers[ref.manager].unit_details(ref.name)
             except KeyError:
                 # Out of view: no ExecStart= to read yet; its processes' argv stand in
-                # for it (_foresee) until its manager answers and it is read again. It
-                # became active when first seen (as a group), until its manager says.
-                cache.details, cache.kernel_view = UnitDetails((), cache.since), True
+                # for it (_foresee) until its manager answers and it is read again. When
+                # it became active is not known until its manager says: it comes after
+                # every loader whose start is known (admitted last, the duplicate of any).
+                cache.details, cache.kernel_view = UnitDetails((), None), True
             except ManagerError as e:
                 # Asked again later (its manager paused or slow, her budget spent): a
                 # unit read at a bad moment is not left unread for its whole run. One
