@@ -25,6 +25,7 @@ from spark_guard.core.block import (
     mask_gone,
     moved,
     running_again,
+    settled,
     verdict,
     work_for,
 )
@@ -121,10 +122,31 @@ def test_a_unit_running_again_rewinds_by_the_table(step, mask_present, back):
         assert moved("u", step, back) == back
 
 
-def test_a_vanished_mask_is_laid_again_only_once_blocked():
-    assert mask_gone(Step.BLOCKED) == Step.MASK
-    assert mask_gone(Step.SETTLE) is None
-    assert moved("u", Step.BLOCKED, Step.MASK) == Step.MASK
+@pytest.mark.parametrize("step", list(Step))
+def test_a_vanished_mask_is_laid_again_from_every_step_after_it(step):
+    # (F1) From settle and verify too: a reboot while a loader in D state settles.
+    after = step in (Step.SETTLE, Step.VERIFY, Step.BLOCKED)
+    assert mask_gone(step, present=True) is None
+    assert mask_gone(step, present=False) == (Step.MASK if after else None)
+    if after:
+        assert moved("u", step, Step.MASK) == Step.MASK
+
+
+@pytest.mark.parametrize(
+    ("active", "load", "left", "done"),
+    [
+        ("inactive", "loaded", 0, True),
+        ("failed", "loaded", None, True),  # no cgroup known: its manager's word
+        (None, None, 0, True),  # not listed any more
+        ("inactive", "not-found", 0, True),
+        ("inactive", "loaded", 1, False),  # F3: KillMode=process, its server left
+        ("failed", "loaded", 3, False),
+        ("deactivating", "loaded", 0, False),
+        ("active", "masked", 0, False),
+    ],
+)
+def test_settled_means_stopped_and_nothing_left(active, load, left, done):
+    assert settled(active, load, left) is done
 
 
 def test_units_and_containers_have_tables_of_their_own():

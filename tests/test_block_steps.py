@@ -23,7 +23,7 @@ from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
 from spark_guard.core.block import RETRY_AFTER, STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
-from spark_guard.core.snapshot import Action, Decision, Phase, Reason, UnitRef
+from spark_guard.core.snapshot import Action, Decision, Loader, Phase, Reason, SeenUnit, UnitRef
 from spark_guard.system.managers import ManagerError
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir
@@ -338,7 +338,9 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
     with capture_logs() as events:
         blind = guard(managers={})
         blind.advance()
-    assert events == [] and blind.busy
+    # (F11) Nor does it keep the loop at poll.min with a full look each pass for the whole
+    # boot: the periodic full look sees her manager come back.
+    assert events == [] and not blind.busy and not blind.settling
     # A rescue meanwhile leaves the daemon's stops to the daemon.
     rescue = Blocker(blocker.managers, blocker.config, blocker.log, clock=clock)
     rescue.advance()
@@ -375,3 +377,185 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
     assert manager.calls.count(f"kill {UNIT} 9") == 2
     assert not again.busy
     assert os.listdir(os.path.join(blocker.config.state, "stopping")) == []
+
+
+# --- the faults of issue 39's review that a stop must survive (each fails on 560a0ad) ---
+PID, NEW_PID = 4242, 4343
+
+
+def cgroup_files(blocker: Blocker, cgroup: str) -> str:
+    """The directory the kernel would show for `cgroup`, under the rig's cgroup root."""
+    path = os.path.join(blocker.config.cgroup, cgroup.lstrip("/"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def hold(path: str, *pids: int) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write("".join(f"{p}\n" for p in pids))
+
+
+def test_a_mask_gone_while_the_stop_settles_or_verifies_is_laid_again(rig):
+    """F1: a reboot (a loader in D state: admins reboot) or her runtime dir removed at
+    logout takes the mask while the block waits at settle or verify. Before, the mask was
+    laid again only from `blocked`: the unit stayed disabled but not masked (a Wants=, a
+    timer or a socket starts it), and verify reloaded its manager every 5 s for ever."""
+    blocker, manager, clock, moves, mask, _link = rig
+    blocker.block(*stop_decision())  # it takes its time to stop: deactivating
+    assert blocker.records[str(REF)].step == S.SETTLE and os.path.lexists(mask)
+
+    os.unlink(mask)  # at settle
+    moves.clear()
+    with capture_logs() as events:
+        blocker.advance()
+    assert moves == [(S.SETTLE, S.MASK), (S.MASK, S.SETTLE)]
+    assert os.readlink(mask) == NULL
+    assert [e["event"] for e in events] == ["block-renewed"]
+
+    # At verify: the mask goes while its manager reloads (a start job got in, or the
+    # runtime dir was cleaned): verify reads it not masked and waits for a retry.
+    manager.stopped(UNIT)
+    manager.on_reload = lambda: os.unlink(mask)
+    blocker.advance()
+    record = blocker.records[str(REF)]
+    assert record.step == S.VERIFY and "LoadState is not masked" in record.problem
+    reloads = manager.calls.count("reload")
+    clock.t += RETRY_AFTER
+    moves.clear()
+    blocker.advance()
+    assert moves == [(S.VERIFY, S.MASK), (S.MASK, S.SETTLE), (S.SETTLE, S.VERIFY),
+                     (S.VERIFY, S.BLOCKED)]  # fmt: skip
+    assert os.readlink(mask) == NULL and manager.load[UNIT] == "masked"
+    assert manager.calls.count("reload") == reloads + 1
+    clock.t += RETRY_AFTER
+    blocker.advance()
+    assert manager.calls.count("reload") == reloads + 1  # blocked: no reload every pass
+
+
+def test_an_inactive_unit_with_its_server_left_in_its_cgroup_is_not_settled(rig):
+    """F3: KillMode=process (a wrapper whose server is its child) or SendSIGKILL=no: the
+    unit reads inactive while its server keeps its memory. Settled means stopped **and**
+    nothing left in its cgroup: until then the stop is escalated on its clock."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    cgroup = manager.unit_control_group(UNIT)
+    here = cgroup_files(blocker, cgroup)
+    hold(here, PID)
+    blocker.block(*stop_decision())
+    manager.stopped(UNIT)  # the wrapper went; its server did not
+    with capture_logs() as events:
+        blocker.advance()
+        assert blocker.records[str(REF)].step == S.SETTLE and blocker.settling
+        clock.t += blocker.config.stop_timeout
+        blocker.advance()
+        assert manager.calls[-1] == f"kill {UNIT} 9"
+        manager.stopped(UNIT)  # KillUnit of an inactive unit: its server is still there
+        clock.t += blocker.config.kill_timeout
+        blocker.advance()
+        with open(os.path.join(here, "cgroup.kill")) as f:
+            assert f.read() == "1"  # the kernel's kill of the whole cgroup
+        assert blocker.records[str(REF)].step == S.SETTLE
+        hold(here)  # gone
+        blocker.advance()
+    assert blocker.records[str(REF)].step == S.BLOCKED
+    said = [e["event"] for e in events]
+    assert said == ["unit-killed", "unit-killed", "unit-stopped", "unit-blocked"], said
+
+
+def stop_only_with_its_cgroup(cgroup: str) -> tuple[list[Action], Decision]:
+    seen = SeenUnit(REF, pids=(PID,), cgroup=cgroup)
+    loader = Loader(seen, evidence=("llama-server",), models=(), expected=None)
+    action = Action("stop", REF, Reason.FOOTPRINT, "asked over its API", {}, how="stop-only")
+    return [action], Decision(Phase.STEADY, 8, (loader,), (action,))
+
+
+def test_a_stop_only_stop_never_kills_a_run_it_did_not_stop(rig):
+    """F8: StopUnit is answered before its job runs, and a fast Restart= reads `active` at
+    every look: the run the stop went to is gone, and the one there now is a new run, a
+    new decision's to judge. Before, it was SIGKILLed at the stop timeout."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    cgroup = manager.unit_control_group(UNIT)
+    here = cgroup_files(blocker, cgroup)
+    hold(here, PID)
+    blocker.block(*stop_only_with_its_cgroup(cgroup))
+    manager.active[UNIT] = "active"  # restarted before any look saw it deactivating
+    hold(here, NEW_PID)
+    clock.t += blocker.config.stop_timeout
+    with capture_logs() as events:
+        blocker.advance()
+    assert f"kill {UNIT} 9" not in manager.calls
+    assert [e["event"] for e in events] == ["unit-stopped"] and not blocker.busy
+
+    # The same stop whose job waits behind another (its run still there): escalated.
+    hold(here, PID)
+    blocker.block(*stop_only_with_its_cgroup(cgroup))
+    manager.active[UNIT] = "active"
+    clock.t += blocker.config.stop_timeout
+    with capture_logs() as events:
+        blocker.advance()
+    assert manager.calls[-1] == f"kill {UNIT} 9"
+    assert [e["event"] for e in events] == ["unit-killed"]
+
+
+def test_a_stop_whose_manager_is_gone_does_not_keep_the_loop_busy(rig):
+    """F11: her manager went (logout) while her unit's block was under way: nothing can
+    start the unit, and nothing is done until her manager is back. Before, the guard took
+    a full look every pass, at poll.min, for the whole boot."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    blocker.block(*stop_decision())
+    assert blocker.busy and blocker.settling
+    later = Blocker({}, blocker.config, blocker.log, clock=clock, sleep=clock.sleep)
+    later.advance()
+    assert later.records[str(REF)].step == S.SETTLE
+    assert not later.busy and not later.settling
+    back = Blocker({REF.manager: manager}, blocker.config, blocker.log, clock=clock)
+    back.advance()
+    assert back.busy  # her manager answers: it goes on
+
+
+def test_a_thaw_that_fails_is_tried_again_until_it_thaws(rig):
+    """F2: the brake froze a loader the decision then spared; its manager, silent for a
+    moment, fails the thaw. Before, it was never tried again: frozen for good."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    thawed = manager.thaw_unit
+    fails = [ManagerError("Connection timed out")]
+
+    def thaw(name: str) -> None:
+        if fails:
+            raise fails.pop()
+        thawed(name)
+
+    manager.thaw_unit = thaw
+    assert blocker.brake([REF], "test") == [REF]
+    with capture_logs() as events:
+        blocker.release_brakes()
+        assert blocker.braked and f"thaw {UNIT}" not in manager.calls
+        blocker.release_brakes()  # too soon: not asked again at every pass
+        clock.t += RETRY_AFTER
+        blocker.release_brakes()
+    assert manager.calls.count(f"thaw {UNIT}") == 1 and not blocker.braked
+    assert [e["event"] for e in events] == ["thaw-failed", "brake-released"]
+
+
+def test_records_that_cannot_be_listed_are_kept_and_the_stop_still_goes_out(rig):
+    """F14: listing blocked/ fails (EIO; here ENOTDIR, a file in its place). Before,
+    block() raised: the stop waited 30 s, and the records were never read again. Now the
+    stop goes out, nothing is changed on disk that is not on record, and once the store
+    can be read and written the block completes."""
+    blocker, manager, _clock, _moves, mask, link = rig
+    blocked = os.path.dirname(blocker.store.path_of(REF))
+    os.makedirs(os.path.dirname(blocked), exist_ok=True)
+    with open(blocked, "w") as f:
+        f.write("not a directory\n")
+    with capture_logs() as events:
+        blocker.block(*stop_decision())
+    assert f"stop {UNIT}" in manager.calls
+    assert f"disable {UNIT}" not in manager.calls and not os.path.lexists(mask)
+    assert os.path.lexists(link)
+    said = {e["event"] for e in events}
+    assert {"record-unreadable", "unit-stop-requested", "block-failed"} <= said, said
+    os.unlink(blocked)
+    manager.stopped(UNIT)
+    blocker.advance()
+    record = blocker.store.load(REF)
+    assert record is not None and record.step == S.BLOCKED
+    assert os.readlink(mask) == NULL and not os.path.lexists(link)

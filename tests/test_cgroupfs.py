@@ -3,6 +3,8 @@ each listed PID is signalled through a pidfd, and only while it is still in the 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 
@@ -259,3 +261,41 @@ def test_a_process_that_does_not_die_is_signalled_once_and_not_waited_on(tmp_pat
         for p in (stuck, deep):
             p.kill()
             p.wait()
+
+
+def test_on_pure_cgroup_v1_a_kill_goes_through_the_named_systemd_hierarchy(tmp_path):
+    """F15: on a pure cgroup v1 host the cgroups systemd names live in its `name=systemd`
+    hierarchy; a kill looked for them under /sys/fs/cgroup itself and did nothing,
+    silently. Where the root is found, on each layout; then a real process in a real
+    cgroup of this host's named v1 hierarchy, killed through it."""
+    for n, (layout, root) in enumerate(
+        [
+            (["systemd/cgroup.procs", "memory/cgroup.procs"], "systemd"),  # pure v1
+            (["systemd/cgroup.procs", "unified/cgroup.controllers"], "unified"),  # hybrid
+            (["cgroup.controllers", "cgroup.procs"], ""),  # pure v2
+        ]
+    ):
+        base = tmp_path / f"layout-{n}"
+        for name in layout:
+            (base / name).parent.mkdir(parents=True, exist_ok=True)
+            (base / name).touch()
+        assert cgroupfs.v2_root(str(base)) == str(base / root).rstrip("/"), layout
+
+    named = "/sys/fs/cgroup/systemd"
+    if not os.path.exists(f"{named}/cgroup.procs"):
+        pytest.skip("this host has no name=systemd cgroup v1 hierarchy")
+    group = f"/spark-guard-test-{os.getpid()}"
+    os.mkdir(named + group)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        with open(f"{named}{group}/cgroup.procs", "w") as f:
+            f.write(str(sleeper.pid))
+        assert ProcFS().cgroup(sleeper.pid) == group
+        assert cgroupfs.pids(named, group) == [sleeper.pid]
+        how = cgroupfs.kill(named, group, cgroup_of=ProcFS().cgroup)
+        assert how == f"SIGKILL to 1 process(es) listed in {named}{group}"  # no cgroup.kill
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        os.rmdir(named + group)

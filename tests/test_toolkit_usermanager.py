@@ -134,6 +134,24 @@ def test_harden_writes_a_drop_in_that_loads_and_undo_removes_it(um):
     assert um.show("llama-conf.service", "OOMScoreAdjust")["OOMScoreAdjust"] == "0"
 
 
+def test_harden_writes_nothing_it_cannot_record_first(um):
+    # Its records cannot be written (here a file where the directory goes; on a real
+    # machine a full /var/lib): the drop-in is never written, so nothing is left that
+    # harden --undo could not take back.
+    write_config(um)
+    hardened = um.base / "state" / "hardened"
+    hardened.parent.mkdir(exist_ok=True)
+    hardened.write_text("not a directory\n")
+    try:
+        out = cli(um, "harden", "user:0:worker-7.service", "--yes")
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert str(hardened) in out.stderr and out.stderr.count("\n") == 1, out.stderr
+        assert not (um.unit_dir / "worker-7.service.d").exists()
+        assert um.show("worker-7.service", "DropInPaths")["DropInPaths"] == ""
+    finally:
+        hardened.unlink()
+
+
 def test_harden_leaves_a_drop_in_it_did_not_write(um):
     write_config(um)
     theirs = um.unit_dir / "worker-7.service.d" / "50-spark-guard.conf"

@@ -209,13 +209,22 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tm
         assert ours(file_tree(etc)) == ours(before) | kept
         assert not any(c.path(f"{STATE}/blocked").glob("*.json"))
 
+        # A record a save once set aside as unreadable: an admin's only account of what it
+        # changed, which the docs promise to keep.
+        aside = c.path(f"{STATE}/blocked/llama-c.service.json.unreadable-20261201T000000Z")
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        aside.write_text("{not json")
+
         # Purged: nothing of it left, /etc/systemd/system as before the install, but for
-        # the admin's drop-in, whose record stays (named) as the way to tell it was ours.
+        # the admin's drop-in, whose record stays (named) as the way to tell it was ours,
+        # and the record set aside (named).
         said = apt(c, "purge", "spark-guard")
         assert "keeping /var/lib/spark-guard/hardened" in said and "llama-b.service" in said
-        assert "blocked" not in said, said
+        assert "set aside as unreadable: llama-c.service.json.unreadable-" in said, said
         assert file_tree(etc) == before | kept
-        assert [str(p.relative_to(c.root)) for p in c.path(STATE).rglob("*")] == [
+        assert sorted(str(p.relative_to(c.root)) for p in c.path(STATE).rglob("*")) == [
+            "var/lib/spark-guard/blocked",
+            "var/lib/spark-guard/blocked/llama-c.service.json.unreadable-20261201T000000Z",
             "var/lib/spark-guard/hardened",
             "var/lib/spark-guard/hardened/llama-b.service.json",
         ]

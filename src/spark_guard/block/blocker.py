@@ -58,8 +58,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.block import (
     CASCADE,
     FILE_WORK,
+    MASKED_STEPS,
     RETRY_AFTER,
-    SETTLED,
     Escalation,
     Step,
     StepError,
@@ -71,12 +71,13 @@ from ..core.block import (
     escalate,
     mask_gone,
     running_again,
+    settled,
     verdict,
     work_for,
 )
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
-from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged, manager_uid
+from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
 from ..core.text import printable
 from ..system import cgroupfs
 from ..system.engine import Engine, engine_owner
@@ -95,12 +96,14 @@ from ..system.unitfiles import (
 from . import banner
 from . import containers as container_block
 from .containers import EnginePort
+from .groups import GroupKill, Groups
 from .records import (
     LinkRecord,
     PendingStop,
     Record,
     RecordError,
     RecordStore,
+    Unlisted,
     boot_id,
     utc_now,
 )
@@ -162,17 +165,9 @@ class _LooseStop:
     # its manager's answer, never from its cgroup (a new run has the same one).
     restored: bool = False
     seen_stopping: bool = False  # seen deactivating: a later other state is a new run
-
-
-@dataclass(frozen=True)
-class _GroupKill:
-    """A group's kill a pass asked for: its cgroup, what it is, and the pids the snapshot
-    attributed to it (its cgroup's walk is bounded; these are found wherever they are)."""
-
-    action: Action
-    cgroup: str
-    group: str | None
-    pids: tuple[int, ...]
+    # The processes the stop went to (pid, start): a run with none of them is a new one.
+    went_to: frozenset[tuple[int, int | None]] = frozenset()
+    waiting: bool = False  # an earlier guard's, its manager silent: waits for it to answer
 
 
 class Blocker:
@@ -224,6 +219,7 @@ class Blocker:
         self._stopping: dict[str, Stopping] = {}  # the stops this guard sent, and how far
         self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
         self._braked: dict[str, UnitRef] = {}  # frozen by brake(), not (yet) to be blocked
+        self._thaw_at: dict[str, float] = {}  # a thaw that failed: when it is tried again
         self.proc = ProcFS(config.proc)
         # Which figure the escalation on memory judges: the last look's (daemon.look).
         self.rule = MemoryRule()
@@ -246,9 +242,7 @@ class Blocker:
         # The stop-only stops an earlier guard kept on disk: the daemon adopts them (read
         # once); a one-shot rescue leaves them to the daemon.
         self._loose_loaded = not adopt_stops
-        self._group_kills: dict[str, _GroupKill] = {}  # the last block()'s (finish() repeats)
-        # Per group, the processes its kills signalled (pid -> start) and not yet gone.
-        self._signalled: dict[str, dict[int, tuple[int | None, float]]] = {}
+        self.groups = Groups(self.proc, self.cgroup_root, log)  # a user's groups' kills
 
     # --- entry points ---------------------------------------------------------
 
@@ -337,22 +331,14 @@ class Blocker:
             # The stop goes out first: everything else can wait a few milliseconds.
             self._request_stop(record)
             batch.append(record)
-        # Groups: no unit, so nothing to mask, record or undo. Their kills share one budget
-        # on the loop, from here: a fork storm in each of many groups must not hold it for
-        # long; what is left is killed again next pass (or by finish(), for rescue).
-        kill_until = time.monotonic() + cgroupfs.KILL_DEADLINE
-        self._group_kills = {}
-        for action in kills:
-            kill = _GroupKill(
-                action,
-                cgroups.get(action.unit, ""),
-                groups.get(action.unit),
-                seen_pids.get(action.unit, ()),
-            )
-            self._group_kills[str(action.unit)] = kill
-            self._kill_group(kill, kill_until)
-        for key in set(self._signalled) - set(self._group_kills):
-            del self._signalled[key]  # not named this pass: gone, or no longer a threat
+        # Groups: no unit, so nothing to mask, record or undo (block/groups.py).
+        self.groups.kill(
+            [
+                GroupKill(a, cgroups.get(a.unit, ""), groups.get(a.unit), seen_pids.get(a.unit, ()))
+                for a in kills
+            ],
+            self.config.kill_timeout,
+        )
         if batch:
             self._run(batch, wait=QUICK_SETTLE)
         if boxes:
@@ -427,6 +413,7 @@ class Blocker:
                 )
                 continue
             self._braked[key] = ref
+            self._thaw_at.pop(key, None)
             frozen.append(ref)
         if frozen:
             names = ", ".join(str(r) for r in frozen)
@@ -449,25 +436,35 @@ class Blocker:
 
     def release_brakes(self) -> None:
         """Thaw what brake() froze and no block took over (the decision spared it)."""
+        now = self.clock()
         for key, ref in list(self._braked.items()):
-            del self._braked[key]
+            if now < self._thaw_at.get(key, 0.0):
+                continue
             manager = self.managers.get(ref.manager)
             if manager is None:
+                del self._braked[key]  # gone with its manager: nothing of it is left frozen
                 continue
             try:
                 manager.thaw_unit(ref.name)
             except ManagerError as e:
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.THAW_FAILED,
-                        "error",
-                        unit=key,
-                        error=str(e),
-                        msg=f"cannot thaw {key}: {e}",
-                    ),
-                )
+                # Kept, and tried again RETRY_AFTER later until it thaws: a manager silent
+                # once (10 s after any timeout) must not leave a spared loader frozen for
+                # good. Said once.
+                if key not in self._thaw_at:
+                    tell(
+                        self.log,
+                        Event.of(
+                            EventKind.THAW_FAILED,
+                            "error",
+                            unit=key,
+                            error=str(e),
+                            msg=f"cannot thaw {key}: {e}; trying again every {RETRY_AFTER:g}s",
+                        ),
+                    )
+                self._thaw_at[key] = now + RETRY_AFTER
                 continue
+            del self._braked[key]
+            self._thaw_at.pop(key, None)
             tell(
                 self.log,
                 Event.of(
@@ -481,20 +478,29 @@ class Blocker:
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
         deadline = self.clock() + timeout
-        while (self.settling or self._group_kills) and self.clock() < deadline:
+        while (self.settling or self.groups.pending) and self.clock() < deadline:
             self.tick()
             self.sleep(POLL)
             self.advance()
             # A group has no stop to settle: it is killed again until a kill finds nothing
             # new of hers (a fork storm outlasts one kill's budget).
-            for key, kill in list(self._group_kills.items()):
-                if not self._kill_group(kill):
-                    del self._group_kills[key]
+            self.groups.again(self.config.kill_timeout)
 
     @property
     def busy(self) -> bool:
-        """A block is unfinished: the guard keeps taking full looks until it is done."""
-        return bool(self._loose) or any(r.step != Step.BLOCKED for r in self.records.values())
+        """A block is unfinished and can go on: the guard keeps taking full looks until it
+        is done. One whose manager is gone (and nothing of it paused), or a kept stop whose
+        manager cannot say which run it sees, waits for a manager's return instead, which
+        the periodic full look notices: not a full look every pass for the whole boot."""
+        return any(not ls.waiting for ls in self._loose.values()) or any(
+            r.step != Step.BLOCKED and self._live(r) for r in self.records.values()
+        )
+
+    def _live(self, record: Record) -> bool:
+        """Whether anything can move a record on now: its manager answers (an engine's
+        thread for a container), or its processes are paused and wait on the clock."""
+        key = str(record.ref)
+        return record.ref.is_container or record.manager in self.managers or key in self._paused
 
     @property
     def settling(self) -> bool:
@@ -505,10 +511,11 @@ class Blocker:
                 r.step == Step.SETTLE
                 and str(r.ref) in self._stopping
                 and self._stopping[str(r.ref)].due(now)
+                and self._live(r)
             )
             or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
             for r in self.records.values()
-        ) or any(ls.stopping.due(now) for ls in self._loose.values())
+        ) or any(ls.stopping.due(now) and not ls.waiting for ls in self._loose.values())
 
     # --- the steps ------------------------------------------------------------
 
@@ -537,11 +544,16 @@ class Blocker:
                 if not self._released_meanwhile(r) and not self.store.releasing(r.ref)
             ]
             for record in batch:
-                back = mask_gone(record.step)
+                was = record.step
+                present = (
+                    was not in MASKED_STEPS or not record.mask_path or self._mask_present(record)
+                )
+                back = mask_gone(was, present)
                 if back is not None and self._move(record, back):
                     record.mask_made = True
-                    record.note("mask gone (reboot or manager restart): laying it again")
-                    self._stopping.pop(str(record.ref), None)  # that stop was for an old run
+                    record.note(f"mask gone at {was} (reboot or manager restart): laying it again")
+                    if was == Step.BLOCKED:
+                        self._stopping.pop(str(record.ref), None)  # that stop was an old run's
                     self._event(
                         EventKind.BLOCK_RENEWED, record, f"laying the mask on {record.ref} again"
                     )
@@ -578,7 +590,7 @@ class Blocker:
             for record in batch:
                 key = str(record.ref)
                 now_is = (record.step, len(record.history), record.problem)
-                if key not in self._on_disk or now_is != before.get(key):
+                if key not in self._on_disk or key in self._unsaved or now_is != before.get(key):
                     self._save(record)  # a pass that changed nothing writes nothing
         self._publish()
 
@@ -875,8 +887,9 @@ class Blocker:
                 continue  # not answering: the deadlines below still run
             for name in names:
                 st = states.get(name)
-                if st is None or st.active_state in SETTLED or st.load_state == "not-found":
-                    record = pending.pop(str(UnitRef(key, name)))
+                record = pending[str(UnitRef(key, name))]
+                if self._done(st, record.cgroup):
+                    del pending[str(record.ref)]
                     self._settled(record)
         if not pending:
             return []
@@ -934,7 +947,16 @@ class Blocker:
             state = manager.unit_states([record.unit]).get(record.unit)
         except ManagerError:
             return True
-        return state is not None and state.active_state not in SETTLED
+        return not self._done(state, record.cgroup)
+
+    def _done(self, state: UnitState | None, cgroup: str) -> bool:
+        """Stopped by its manager's word and nothing left in its cgroup (core.block.settled)."""
+        active, load = (state.active_state, state.load_state) if state else (None, None)
+        if not settled(active, load, 0):
+            return False  # running, by its manager's word: no cgroup to read
+        return settled(
+            active, load, len(cgroupfs.pids(self.cgroup_root, cgroup)) if cgroup else None
+        )
 
     def _kill_unit(self, record: Record, why: str) -> None:
         manager = self.managers.get(record.manager)
@@ -982,102 +1004,6 @@ class Blocker:
             ),
         )
 
-    def _kill_group(self, kill: _GroupKill, until: float | None = None) -> int:
-        """A group of a user's processes (SeenUnit.group): her processes in its cgroup are
-        killed, by the kernel's word (her real uid, still in it), and nobody else's: the
-        system unit her job ran in, her manager in its init.scope, root's session. In her
-        delegated subtree every non-root process is hers (her user namespaces' subuids).
-        The journal names her uid. Returns how many were signalled now: those signalled
-        before and still there (uninterruptible sleep) are said once, not signalled again."""
-        action, cgroup = kill.action, kill.cgroup
-        key = printable(str(action.unit))
-
-        def spare(pids: list[int]) -> set[int]:
-            # Her manager is the oldest process of its init.scope: she cannot be older.
-            if not cgroup.endswith("/init.scope") or not pids:
-                return set()
-            starts = {p: self.proc.start_ticks(p) for p in pids}
-            known = {p: t for p, t in starts.items() if t is not None}
-            return {min(known, key=lambda p: known[p])} if known else set()
-
-        signalled = self._signalled.setdefault(str(action.unit), {})
-        uid = -1
-        try:
-            uid = manager_uid(action.unit.manager)
-            count = cgroupfs.kill_uid(
-                self.cgroup_root,
-                cgroup,
-                uid,
-                uid_of=self.proc.uid,
-                cgroup_of=self.proc.cgroup,
-                start_of=self.proc.start_ticks,
-                spare=spare,
-                any_user=cgroupfs.in_her_tree(cgroup, uid),
-                until=until,
-                also=kill.pids,  # those deeper than the walk goes
-                signalled=signalled,
-            )
-        except (OSError, ValueError, RuntimeError) as e:  # one group's, never block()'s
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.UNIT_STOP_FAILED,
-                    "error",
-                    unit=key,
-                    manager=action.unit.manager,
-                    error=str(e),
-                    msg=f"cannot kill {key}: {e}",
-                ),
-            )
-            return 0
-        shown = printable(cgroup)
-        dying = f"dying {action.unit}"
-        if not count:
-            # Still there kill_timeout after their SIGKILL: a process freeing a big mapping
-            # takes a moment to go; one in uninterruptible sleep never does.
-            now = time.monotonic()
-            stuck = [p for p, (_, at) in signalled.items() if now - at >= self.config.kill_timeout]
-            if stuck and self._reported.get(dying) != shown:
-                self._reported[dying] = shown  # said once, until a kill lands again
-                why = (
-                    f"{len(stuck)} process(es) of uid {uid} in {shown} are still there "
-                    f"{self.config.kill_timeout:g}s after SIGKILL (uninterruptible sleep: a "
-                    "driver or filesystem that does not return; see spark-guard doctor)"
-                )
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.UNIT_STOP_FAILED,
-                        "error",
-                        unit=key,
-                        manager=action.unit.manager,
-                        uid=uid,
-                        cgroup=cgroup,
-                        error=why,
-                        msg=f"cannot kill {key}: {why}",
-                    ),
-                )
-            return 0
-        self._reported.pop(dying, None)
-        what = printable(kill.group or "processes that are no unit")
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_KILLED,
-                "warning",
-                unit=key,
-                manager=action.unit.manager,
-                uid=uid,
-                how=f"SIGKILL to {count} process(es) of uid {uid} in {shown}",
-                cgroup=cgroup,
-                reason=action.reason,
-                error=action.detail,
-                msg=f"{key}: killed {count} process(es) of uid {uid} in {shown} "
-                f"({action.reason}); {what}: no unit to mask, nothing to undo",
-            ),
-        )
-        return count
-
     def _stop_only(self, action: Action, cgroup: str) -> None:
         """A server that loads on request, asked over its API from outside any unit: the
         load was the request's, so the server is stopped (frozen first) and not masked or
@@ -1096,6 +1022,7 @@ class Blocker:
                 raise ManagerError(f"{action.unit.manager} manager is not connected")
             if not frozen:
                 frozen, _ = self._freeze_unit(action.unit, manager)
+            went_to = self._processes(cgroup)  # (frozen: none can fork or exit meanwhile)
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
             how = self._kill_cgroup_of(action.unit, cgroup)
@@ -1115,6 +1042,7 @@ class Blocker:
             )
             return
         loose = self._keep_loose(action.unit, cgroup)
+        loose.went_to = went_to
         tell(
             self.log,
             Event.of(
@@ -1206,7 +1134,8 @@ class Blocker:
                 )
                 continue
             state = self._loose_state(loose, now)
-            if state == "unknown":
+            loose.waiting = state == "unknown"  # not escalated blind, nor looked at each pass
+            if loose.waiting:
                 continue
             if state == "settled":
                 self._forget_loose(key)
@@ -1309,22 +1238,38 @@ class Blocker:
             if loose.restored:
                 return "unknown"
             # This guard's own stop, its manager gone since: no new run can start meanwhile.
-            return "running" if cgroupfs.pids(self.cgroup_root, loose.cgroup) else "settled"
+            return "running" if self._left(loose.cgroup) else "settled"
         try:
             st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
         except ManagerError:
             return "unknown" if loose.restored else "running"  # this guard's deadlines run
-        if st is None or st.active_state in SETTLED or st.load_state == "not-found":
-            return "settled"
-        if st.active_state == "deactivating":
+        if settled(st.active_state if st else None, st.load_state if st else None, 0):
+            # Stopped by its manager's word; what is left in its cgroup (KillMode=process,
+            # SendSIGKILL=no) still holds the memory, and no new run is ever inactive.
+            return "running" if self._left(loose.cgroup) else "settled"
+        if st is not None and st.active_state == "deactivating":
             loose.seen_stopping = True
             return "running"
+        if loose.went_to and not loose.went_to & self._processes(loose.cgroup):
+            # None of the processes the stop went to is there: they are gone, and what runs
+            # is a new run (StopUnit is answered before its job runs, and a fast Restart=
+            # may read active at every look): a new decision's to judge, not this stop's.
+            return "settled"
         # Another state after the stop was seen running, or (an earlier guard's) some time
         # after it went out, is a new run: a new decision's to judge, never this stop's to
         # kill. This guard's stop not yet seen running may wait behind another job.
         if loose.seen_stopping or (loose.restored and now - loose.stopping.sent >= LOOSE_GRACE):
             return "settled"
         return "running"
+
+    def _processes(self, cgroup: str) -> frozenset[tuple[int, int | None]]:
+        """The processes in a cgroup, each with its start (a pid alone may be reused)."""
+        return frozenset(
+            (p, self.proc.start_ticks(p)) for p in cgroupfs.pids(self.cgroup_root, cgroup)
+        )
+
+    def _left(self, cgroup: str) -> bool:
+        return bool(cgroup) and bool(cgroupfs.pids(self.cgroup_root, cgroup))
 
     def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
         manager = self.managers.get(loose.ref.manager)
@@ -1712,7 +1657,7 @@ class Blocker:
     def _refresh(self) -> None:
         """Re-read the records when another process (release) changed them."""
         generation = self.store.generation()
-        if generation == self._generation:
+        if generation == self._generation and generation != -1:
             return
         self._generation = generation
         records, errors = self.store.all()
@@ -1723,6 +1668,11 @@ class Blocker:
                     self.log,
                     Event.of(EventKind.RECORD_UNREADABLE, "error", error=str(e), msg=str(e)),
                 )
+        if any(isinstance(e, Unlisted) for e in errors):
+            # Not "no records": the ones known are kept and driven, and the store is read
+            # again next pass (a failed listing is never taken for a release).
+            self._generation = None
+            return
         fresh = {str(r.ref): r for r in records}
         for key in fresh:
             if key in self.pending and key in self.records:

@@ -39,6 +39,11 @@ class RecordError(RuntimeError):
     """A record file that cannot be read or parsed; str() names the file."""
 
 
+class Unlisted(RecordError):
+    """A directory of records that could not be listed: its records are not known to be
+    gone (a reader keeps what it knew and reads again later)."""
+
+
 @dataclass
 class LinkRecord:
     path: str
@@ -336,11 +341,14 @@ class RecordStore:
         return os.path.join(self.blocked, f"{ref}.json")
 
     def generation(self) -> int:
-        """Changes whenever a record is added, replaced or released."""
+        """Changes whenever a record is added, replaced or released; -1 when it cannot be
+        told (read the records again)."""
         try:
             return os.stat(self.blocked).st_mtime_ns
         except FileNotFoundError:
             return 0
+        except OSError:
+            return -1
 
     def load(self, ref: UnitRef) -> Record | None:
         path = self.path_of(ref)
@@ -511,6 +519,8 @@ def _read_each(
         names = sorted(os.listdir(directory))
     except missing:
         return found, errors
+    except OSError as e:  # EIO, ENOTDIR, EMFILE: what is there is not known, not "none"
+        return found, [Unlisted(f"{directory}: cannot list: {e}")]
     for name in names:
         if not name.endswith(".json"):
             continue

@@ -46,7 +46,14 @@ TRANSITIONS: dict[Step, frozenset[Step]] = {
     Step.PLAN: frozenset({Step.DISABLE}),
     Step.DISABLE: frozenset({Step.MASK}),
     Step.MASK: frozenset({Step.SETTLE}),
-    Step.SETTLE: frozenset({Step.VERIFY}),
+    Step.SETTLE: frozenset(
+        {
+            Step.VERIFY,
+            # Rewind: its mask vanished while it stopped (a reboot with a loader in D state,
+            # her runtime dir removed at logout): laid again before it is looked at.
+            Step.MASK,
+        }
+    ),
     Step.VERIFY: frozenset(
         {
             Step.BLOCKED,
@@ -166,9 +173,25 @@ def running_again(step: Step | str, mask_present: bool) -> Step | None:
     return Step.MASK if not mask_present else Step.SETTLE
 
 
-def mask_gone(step: Step | str) -> Step | None:
-    """A blocked unit whose mask vanished (reboot, manager restart): the mask goes back."""
-    return Step.MASK if Step(step) == Step.BLOCKED else None
+# The steps after the mask was laid: a mask gone from under one of them is laid again.
+MASKED_STEPS = (Step.SETTLE, Step.VERIFY, Step.BLOCKED)
+
+
+def mask_gone(step: Step | str, present: bool) -> Step | None:
+    """A block past its mask whose mask vanished (reboot, manager restart, her runtime dir
+    removed at logout): the mask goes back, from settle and verify as from blocked. Left
+    at settle or verify, the unit would be disabled but not masked, and a Wants=, timer or
+    socket would start it; verify would reload its manager for ever."""
+    return Step.MASK if Step(step) in MASKED_STEPS and not present else None
+
+
+def settled(active_state: str | None, load_state: str | None, left: int | None) -> bool:
+    """Whether a stopped unit is done with: its manager says it is not running (or knows it
+    no longer) **and** nothing is left in its cgroup (`left`: processes there, None where
+    no cgroup is known). With KillMode=process (a wrapper whose server is its child) or
+    SendSIGKILL=no a unit reads inactive while its server keeps its memory."""
+    stopped = active_state is None or active_state in SETTLED or load_state == "not-found"
+    return stopped and not left
 
 
 class Stage(IntEnum):

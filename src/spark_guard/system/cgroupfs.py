@@ -18,12 +18,18 @@ from collections.abc import Callable, Iterable
 
 
 def v2_root(base: str) -> str:
-    """The cgroup2 mount: `base` itself, or `base`/unified on a hybrid host."""
+    """Where the cgroups systemd names (ProcFS.cgroup) live: the cgroup2 mount, `base`
+    itself or `base`/unified on a hybrid host; on a pure cgroup v1 host, the named
+    `name=systemd` hierarchy, `base`/systemd (no cgroup.kill there: the kills signal
+    each listed process). Before, kills on pure v1 looked in `base` and did nothing."""
     if os.path.exists(os.path.join(base, "cgroup.controllers")):
         return base
     unified = os.path.join(base, "unified")
     if os.path.exists(os.path.join(unified, "cgroup.controllers")):
         return unified
+    named = os.path.join(base, "systemd")
+    if os.path.exists(os.path.join(named, "cgroup.procs")):
+        return named
     return base
 
 

@@ -14,6 +14,7 @@ spark-guard did not write is left alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -183,13 +184,21 @@ def _place(ref: UnitRef, manager: Manager) -> tuple[str, Tree]:
 
 
 def _write(path: str, text: str, tree: Tree, ref: UnitRef, config: Config) -> None:
-    # UNIT.d is made if missing, by the unit's owner (their rights, their file).
+    # The record first: a drop-in on disk with no record could never be undone (a full
+    # /var/lib fails here, before anything is written). UNIT.d is made if missing, by the
+    # unit's owner (their rights, their file).
     made_dir = tree.lstat(os.path.dirname(path)) is None
-    tree.write(path, text.encode(), mode=0o644, create=1)
     record = _record_path(config, ref)
-    previous = _read_record(record) or {}
-    data = {"unit": str(ref), "path": path, "made_dir": previous.get("made_dir", made_dir)}
+    previous = _read_record(record)
+    data = {"unit": str(ref), "path": path, "made_dir": (previous or {}).get("made_dir", made_dir)}
     own_tree().write(record, json.dumps(data).encode(), mode=0o644, create=MAKEDIRS)
+    try:
+        tree.write(path, text.encode(), mode=0o644, create=1)
+    except OSError:
+        if previous is None:
+            with contextlib.suppress(OSError):
+                own_tree().unlink(record)  # nothing was written that it would undo
+        raise
 
 
 def _read_record(path: str) -> dict[str, Any] | None:

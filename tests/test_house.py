@@ -1,0 +1,177 @@
+"""The house's shape, checked: the limits of the developers' brief on src/ itself.
+
+No module over 600 lines; no class over 20 methods or 400 lines; no function over 60
+lines; `core/` pure (it imports nothing that does I/O: not system/, block/, the sensor
+or the daemon). What was over a limit when these checks came in is a debt, listed with
+its size: a debt may only shrink (the test fails when one grows, and asks for its entry
+to be lowered when it shrank), and new code must be within the limits.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "spark_guard"
+MODULE_LINES, CLASS_METHODS, CLASS_LINES, FUNCTION_LINES = 600, 20, 400, 60
+
+# module -> lines
+MODULE_DEBTS = {
+    "block/blocker.py": 1706,
+    "core/argv/loadspec.py": 790,
+    "core/argv/ollama.py": 741,
+    "daemon.py": 710,
+    "foresight/lmstudio.py": 673,
+    "foresight/predict.py": 708,
+    "foresight/safetensors.py": 735,
+    "sensor.py": 1137,
+    "system/engine.py": 644,
+    "system/managers.py": 720,
+    "system/safefs.py": 639,
+    "tools/doctor/judge.py": 618,
+}
+# module:class -> (methods, lines)
+CLASS_DEBTS = {
+    "block/blocker.py:Blocker": (63, 1534),
+    "daemon.py:Guard": (24, 625),
+    "sensor.py:Sensor": (32, 927),
+    "system/managers.py:Manager": (31, 391),
+}
+# module:function -> lines (the longest of that name in the module)
+FUNCTION_DEBTS = {
+    "block/blocker.py:__init__": 63,
+    "block/blocker.py:block": 97,
+    "block/blocker.py:_run": 74,
+    "block/blocker.py:_advance_loose": 75,
+    "block/containers.py:block": 88,
+    "block/release.py:release": 65,
+    "core/argv/lmstudio.py:_load": 79,
+    "core/classify.py:classify": 65,
+    "core/config.py:parse": 72,
+    "core/policy.py:decide": 169,
+    "daemon.py:__init__": 64,
+    "daemon.py:_pass": 65,
+    "daemon.py:_tell_room": 73,
+    "foresight/gguf.py:read_model": 64,
+    "foresight/lmstudio.py:_match": 65,
+    "foresight/lmstudio.py:predict": 67,
+    "foresight/ollama.py:load_spec": 75,
+    "foresight/predict.py:for_spec": 79,
+    "metrics.py:registry": 137,
+    "sensor.py:snapshot": 112,
+    "sensor.py:_seen_unit": 179,
+    "sensor.py:_foresee": 64,
+    "sensor.py:_foresee_unit": 62,
+    "statefile.py:build": 80,
+    "system/cgroupfs.py:kill_uid": 73,
+    "system/dbuswire.py:get_property": 65,
+    "system/gpu.py:inspect": 63,
+    "tools/audit.py:loader_findings": 113,
+    "tools/audit_cli.py:_print": 72,
+    "tools/doctor/judge.py:classify": 83,
+    "tools/doctor/judge.py:nv_no_memory_findings": 79,
+    "tools/doctor/judge.py:card_findings": 91,
+    "tools/doctor/judge.py:application_findings": 116,
+    "tools/release_cli.py:run": 73,
+    "tools/rescue_cli.py:run": 91,
+    "tools/rescue_cli.py:_report": 77,
+}
+# What core/ may not import: the parts that read or change the machine.
+IMPURE = ("system", "block", "sensor", "daemon", "tools", "foresight", "journal", "metrics")
+
+
+def modules() -> dict[str, tuple[str, ast.Module]]:
+    return {
+        str(p.relative_to(SRC)): (text := p.read_text(), ast.parse(text))
+        for p in sorted(SRC.rglob("*.py"))
+    }
+
+
+def measure() -> tuple[dict[str, int], dict[str, tuple[int, int]], dict[str, int]]:
+    lines: dict[str, int] = {}
+    classes: dict[str, tuple[int, int]] = {}
+    functions: dict[str, int] = {}
+    for name, (text, tree) in modules().items():
+        lines[name] = text.count("\n")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if isinstance(node, ast.ClassDef):
+                methods = sum(
+                    isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef) for b in node.body
+                )
+                classes[f"{name}:{node.name}"] = (methods, size)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                key = f"{name}:{node.name}"
+                functions[key] = max(functions.get(key, 0), size)
+    return lines, classes, functions
+
+
+def over(measured: dict[str, int], limit: int, debts: dict[str, int]) -> list[str]:
+    """What breaks the limit beyond its debt, and debts that shrank (to be lowered)."""
+    out = []
+    for key, size in sorted(measured.items()):
+        allowed = debts.get(key, limit)
+        if size > max(limit, allowed):
+            out.append(f"{key}: {size} (allowed {max(limit, allowed)})")
+        elif key in debts and size < debts[key]:
+            out.append(f"{key}: {size}, below its debt {debts[key]}: lower the entry")
+    out += [f"{key}: listed as a debt, but gone" for key in debts if key not in measured]
+    return out
+
+
+def test_no_module_grows_past_its_limit_or_its_debt():
+    lines, _, _ = measure()
+    assert over(lines, MODULE_LINES, MODULE_DEBTS) == []
+
+
+def test_no_class_grows_past_its_limits_or_its_debt():
+    _, classes, _ = measure()
+    methods = {k: m for k, (m, _) in classes.items()}
+    sizes = {k: n for k, (_, n) in classes.items()}
+    assert over(methods, CLASS_METHODS, {k: m for k, (m, _) in CLASS_DEBTS.items()}) == []
+    assert over(sizes, CLASS_LINES, {k: n for k, (_, n) in CLASS_DEBTS.items()}) == []
+
+
+def test_no_function_grows_past_its_limit_or_its_debt():
+    _, _, functions = measure()
+    assert over(functions, FUNCTION_LINES, FUNCTION_DEBTS) == []
+
+
+def test_core_decides_and_does_no_io():
+    found = []
+    for name, (_, tree) in modules().items():
+        if not name.startswith("core/"):
+            continue
+        depth = name.count("/")  # core/x.py: 1; core/argv/x.py: 2
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                up = node.level - depth  # how far above spark_guard/ it reaches
+                target = (node.module or "").split(".")[0]
+                if up >= 0 and target in IMPURE:
+                    found.append(f"{name}: from {'.' * node.level}{node.module}")
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                found += [
+                    f"{name}: import {n}"
+                    for n in names
+                    if n.startswith("spark_guard.") and n.split(".")[1] in IMPURE
+                ]
+    assert found == []
+
+
+def test_the_checks_catch_what_they_are_for():
+    # A debt that grew, a new module over the limit, a debt paid off, a debt gone.
+    assert over({"a.py": 611, "b.py": 601, "c.py": 700}, 600, {"a.py": 610, "c.py": 700}) == [
+        "a.py: 611 (allowed 610)",
+        "b.py: 601 (allowed 600)",
+    ]
+    assert over({"a.py": 11}, 600, {"a.py": 610, "d.py": 700}) == [
+        "a.py: 11, below its debt 610: lower the entry",
+        "d.py: listed as a debt, but gone",
+    ]
