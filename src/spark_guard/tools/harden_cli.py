@@ -190,14 +190,18 @@ def _write(path: str, text: str, tree: Tree, ref: UnitRef, config: Config) -> No
     made_dir = tree.lstat(os.path.dirname(path)) is None
     record = _record_path(config, ref)
     previous = _read_record(record)
+    records = os.path.dirname(record)
+    new_dir = own_tree().lstat(records) is None
     data = {"unit": str(ref), "path": path, "made_dir": (previous or {}).get("made_dir", made_dir)}
     own_tree().write(record, json.dumps(data).encode(), mode=0o644, create=MAKEDIRS)
     try:
         tree.write(path, text.encode(), mode=0o644, create=1)
     except OSError:
-        if previous is None:
+        if previous is None:  # nothing was written that it would undo: as it was before
             with contextlib.suppress(OSError):
-                own_tree().unlink(record)  # nothing was written that it would undo
+                own_tree().unlink(record)
+                if new_dir:
+                    own_tree().rmdir(records)
         raise
 
 
