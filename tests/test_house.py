@@ -17,7 +17,7 @@ MODULE_LINES, CLASS_METHODS, CLASS_LINES, FUNCTION_LINES = 600, 20, 400, 60
 
 # module -> lines
 MODULE_DEBTS = {
-    "block/blocker.py": 1706,
+    "block/blocker.py": 1703,
     "core/argv/loadspec.py": 790,
     "core/argv/ollama.py": 741,
     "daemon.py": 710,
@@ -32,7 +32,7 @@ MODULE_DEBTS = {
 }
 # module:class -> (methods, lines)
 CLASS_DEBTS = {
-    "block/blocker.py:Blocker": (63, 1534),
+    "block/blocker.py:Blocker": (63, 1531),
     "daemon.py:Guard": (24, 625),
     "sensor.py:Sensor": (32, 927),
     "system/managers.py:Manager": (31, 391),

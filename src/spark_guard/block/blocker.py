@@ -950,13 +950,10 @@ class Blocker:
         return not self._done(state, record.cgroup)
 
     def _done(self, state: UnitState | None, cgroup: str) -> bool:
-        """Stopped by its manager's word and nothing left in its cgroup (core.block.settled)."""
+        """Stopped by its manager's word and nothing left in its cgroup (core.block.settled;
+        the cgroup is read only once its manager says stopped)."""
         active, load = (state.active_state, state.load_state) if state else (None, None)
-        if not settled(active, load, 0):
-            return False  # running, by its manager's word: no cgroup to read
-        return settled(
-            active, load, len(cgroupfs.pids(self.cgroup_root, cgroup)) if cgroup else None
-        )
+        return settled(active, load, 0) and not self._left(cgroup)
 
     def _kill_unit(self, record: Record, why: str) -> None:
         manager = self.managers.get(record.manager)
