@@ -536,6 +536,81 @@ def test_a_thaw_that_fails_is_tried_again_until_it_thaws(rig):
     assert [e["event"] for e in events] == ["thaw-failed", "brake-released"]
 
 
+def test_a_freeze_outlives_the_guard_that_made_it_and_is_thawed_by_the_next(rig):
+    """F5: the brake froze a loader and the guard was killed (or its pass raised) before
+    the decision thawed it. Before, the freeze lived only in that guard's memory: the
+    loader stayed frozen for good, its memory held. Now it is written down before the
+    freeze, and the next guard of the same boot thaws it after its first decision."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    proc, state = blocker.config.proc, blocker.config.state
+    os.makedirs(f"{proc}/sys/kernel/random")
+    with open(f"{proc}/sys/kernel/random/boot_id", "w") as f:
+        f.write("b00t\n")
+
+    def guard() -> Blocker:
+        config, log_ = blocker.config, blocker.log
+        return Blocker(
+            blocker.managers, config, log_, clock=clock, sleep=clock.sleep, adopt_stops=True
+        )
+
+    assert guard().brake([REF], "test") == [REF]  # ... and that guard is gone
+    assert manager.calls == [f"freeze {UNIT}"]
+    assert os.listdir(os.path.join(state, "braked")) == [f"{REF}.json"]
+    # A rescue meanwhile does not take the daemon's freezes.
+    assert not Blocker(blocker.managers, blocker.config, blocker.log, clock=clock).braked
+    second = guard()
+    assert second.braked
+    with capture_logs() as events:
+        second.release_brakes()  # its first decision spared it
+    assert manager.calls == [f"freeze {UNIT}", f"thaw {UNIT}"]
+    assert [e["event"] for e in events] == ["brake-released"]
+    assert os.listdir(os.path.join(state, "braked")) == [] and not guard().braked
+
+    # A freeze the next guard's decision stops is the stop's: not thawed.
+    assert guard().brake([REF], "test") == [REF]
+    third = guard()
+    third.block(*stop_decision())
+    third.release_brakes()
+    # (one freeze: the brake's, taken by the stop; no thaw)
+    assert manager.calls[2:] == [f"freeze {UNIT}", f"stop {UNIT}", f"disable {UNIT}"]
+    assert os.listdir(os.path.join(state, "braked")) == []
+
+
+def test_a_freeze_of_another_boot_is_forgotten_and_one_not_written_is_not_made(rig):
+    """After a reboot no unit is frozen: an earlier boot's file is dropped, nothing is
+    thawed. And a freeze that cannot be written down first (a full /var/lib) is not made:
+    nothing could undo it if the guard died before its thaw."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    state = blocker.config.state
+    os.makedirs(os.path.join(state, "braked"))
+    with open(os.path.join(state, "braked", f"{REF}.json"), "w") as f:
+        f.write(
+            json.dumps(
+                {
+                    "format": 1,
+                    "unit": UNIT,
+                    "manager": KEY,
+                    "cgroup": "",
+                    "sent": 1.0,
+                    "boot_id": "an-earlier-boot",
+                }
+            )
+        )
+    later = Blocker(blocker.managers, blocker.config, blocker.log, clock=clock, adopt_stops=True)
+    later.release_brakes()
+    assert not later.braked and manager.calls == []
+    assert os.listdir(os.path.join(state, "braked")) == []
+
+    os.rmdir(os.path.join(state, "braked"))
+    with open(os.path.join(state, "braked"), "w"):
+        pass  # a file where the directory goes: every write there fails
+    with capture_logs() as events:
+        assert later.brake([REF], "test") == []
+    assert manager.calls == [] and not later.braked
+    assert [(e["event"], e["log_level"]) for e in events] == [("brake-failed", "error")]
+    assert "cannot record the freeze" in events[0]["error"]
+
+
 def test_records_that_cannot_be_listed_are_kept_and_the_stop_still_goes_out(rig):
     """F14: listing blocked/ fails (EIO; here ENOTDIR, a file in its place). Before,
     block() raised: the stop waited 30 s, and the records were never read again. Now the

@@ -443,7 +443,7 @@ def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
     that comes back is progress (managers.Manager.heartbeat); (2) tell each
     silence once and ask again only after managers.SILENT_FOR, off the loop, with
     a handshake in plain Python before pystemd is let near the peer
-    (managers.Connecting, Manager._handshake); (3) not be blind meanwhile: a
+    (connecting.Connecting, Manager._handshake); (3) not be blind meanwhile: a
     loader that starts in a manager that answers, the moment the others froze,
     is blocked within about one bus timeout, since a pass lets one call time out
     and leaves the managers it did not ask yet for the next pass, after those

@@ -45,11 +45,11 @@ from .foresight.clients import ServerUnit, predict_client
 from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
 from .system import cgroupfs
+from .system.connecting import Connecting
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id, scope_container_id
 from .system.gpu import GpuWatch, unified_memory
 from .system.managers import (
-    Connecting,
     Manager,
     ManagerError,
     ManagerSilent,

@@ -93,8 +93,10 @@ from ..system.unitfiles import (
     read_link,
     shadowing_file,
 )
+from ..system.worker import spawn
 from . import banner
 from . import containers as container_block
+from .brake import Brake
 from .containers import EnginePort
 from .groups import GroupKill, Groups
 from .records import (
@@ -124,8 +126,6 @@ CONTAINER_RECHECK = 30.0
 # A unit paused while its manager is not connected is looked at for SIGCONT no sooner than
 # this after its SIGSTOP (a signal is taken when the process next runs).
 PAUSE_SETTLE = 0.5
-# A freeze that failed this way means the manager is not answering, not that it cannot freeze.
-_NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
 
 
 class ManagerPort(Protocol):
@@ -143,11 +143,6 @@ class ManagerPort(Protocol):
     def disable_unit_files(self, name: str) -> list[str]: ...
     def unit_control_group(self, name: str) -> str: ...
     def reload(self) -> None: ...
-
-
-def _cannot_freeze(error: str) -> bool:
-    """The manager has no freezer (cgroup v1/hybrid, or a systemd before 246)."""
-    return "NotSupported" in error or "not support" in error or "UnknownMethod" in error
 
 
 @dataclass
@@ -217,9 +212,9 @@ class Blocker:
         self.records: dict[str, Record] = {}
         self._generation: int | None = None
         self._stopping: dict[str, Stopping] = {}  # the stops this guard sent, and how far
-        self._no_freezer: set[str] = set()  # managers that cannot freeze (cgroup v1, hybrid)
-        self._braked: dict[str, UnitRef] = {}  # frozen by brake(), not (yet) to be blocked
-        self._thaw_at: dict[str, float] = {}  # a thaw that failed: when it is tried again
+        self.brakes = Brake(managers, self.store, self.boot_id, log, clock)
+        if adopt_stops:
+            self.brakes.adopt()
         self.proc = ProcFS(config.proc)
         # Which figure the escalation on memory judges: the last look's (daemon.look).
         self.rule = MemoryRule()
@@ -388,92 +383,16 @@ class Blocker:
             self._advance_containers(boxes)
 
     def brake(self, refs: Sequence[UnitRef], why: str, **figures: float) -> list[UnitRef]:
-        """Freeze these units now, before the full look that decides on them: a FreezeUnit on
-        each one's manager (its private socket; under ProtectControlGroups= the guard cannot
-        write cgroup.freeze itself). Returns those frozen; release_brakes() thaws the ones
-        the decision does not block."""
-        frozen = []
-        for ref in refs:
-            key = str(ref)
-            if key in self._braked or key in self.records or not ref.name.endswith(".service"):
-                continue
-            manager = self.managers.get(ref.manager)
-            if manager is None or ref.manager in self._no_freezer:
-                continue
-            try:
-                manager.freeze_unit(ref.name)
-            except ManagerError as e:
-                if _cannot_freeze(str(e)):
-                    self._no_freezer.add(ref.manager)
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.BRAKE_FAILED, "debug", unit=key, error=str(e), msg=f"{key}: {e}"
-                    ),
-                )
-                continue
-            self._braked[key] = ref
-            self._thaw_at.pop(key, None)
-            frozen.append(ref)
-        if frozen:
-            names = ", ".join(str(r) for r in frozen)
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.BRAKE,
-                    "warning",
-                    units=[str(r) for r in frozen],
-                    error=why,
-                    msg=f"froze {names} until the guard has looked ({why})",
-                    **figures,
-                ),
-            )
-        return frozen
+        """Freeze these units now, before the full look that decides on them (brake.py);
+        release_brakes() thaws the ones the decision does not stop."""
+        return self.brakes.freeze(refs, why, self.records, **figures)
 
     @property
     def braked(self) -> bool:
-        return bool(self._braked)
+        return bool(self.brakes.frozen)
 
     def release_brakes(self) -> None:
-        """Thaw what brake() froze and no block took over (the decision spared it)."""
-        now = self.clock()
-        for key, ref in list(self._braked.items()):
-            if now < self._thaw_at.get(key, 0.0):
-                continue
-            manager = self.managers.get(ref.manager)
-            if manager is None:
-                del self._braked[key]  # gone with its manager: nothing of it is left frozen
-                continue
-            try:
-                manager.thaw_unit(ref.name)
-            except ManagerError as e:
-                # Kept, and tried again RETRY_AFTER later until it thaws: a manager silent
-                # once (10 s after any timeout) must not leave a spared loader frozen for
-                # good. Said once.
-                if key not in self._thaw_at:
-                    tell(
-                        self.log,
-                        Event.of(
-                            EventKind.THAW_FAILED,
-                            "error",
-                            unit=key,
-                            error=str(e),
-                            msg=f"cannot thaw {key}: {e}; trying again every {RETRY_AFTER:g}s",
-                        ),
-                    )
-                self._thaw_at[key] = now + RETRY_AFTER
-                continue
-            del self._braked[key]
-            self._thaw_at.pop(key, None)
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.BRAKE_RELEASED,
-                    "info",
-                    unit=key,
-                    msg=f"thawed {key}: the guard spared it",
-                ),
-            )
+        self.brakes.release()
 
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
@@ -748,30 +667,13 @@ class Blocker:
 
     def _freeze(self, record: Record, manager: ManagerPort) -> bool:
         """Freeze the unit before its stop: allocation halts at once. False where it cannot."""
-        if self._braked.pop(str(record.ref), None) is not None:
+        if self.brakes.take(record.ref):
             record.note("frozen (FreezeUnit, by the brake before the decision)")
             return True
-        frozen, why = self._freeze_unit(record.ref, manager)
+        frozen, why = self.brakes.freeze_unit(record.ref, manager)
         if frozen or why:
             record.note("frozen (FreezeUnit)" if frozen else f"not frozen: {why}")
         return frozen
-
-    def _freeze_unit(self, ref: UnitRef, manager: ManagerPort) -> tuple[bool, str]:
-        """FreezeUnit on a service before its stop: (frozen, the manager's refusal or "" where
-        none was asked). A manager that is not answering raises (a stop would wait as long
-        again: the caller kills the cgroup)."""
-        if ref.manager in self._no_freezer or not ref.name.endswith(".service"):
-            return False, ""
-        try:
-            manager.freeze_unit(ref.name)
-        except ManagerError as e:
-            text = str(e)
-            if any(s in text.lower() for s in _NOT_ANSWERING):
-                raise
-            if _cannot_freeze(text):
-                self._no_freezer.add(ref.manager)  # cgroup v1/hybrid, or an old systemd
-            return False, text
-        return True, ""
 
     def _ignores_sigterm(self, cgroup: str) -> bool:
         """Whether any process of the cgroup has SIGTERM set to SIG_IGN (/proc/PID/status)."""
@@ -1012,19 +914,18 @@ class Blocker:
             return  # one under way: its escalation goes on from its own stop
         manager = self.managers.get(action.unit.manager)
         # Frozen by the brake: it is this stop's now, and release_brakes() must not thaw it.
-        braked = self._braked.pop(key, None)
-        frozen = braked is not None
+        braked = frozen = self.brakes.take(action.unit)
         try:
             if manager is None:
                 raise ManagerError(f"{action.unit.manager} manager is not connected")
             if not frozen:
-                frozen, _ = self._freeze_unit(action.unit, manager)
+                frozen, _ = self.brakes.freeze_unit(action.unit, manager)
             went_to = self._processes(cgroup)  # (frozen: none can fork or exit meanwhile)
             job = manager.stop_unit(action.unit.name)
         except ManagerError as e:
             how = self._kill_cgroup_of(action.unit, cgroup)
-            if braked is not None and cgroupfs.populated(self.cgroup_root, cgroup) is not False:
-                self._braked[key] = braked  # not stopped: the brake's to thaw, as before
+            if braked and cgroupfs.populated(self.cgroup_root, cgroup) is not False:
+                self.brakes.give_back(action.unit)  # not stopped: the brake's to thaw
             tell(
                 self.log,
                 Event.of(
@@ -1079,8 +980,9 @@ class Blocker:
             except Exception as e:  # reported by _advance_loose, in the loop
                 loose.error = str(e) or type(e).__name__
 
-        loose.box = threading.Thread(target=stop, name=f"stop-only {key}", daemon=True)
-        loose.box.start()
+        loose.box = spawn(stop, f"stop-only {key}")
+        if loose.box is None:
+            loose.error = "cannot start a thread for its stop (a pids limit?)"
         tell(
             self.log,
             Event.of(

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from ..core.text import printable
 from ..system.engine import Container, EngineError
+from ..system.worker import spawn
 from .records import ContainerState, Record
 
 KIND = "container"
@@ -256,9 +257,11 @@ class Pending:
 
         self._errors.pop(key, None)
         self._answered.discard(key)
-        thread = threading.Thread(target=run, name=f"block {key}"[:15], daemon=True)
+        thread = spawn(run, f"block {key}")
+        if thread is None:  # done() says why; the block is asked again as after a failure
+            self._errors[key] = "cannot start a thread for it (a pids limit?)"
+            return
         self._running[key] = thread
-        thread.start()
 
     def join(self, timeout: float) -> bool:
         """Wait until every block in flight has ended, or `timeout` seconds; whether they

@@ -33,6 +33,9 @@ FORMAT = 1
 STOP_FORMAT = 1
 T = TypeVar("T")
 RELEASING = ".releasing"  # beside a record: its release is under way
+# The directories of kept stops (PendingStop): a stop-only stop until it settles, a
+# brake's freeze until it is thawed or a stop takes it over.
+STOPPING, BRAKED = "stopping", "braked"
 
 
 class RecordError(RuntimeError):
@@ -271,7 +274,8 @@ def boot_id(proc: str = "/proc") -> str:
 @dataclass(frozen=True)
 class PendingStop:
     """A stop-only stop under way: which unit, its cgroup, when the stop went out
-    (CLOCK_MONOTONIC, which is the same for every process of one boot) and in which boot."""
+    (CLOCK_MONOTONIC, which is the same for every process of one boot) and in which boot.
+    A brake's freeze is kept as one too: `sent` is when it froze the unit."""
 
     ref: UnitRef
     cgroup: str
@@ -323,19 +327,21 @@ class RecordStore:
         self.root = root
         self.blocked = os.path.join(root, "blocked")
         self.released = os.path.join(root, "released")
-        self.stopping = os.path.join(root, "stopping")
+        self.stopping = os.path.join(root, STOPPING)
 
-    def save_stop(self, stop: PendingStop) -> None:
-        """Keep a stop-only stop until it has settled (forget_stop())."""
-        _write_atomic(os.path.join(self.stopping, f"{stop.ref}.json"), stop.to_json())
+    def save_stop(self, stop: PendingStop, kind: str = STOPPING) -> None:
+        """Keep a stop-only stop until it has settled, or a brake's freeze until it is
+        thawed or taken over (kind BRAKED); forget_stop() takes it off."""
+        _write_atomic(os.path.join(self.root, kind, f"{stop.ref}.json"), stop.to_json())
 
-    def forget_stop(self, ref: UnitRef) -> None:
+    def forget_stop(self, ref: UnitRef, kind: str = STOPPING) -> None:
         with contextlib.suppress(OSError):
-            own_tree().unlink(os.path.join(self.stopping, f"{ref}.json"))
+            own_tree().unlink(os.path.join(self.root, kind, f"{ref}.json"))
 
-    def stops(self) -> tuple[list[PendingStop], list[RecordError]]:
-        """The stop-only stops kept, and an error for each file that is not one."""
-        return _read_each(self.stopping, PendingStop.from_json, OSError, limit=1 << 16)
+    def stops(self, kind: str = STOPPING) -> tuple[list[PendingStop], list[RecordError]]:
+        """The stops of this kind kept, and an error for each file that is not one."""
+        directory = os.path.join(self.root, kind)
+        return _read_each(directory, PendingStop.from_json, OSError, limit=1 << 16)
 
     def path_of(self, ref: UnitRef) -> str:
         return os.path.join(self.blocked, f"{ref}.json")
@@ -449,6 +455,7 @@ class RecordStore:
         tree = own_tree()
         removed = tree.remove_leftovers(self.blocked) + tree.remove_leftovers(self.released)
         removed += tree.remove_leftovers(self.stopping)
+        removed += tree.remove_leftovers(os.path.join(self.root, BRAKED))
         try:
             names = os.listdir(self.blocked)
         except OSError:

@@ -51,6 +51,7 @@ from ..core.argv.loadspec import TGI_PREFILL_DEFAULT, LoadSpec, SpecError, first
 from ..core.quantities import format_size
 from ..core.snapshot import manager_uid
 from ..system.safefs import as_user
+from ..system.worker import spawn
 from . import safetensors
 from .estimate import (
     MARGIN_EXACT,
@@ -316,11 +317,10 @@ class _Pool:
                 r.finished = now
                 r.done.set()
             return
-        w = self._worker = _Worker()
-        w.thread = threading.Thread(
-            target=self._run, args=(w,), name="spark-guard model reader", daemon=True
-        )
-        w.thread.start()
+        w = _Worker()
+        w.thread = spawn(self._run, "spark-guard model reader", w)
+        if w.thread is not None:  # else the queue waits for the next request's try
+            self._worker = w
 
     def _run(self, w: _Worker) -> None:
         while True:

@@ -50,6 +50,7 @@ from .engine import (
     user_engine_paths,
 )
 from .safefs import Tree, UnsafePath
+from .worker import spawn
 
 REFRESH = 30.0  # seconds before a known container is asked about again
 RETRY = 10.0  # seconds before an id no engine could answer for is asked again
@@ -206,10 +207,12 @@ class ContainerWatch:
         most = USER_ASKERS if users else ASKERS
         if len(self._queue[users]) > self._idle[users] and len(threads) < most:
             name = "engine-watch-users" if users else "engine-watch"
-            thread = threading.Thread(target=self._run, args=(users,), name=name, daemon=True)
-            threads.append(thread)
             self._idle[users] += 1  # counted from now: the next lookup does not start another
-            thread.start()
+            thread = spawn(self._run, name, users)
+            if thread is None:  # none now (a pids limit): the next lookup tries again
+                self._idle[users] -= 1
+                return
+            threads.append(thread)
 
     def _run(self, users: bool) -> None:
         queue = self._queue[users]

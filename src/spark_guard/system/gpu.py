@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.events import Event, EventKind
+from .worker import spawn
 
 
 @dataclass(frozen=True)
@@ -134,15 +135,15 @@ class _Worker:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, fn: Callable[[], Any]) -> _Call:
+    def submit(self, fn: Callable[[], Any]) -> _Call | None:
+        """The call handed over; None where no thread can be started (a later one tries)."""
         call = _Call(fn, time.monotonic())
         with self._cond:
-            self._next = call
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="spark-guard nvml", daemon=True
-                )
-                self._thread.start()
+                self._thread = spawn(self._run, "spark-guard nvml")
+                if self._thread is None:
+                    return None
+            self._next = call
             self._cond.notify()
         return call
 
@@ -227,6 +228,9 @@ class GpuWatch:
                 return self.figures, news
             self._next_try = now + self.retry
         call = self._worker.submit(self._ask)
+        if call is None:  # no thread for NVML now (a pids limit): the next read tries again
+            self._next_try = 0.0
+            return self.figures, news
         if call.done.wait(self.deadline):
             self._take(call, news)
             return self.figures, news
@@ -304,7 +308,9 @@ class GpuWatch:
     def close(self) -> None:
         """Shut NVML down unless a call still hangs in it; never waits past the deadline."""
         if self._call is None and self.nvml.ready:
-            self._worker.submit(self.nvml.stop).done.wait(self.deadline)
+            call = self._worker.submit(self.nvml.stop)
+            if call is not None:
+                call.done.wait(self.deadline)
         self._worker.close()
 
 

@@ -21,7 +21,6 @@ import select
 import socket
 import struct
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable, Iterable
@@ -581,59 +580,6 @@ class Manager:
         own: a manager can name no one else's processes); the property lives on Service."""
         cgroup = _s(self._get(self.unit_path(name), _SERVICE, b"ControlGroup", b"s"))
         return cgroup if cgroup_within(cgroup, self.root_cgroup) else ""
-
-
-class Connecting:
-    """A manager being connected and verified on a thread of its own.
-
-    A peer that accepts and never answers (a frozen manager, PID 1 deep in a
-    daemon-reload, a user's fake) costs that thread the bus timeout, never the
-    guard's loop. A user manager is vouched for by PID 1 over a connection of
-    this thread's own (`system_socket`): sd-bus connections are not shared
-    between threads. `on_done` is called from the thread when it has an answer.
-    """
-
-    def __init__(
-        self,
-        key: str,
-        socket_path: str,
-        proc_root: str,
-        system_socket: str | None,
-        on_done: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.key = key
-        self.manager = Manager(key, socket_path, proc_root)
-        self.error: ManagerError | None = None
-        self._system_socket = system_socket
-        self._on_done = on_done
-        self._done = threading.Event()
-        threading.Thread(target=self._run, name=f"connect {key}", daemon=True).start()
-
-    def _run(self) -> None:
-        system = None
-        try:
-            if self._system_socket is not None:
-                system = Manager(SYSTEM, self._system_socket, self.manager.proc_root)
-                system.connect()  # PID 1 there but silent: no verdict yet, asked again later
-            self.manager.connect(system)
-        except ManagerError as e:
-            self.error = e
-            if system is not None and system.silent_until > self.manager.silent_until:
-                self.manager.silent_until = system.silent_until
-        except Exception as e:  # a thread must not die silently: the loop reads it as an error
-            self.error = ManagerError(f"{self.key}: {e}")
-        finally:
-            if system is not None:
-                system.close()
-            self._done.set()
-            self._on_done()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(max(timeout, 0.0))
 
 
 def discover(system_socket: str, user_runtime: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from ..core.snapshot import Memory
 from ..room import RoomPlan
 from .procfs import ProcError, ProcFS
+from .worker import spawn
 
 RECLAIM = "memory.reclaim"
 RECLAIM_FILE_ONLY = "memory.reclaim swappiness=0"
@@ -108,12 +109,8 @@ class RoomMaker:
             if self._busy or self._closed:
                 return False
             if self._thread is None or not self._thread.is_alive():
-                thread = threading.Thread(
-                    target=self._run, name="spark-guard make-room", daemon=True
-                )
-                try:
-                    thread.start()
-                except RuntimeError:
+                thread = spawn(self._run, "spark-guard make-room")
+                if thread is None:
                     return False
                 self._thread = thread
             self._busy = True
