@@ -271,9 +271,12 @@ class FakeEngine:
     guard killed in a child process, as dockerd outlives the guard. The guard's own
     engine client (system/engine.py) speaks to it unchanged."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, threaded: bool = False) -> None:
         self.path = str(path)
         self.owner = os.getpid()  # the process whose thread serves it, and holds its state
+        # Each request served by a thread of its own (threaded), and a stop held until
+        # this is set (None: at once): an engine whose stop waits, asked meanwhile.
+        self.threaded, self.stop_gate = threaded, None if not threaded else threading.Event()
         self.restart, self.retries = BOX_POLICY
         self._running = True
         self.requests: list[tuple[bool, str]] = []  # (traced, "METHOD /path")
@@ -328,6 +331,8 @@ class FakeEngine:
         if method == "GET" and what == "json":
             return 200, self._inspect()
         if method == "POST" and what in ("stop", "start"):
+            if what == "stop" and self.stop_gate is not None:
+                self.stop_gate.wait(10.0)
             if self._running == (what == "start"):
                 return 304, None
             self._running = what == "start"
@@ -341,30 +346,36 @@ class FakeEngine:
     def _serve(self) -> None:
         while True:
             conn, _ = self.listener.accept()
-            with conn, contextlib.suppress(OSError, ValueError):
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        raise ValueError("closed")
-                    data += chunk
-                head, body = data.split(b"\r\n\r\n", 1)
-                lines = head.decode().split("\r\n")
-                length = next(
-                    (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")),
-                    0,
-                )
-                while len(body) < length:
-                    body += conn.recv(65536)
-                method, path, _ = lines[0].split(" ", 2)
-                self.requests.append((TRACER.on, f"{method} {path.split('?')[0]}"))
-                status, answer = self._answer(method, path, body)
-                out = b"" if answer is None else json.dumps(answer).encode()
-                conn.sendall(
-                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode()
-                    + out
-                )
+            if self.threaded:
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            else:
+                self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError, ValueError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise ValueError("closed")
+                data += chunk
+            head, body = data.split(b"\r\n\r\n", 1)
+            lines = head.decode().split("\r\n")
+            length = next(
+                (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")),
+                0,
+            )
+            while len(body) < length:
+                body += conn.recv(65536)
+            method, path, _ = lines[0].split(" ", 2)
+            self.requests.append((TRACER.on, f"{method} {path.split('?')[0]}"))
+            status, answer = self._answer(method, path, body)
+            out = b"" if answer is None else json.dumps(answer).encode()
+            conn.sendall(
+                f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode()
+                + out
+            )
 
 
 @dataclass
@@ -672,10 +683,8 @@ def run_release(world: World, fault: str, at: int | None) -> None:
     for i in range(2):
         guard_pass(world, blocker, f"after the release, pass {i}")
     if os.path.exists(world.store.path_of(world.target)):
-        # Not done. The mark of a release that died goes stale (RELEASING_STALE): the guard
+        # Not done. The mark of a release that died is held by no process: the guard
         # guards the unit again, and then the admin runs the release again.
-        for p in Path(world.store.blocked).glob("*.releasing"):
-            os.utime(p, (0, 0))
         for i in range(3):
             guard_pass(world, blocker, f"after a stale mark, pass {i}")
 

@@ -1337,6 +1337,7 @@ class Blocker:
                 remember=self._save,
                 answered=lambda: self.pending.mark_answered(key),
                 seen_running=True,  # every block is of a container seen running
+                hold=lambda r: self.store.held(r.ref, key in self._on_disk, self.engine_timeout),
             ),
         )
         self._stopping[key] = Stopping.at(self.clock())
@@ -1344,19 +1345,16 @@ class Blocker:
             # Its engine did not answer a moment ago (dockerd at boot restarts containers
             # before its API serves): stopped from the kernel's side now, not in seconds.
             self._kill_container(record, f"{path} did not answer a moment ago")
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_STOP_REQUESTED,
-                "warning",
-                unit=key,
-                manager=record.manager,
-                job=None,
-                how=f"engine {path}",
-                reason=record.reason,
-                frozen=False,
-                msg=f"stopping {key} through {path} ({record.reason})",
-            ),
+        msg = f"stopping {key} through {path} ({record.reason})"
+        how, reason = f"engine {path}", record.reason
+        self._event(
+            EventKind.UNIT_STOP_REQUESTED,
+            record,
+            msg,
+            job=None,
+            how=how,
+            reason=reason,
+            frozen=False,
         )
 
     def _advance_containers(self, boxes: list[Record], wait: float = 0.0) -> None:
@@ -1379,6 +1377,9 @@ class Blocker:
                     self._container_stuck(record)
                     continue
                 changed = True
+                if self._released_meanwhile(record):
+                    self._stopping.pop(key, None)
+                    continue  # its block or recheck stood back (_ours): the release stands
                 if record.step == Step.BLOCKED:  # a recheck's answer
                     if error:
                         self._problem(record, error)
@@ -1401,21 +1402,18 @@ class Blocker:
 
     def _renew(self, engine: EnginePort, record: Record) -> None:
         """In the block's thread: its policy set back by hand is set to `no` again (the
-        next boot would start it); one started by hand is the sensor's to judge."""
+        next boot would start it); one started by hand is the sensor's to judge. Never
+        under a release (F7): what a release put back is its own."""
         changed = container_block.holds(engine, record)
         if "restart policy" in changed:
-            engine.update_restart(record.container.id if record.container else "", "no")
-            record.note(f"{changed}: set to no again")
-            self._save(record)
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.BLOCK_RENEWED,
-                    "warning",
-                    unit=str(record.ref),
-                    manager=record.manager,
-                    msg=f"{record.ref}: {changed}; set to no again",
-                ),
+            with self.store.held(record.ref, True, self.engine_timeout) as taken:
+                if taken:
+                    return
+                engine.update_restart(record.container.id if record.container else "", "no")
+                record.note(f"{changed}: set to no again")
+                self._save(record)
+            self._event(
+                EventKind.BLOCK_RENEWED, record, f"{record.ref}: {changed}; set to no again"
             )
 
     def _container_stuck(self, record: Record) -> None:

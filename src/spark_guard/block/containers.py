@@ -24,9 +24,11 @@ hand, so its policy does not restart it when that kill lands.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Protocol
 
@@ -75,6 +77,7 @@ def block(
     remember: Callable[[Record], bool] | None = None,
     answered: Callable[[], None] | None = None,
     seen_running: bool = False,
+    hold: Callable[[Record], AbstractContextManager[str]] | None = None,
 ) -> Container | None:
     """Stop `record`'s container through `engine` and set its restart policy to `no`; the
     container as it then is (None: it no longer exists, nor one of its name). Its policy
@@ -85,7 +88,11 @@ def block(
     changed only once the record of the old one is on disk. A `--rm` container has no
     policy to set: its block is done once it is stopped (and removed). A container whose
     recorded id is gone is followed by its name. ContainerBlockError if a step fails or
-    does not hold when inspected again (the container is left as far as it got)."""
+    does not hold when inspected again (the container is left as far as it got).
+
+    `hold` (the guard's store lock, and the record still its own) is held around the
+    policy's change: a release that took the record while the stop went out stands, and
+    what the stop undid of it is put back (fault F6)."""
     shown = str(record.ref)
     try:
         now = _current(engine, record)  # its policy as it is now, not as it was seen
@@ -135,18 +142,8 @@ def block(
             return after
         if after.running:
             raise _fail(shown, f"still running after the stop ({after.status})")
-        if remember is not None and not remember(record):
-            raise _fail(
-                shown,
-                "stopped, but its record cannot be written: its restart policy is left as "
-                "it was until the record of it can be",
-            )
-        try:
-            engine.update_restart(now.id, BLOCKED_POLICY)
-        except EngineError as e:
-            if e.status in (404, 405, 501):  # the container is there: the call is not
-                raise _fail(shown, f"stopped, but {engine.path} {NO_UPDATE}") from None
-            raise
+        with hold(record) if hold is not None else contextlib.nullcontext("") as taken:
+            _set_policy(engine, record, now.id, taken, remember)
         after = engine.inspect(now.id)
         if after.restart != BLOCKED_POLICY or after.max_retries:
             raise _fail(shown, f"restart policy is {after.policy} after setting it to no")
@@ -156,6 +153,35 @@ def block(
     except EngineError as e:
         raise _fail(shown, str(e)) from None
     return after
+
+
+def _set_policy(
+    engine: EnginePort,
+    record: Record,
+    cid: str,
+    taken: str,
+    remember: Callable[[Record], bool] | None,
+) -> None:
+    """Its policy set to `no`, once its record says what it was; not where a release
+    took the record meanwhile (`taken` says how): that stands, and the container the stop
+    stopped is started again if it ran."""
+    shown = str(record.ref)
+    if taken:
+        again = record.container is not None and record.container.was_running
+        again = again and engine.start(cid)
+        raise _fail(shown, f"{taken}: its release stands" + (", started" if again else ""))
+    if remember is not None and not remember(record):
+        raise _fail(
+            shown,
+            "stopped, but its record cannot be written: its restart policy is left as it "
+            "was until the record of it can be",
+        )
+    try:
+        engine.update_restart(cid, BLOCKED_POLICY)
+    except EngineError as e:
+        if e.status in (404, 405, 501):  # the container is there: the call is not
+            raise _fail(shown, f"stopped, but {engine.path} {NO_UPDATE}") from None
+        raise
 
 
 def _current(engine: EnginePort, record: Record) -> Container | None:

@@ -328,6 +328,7 @@ class RecordStore:
         self.blocked = os.path.join(root, "blocked")
         self.released = os.path.join(root, "released")
         self.stopping = os.path.join(root, STOPPING)
+        self._marks: dict[str, int] = {}  # releasing marks this process holds (flock)
 
     def save_stop(self, stop: PendingStop, kind: str = STOPPING) -> None:
         """Keep a stop-only stop until it has settled, or a brake's freeze until it is
@@ -424,29 +425,71 @@ class RecordStore:
 
     def drop(self, ref: UnitRef) -> None:
         """The record leaves blocked/ (its release is done), and its releasing mark."""
-        own_tree().unlink(self.path_of(ref))  # fsyncs the directory
-        self.clear_releasing(ref)
+        try:
+            own_tree().unlink(self.path_of(ref))  # fsyncs the directory
+        finally:
+            self.clear_releasing(ref)  # (not removed: the unit is guarded again)
 
     # A release under way marks its record, so that a guard that could not take the lock
-    # in time leaves the unit alone instead of laying again the mask being removed. A
-    # mark older than this is a release that died: the guard guards the unit again.
-    RELEASING_STALE = 120.0
+    # in time leaves the unit alone instead of laying again the mask being removed, and a
+    # container's block or recheck thread does not undo it. The mark is flock()ed by the
+    # release for as long as it runs: a mark no process holds is a release that died, and
+    # the guard guards the unit again. Before, a mark was fresh for 120 s by the wall
+    # clock, which a long release outlived and a clock step made stale (F7).
 
     def mark_releasing(self, ref: UnitRef) -> None:
-        _write_atomic(self.path_of(ref) + RELEASING, "")
+        """Mark a release of `ref` under way, held until clear_releasing() or this process
+        ends. (Taken under the store's lock.) RecordError if another release holds it."""
+        flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with own_tree().directory(self.blocked, create=MAKEDIRS) as dfd:
+            fd = os.open(os.path.basename(self.path_of(ref)) + RELEASING, flags, 0o644, dir_fd=dfd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RecordError(f"{ref}: another release of it is under way") from None
+        self._marks[str(ref)] = fd
 
     def clear_releasing(self, ref: UnitRef) -> None:
         with contextlib.suppress(OSError):
             own_tree().unlink(self.path_of(ref) + RELEASING)
+        fd = self._marks.pop(str(ref), None)
+        if fd is not None:
+            os.close(fd)
 
     def releasing(self, ref: UnitRef) -> bool:
-        """Whether a release of the unit is under way (a fresh mark)."""
+        """Whether a release of the unit is under way: its mark is held by a live process."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            st = own_tree().lstat(self.path_of(ref) + RELEASING)
+            with own_tree().directory(self.blocked) as dfd:
+                fd = os.open(os.path.basename(self.path_of(ref)) + RELEASING, flags, dir_fd=dfd)
         except OSError:
             return False
-        # A mark from the future (the clock stepped back since) counts as stale, not fresh.
-        return st is not None and 0 <= time.time() - st.st_mtime < self.RELEASING_STALE
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return False
+
+    @contextlib.contextmanager
+    def held(self, ref: UnitRef, saved: bool, wait: float) -> Iterator[str]:
+        """Around a change an engine keeps, made outside the guard's pass (a container's
+        block or recheck thread): the store's lock (had or not, as a pass), and "" while
+        the record is still the guard's, else why not: a release is under way, or took it
+        (`saved`: the guard had written it). Faults F6 and F7."""
+        with self.lock(wait=wait):
+            try:
+                gone = saved and self.load(ref) is None
+            except RecordError:
+                gone = False
+            if self.releasing(ref):
+                yield "a release of it is under way"
+            else:
+                yield "released meanwhile" if gone else ""
 
     def sweep(self) -> list[str]:
         """Remove what dead writers left: their temporary files (safefs), and the

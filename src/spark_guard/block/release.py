@@ -39,7 +39,7 @@ from ..system.unitfiles import (
 )
 from .containers import ContainerBlockError
 from .containers import release as release_container
-from .records import Record, RecordStore
+from .records import Record, RecordError, RecordStore
 
 # An admin's command, not the guard's loop: a container's start answers once it has started,
 # which on a busy machine takes seconds (3-12 s measured under emulation in the VM test).
@@ -226,6 +226,10 @@ def _begin(store: RecordStore, record: Record) -> str:
     try:
         archived = store.archive(record)
         store.mark_releasing(record.ref)
+    except RecordError as e:  # another release's mark: not this one's to take off
+        with contextlib.suppress(OSError, ValueError):
+            store.unarchive(archived)
+        raise ReleaseError(f"{e}; this one changed nothing") from None
     except OSError as e:
         _abandon(store, record, archived)
         raise ReleaseError(
