@@ -576,6 +576,33 @@ def test_a_freeze_outlives_the_guard_that_made_it_and_is_thawed_by_the_next(rig)
     assert os.listdir(os.path.join(state, "braked")) == []
 
 
+def test_a_freeze_waits_for_its_manager_and_ends_where_nothing_is_frozen(rig):
+    """A freeze is kept while its manager is out of view (a call timed out: the sensor
+    drops it until it answers); before, it was forgotten there, the loader left frozen.
+    A thaw the manager answers with "not active" (stopped by hand meanwhile) ends it,
+    not retried for ever."""
+    blocker, manager, _clock, _moves, _mask, _link = rig
+    managers = blocker.managers
+    assert isinstance(managers, dict)
+    assert blocker.brake([REF], "test") == [REF]
+    del managers[KEY]
+    blocker.release_brakes()
+    assert blocker.braked and os.listdir(os.path.join(blocker.config.state, "braked"))
+    managers[KEY] = manager
+    blocker.release_brakes()
+    assert manager.calls == [f"freeze {UNIT}", f"thaw {UNIT}"] and not blocker.braked
+
+    def inactive(name: str) -> None:
+        raise ManagerError(f"Unit {name} is not active.")
+
+    assert blocker.brake([REF], "test") == [REF]
+    manager.thaw_unit = inactive
+    with capture_logs() as events:
+        blocker.release_brakes()
+    assert not blocker.braked and [e["event"] for e in events] == ["brake-released"]
+    assert os.listdir(os.path.join(blocker.config.state, "braked")) == []
+
+
 def test_a_freeze_of_another_boot_is_forgotten_and_one_not_written_is_not_made(rig):
     """After a reboot no unit is frozen: an earlier boot's file is dropped, nothing is
     thawed. And a freeze that cannot be written down first (a full /var/lib) is not made:

@@ -17,7 +17,7 @@ MODULE_LINES, CLASS_METHODS, CLASS_LINES, FUNCTION_LINES = 600, 20, 400, 60
 
 # module -> lines
 MODULE_DEBTS = {
-    "block/blocker.py": 1603,
+    "block/blocker.py": 1595,
     "core/argv/loadspec.py": 790,
     "core/argv/ollama.py": 741,
     "daemon.py": 710,
@@ -32,7 +32,7 @@ MODULE_DEBTS = {
 }
 # module:class -> (methods, lines)
 CLASS_DEBTS = {
-    "block/blocker.py:Blocker": (62, 1436),
+    "block/blocker.py:Blocker": (62, 1428),
     "daemon.py:Guard": (24, 625),
     "sensor.py:Sensor": (32, 927),
     "system/managers.py:Manager": (31, 391),

@@ -38,7 +38,8 @@ watch, pending = GpuWatch(deadline=5), Pending()
 figures, news = watch.read(0.0)
 assert figures == {} and not watch.on and news == [], (figures, news)
 pending.start("box", lambda: None)
-for _ in range(3):  # each pass: an answer, never an exception
+for _ in range(3):  # each pass: in flight for the loop to ask, an answer, never an exception
+    assert "box" in pending
     finished, error = pending.done("box")
     assert finished and "cannot start a thread" in error, error
     pending.start("box", lambda: None)

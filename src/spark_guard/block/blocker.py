@@ -392,7 +392,7 @@ class Blocker:
         return bool(self.brakes.frozen)
 
     def release_brakes(self) -> None:
-        self.brakes.release()
+        self.brakes.release(owned=self.records)
 
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
@@ -590,19 +590,9 @@ class Blocker:
     def _stop_sent(self, record: Record, job: str, frozen: bool) -> None:
         key = str(record.ref)
         self._stopping[key] = Stopping.at(self.clock())
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_STOP_REQUESTED,
-                "warning",
-                unit=key,
-                manager=record.manager,
-                job=job,
-                reason=record.reason,
-                frozen=frozen,
-                msg=f"stopping {key} ({record.reason})" + (", frozen first" if frozen else ""),
-            ),
-        )
+        msg = f"stopping {key} ({record.reason})" + (", frozen first" if frozen else "")
+        fields = {"job": job, "reason": record.reason, "frozen": frozen}
+        self._event(EventKind.UNIT_STOP_REQUESTED, record, msg, **fields)
         record.note(f"stop requested ({job})")
         if record.step == Step.STOP:
             self._move(record, Step.PLAN)
@@ -1377,9 +1367,9 @@ class Blocker:
                     self._container_stuck(record)
                     continue
                 changed = True
-                if self._released_meanwhile(record):
+                if self._released_meanwhile(record) or self.store.releasing(record.ref):
                     self._stopping.pop(key, None)
-                    continue  # its block or recheck stood back (_ours): the release stands
+                    continue  # its block or recheck stood back (held()): the release stands
                 if record.step == Step.BLOCKED:  # a recheck's answer
                     if error:
                         self._problem(record, error)
@@ -1453,6 +1443,8 @@ class Blocker:
                 self._silent_engines[self._engine_of[key]] = self.clock() + RETRY_AFTER
                 if key not in self._killed:
                     self._kill_container(record, "its engine did not answer")
+            elif error == container_block.NO_THREAD:
+                self._kill_container(record, error)
             said = record.problem
             self._problem(record, f"stop: {error}")
             self._retry_at[key] = self.clock() + RETRY_AFTER

@@ -16,6 +16,7 @@ private sockets: no fork, no exec, nothing on the system bus.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 # A freeze that failed this way means the manager is not answering, not that it cannot freeze.
 NOT_ANSWERING = ("timed out", "timeout", "not connected", "connection", "broken pipe")
+# A thaw refused this way has nothing to thaw: the unit stopped (by hand), or is gone.
+NOT_FROZEN = ("not active", "not loaded", "NoSuchUnit", "not found")
 
 
 class Freezable(Protocol):
@@ -140,30 +143,34 @@ class Brake:
         return True
 
     def give_back(self, ref: UnitRef) -> None:
-        """A stop that took the freeze could not stop the unit: the brake thaws it, as before."""
-        self.store.save_stop(PendingStop(ref, "", self.clock(), self.boot_id), BRAKED)
+        """A stop that took the freeze could not stop the unit: the brake thaws it, as before
+        (here at least, where its file cannot be written)."""
         self.frozen[str(ref)] = ref
+        with contextlib.suppress(OSError):
+            self.store.save_stop(PendingStop(ref, "", self.clock(), self.boot_id), BRAKED)
 
-    def release(self) -> None:
-        """Thaw what freeze() froze and no stop took over (the decision spared it)."""
+    def release(self, owned: Collection[str] = ()) -> None:
+        """Thaw what freeze() froze and no stop took over (the decision spared it); one a
+        block `owned` already (its record) is that block's, not thawed. A freeze whose
+        manager is not connected now (a call timed out, or not yet back after a restart)
+        is kept until it answers: its unit may still be frozen."""
         now = self.clock()
         for key, ref in list(self.frozen.items()):
-            if now < self._thaw_at.get(key, 0.0):
-                continue
             manager = self.managers.get(ref.manager)
-            if manager is not None:
-                try:
-                    manager.thaw_unit(ref.name)
-                except ManagerError as e:
+            if key in owned:
+                self.take(ref)
+                continue
+            if now < self._thaw_at.get(key, 0.0) or manager is None:
+                continue
+            try:
+                manager.thaw_unit(ref.name)
+            except ManagerError as e:
+                if not any(s in str(e) for s in NOT_FROZEN):
                     self._thaw_failed(key, e, now)
                     continue
-            # (its manager gone: nothing of it is left frozen)
-            del self.frozen[key]
-            self._thaw_at.pop(key, None)
-            self.store.forget_stop(ref, BRAKED)
-            if manager is not None:
-                msg = f"thawed {key}: the guard spared it"
-                tell(self.log, Event.of(EventKind.BRAKE_RELEASED, "info", unit=key, msg=msg))
+            self.take(ref)
+            msg = f"thawed {key}: the guard spared it"
+            tell(self.log, Event.of(EventKind.BRAKE_RELEASED, "info", unit=key, msg=msg))
 
     def _thaw_failed(self, key: str, error: ManagerError, now: float) -> None:
         # Kept, and tried again RETRY_AFTER later until it thaws: a manager silent once

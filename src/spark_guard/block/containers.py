@@ -38,6 +38,9 @@ from ..system.worker import spawn
 from .records import ContainerState, Record
 
 KIND = "container"
+# A block whose thread could not start (a pids limit): the container is killed from the
+# kernel's side meanwhile, as when its engine does not answer.
+NO_THREAD = "cannot start a thread for it (a pids limit?)"
 STOP_TIMEOUT = 10  # seconds between the engine's SIGTERM and SIGKILL (docker stop's default)
 BLOCKED_POLICY = "no"
 # Podman's API has had no call to change a restart policy before Podman 5.1 (Debian 12 has
@@ -258,7 +261,7 @@ class Pending:
     thread's until then."""
 
     def __init__(self) -> None:
-        self._running: dict[str, threading.Thread] = {}
+        self._running: dict[str, threading.Thread | None] = {}  # None: it could not start
         self._errors: dict[str, str] = {}
         self._answered: set[str] = set()
 
@@ -285,8 +288,7 @@ class Pending:
         self._answered.discard(key)
         thread = spawn(run, f"block {key}")
         if thread is None:  # done() says why; the block is asked again as after a failure
-            self._errors[key] = "cannot start a thread for it (a pids limit?)"
-            return
+            self._errors[key] = NO_THREAD
         self._running[key] = thread
 
     def join(self, timeout: float) -> bool:
@@ -294,13 +296,15 @@ class Pending:
         all did. Their results stay for done()."""
         deadline = time.monotonic() + timeout
         for thread in list(self._running.values()):
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._running.values())
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t is not None and t.is_alive() for t in self._running.values())
 
     def done(self, key: str, wait: float = 0.0) -> tuple[bool, str]:
         """(finished, its error or ""): a finished block is forgotten here."""
         thread = self._running.get(key)
         if thread is None:
+            self._running.pop(key, None)
             return True, self._errors.pop(key, "")
         thread.join(wait)
         if thread.is_alive():

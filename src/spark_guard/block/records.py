@@ -451,11 +451,13 @@ class RecordStore:
         self._marks[str(ref)] = fd
 
     def clear_releasing(self, ref: UnitRef) -> None:
+        """Take off the mark this store holds (never another release's)."""
+        fd = self._marks.pop(str(ref), None)
+        if fd is None:
+            return
         with contextlib.suppress(OSError):
             own_tree().unlink(self.path_of(ref) + RELEASING)
-        fd = self._marks.pop(str(ref), None)
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
     def releasing(self, ref: UnitRef) -> bool:
         """Whether a release of the unit is under way: its mark is held by a live process."""

@@ -272,8 +272,11 @@ class _Pool:
             self._wake.notify()
 
     def check(self, now: float) -> None:
-        """Abandon a worker whose read is past its deadline; its read answers 'timed out'."""
+        """Abandon a worker whose read is past its deadline; its read answers 'timed out'.
+        A queue left with no worker (none could start) gets one now if one can."""
         with self._lock:
+            if self._queue and self._worker is None:
+                self._ensure_worker()
             w = self._worker
             r = w.current if w is not None else None
             if w is not None and r is not None and now > _abandon_at(r):
@@ -309,12 +312,9 @@ class _Pool:
             now = time.monotonic()
             while self._queue:
                 r = self._queue.popleft()
-                r.error = (
-                    f"{r.path}: not read: {self.abandoned} model reads are stuck past their "
-                    "deadline (a hung filesystem?)"
-                )
-                r.stalled = True
-                r.finished = now
+                stuck = f"{self.abandoned} model reads are stuck past their deadline"
+                r.error = f"{r.path}: not read: {stuck} (a hung filesystem?)"
+                r.stalled, r.finished = True, now
                 r.done.set()
             return
         w = _Worker()

@@ -165,7 +165,7 @@ class ContainerWatch:
                 entry.asked, entry.asked_at = True, now
                 self._queue[bool(owner)].append(key)
                 self._lock.notify_all()
-                self._start(bool(owner))
+            self._start(bool(owner))  # (also where an asker could not start before)
             if entry.answer is None:
                 # Every call ends within its timeout; a question out longer is stuck (her
                 # runtime dir a FUSE mount of hers that never answers an open): its
