@@ -27,7 +27,7 @@ MODULE_DEBTS = {
     "sensor.py": 1137,
     "system/engine.py": 644,
     "system/managers.py": 666,
-    "system/safefs.py": 639,
+    "system/safefs.py": 637,
     "tools/doctor/judge.py": 618,
 }
 # module:class -> (methods, lines)

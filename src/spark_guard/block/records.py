@@ -333,11 +333,14 @@ class RecordStore:
     def save_stop(self, stop: PendingStop, kind: str = STOPPING) -> None:
         """Keep a stop-only stop until it has settled, or a brake's freeze until it is
         thawed or taken over (kind BRAKED); forget_stop() takes it off."""
-        _write_atomic(os.path.join(self.root, kind, f"{stop.ref}.json"), stop.to_json())
+        # A brake's file need only outlive the guard, not the boot (no freeze does): no
+        # fsync, which under a page-cache flood would hold the brake for seconds.
+        path, durable = os.path.join(self.root, kind, f"{stop.ref}.json"), kind != BRAKED
+        own_tree().write(path, stop.to_json().encode(), create=MAKEDIRS, durable=durable)
 
     def forget_stop(self, ref: UnitRef, kind: str = STOPPING) -> None:
         with contextlib.suppress(OSError):
-            own_tree().unlink(os.path.join(self.root, kind, f"{ref}.json"))
+            own_tree().unlink(os.path.join(self.root, kind, f"{ref}.json"), durable=kind != BRAKED)
 
     def stops(self, kind: str = STOPPING) -> tuple[list[PendingStop], list[RecordError]]:
         """The stops of this kind kept, and an error for each file that is not one."""

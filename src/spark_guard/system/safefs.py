@@ -534,24 +534,23 @@ class Tree:
                 return None
             raise
 
-    def write(self, path: str, data: bytes, *, mode: int = 0o644, create: int = 0) -> None:
-        """Replace `path` atomically: a new file under a random name (O_EXCL), fsync, rename."""
+    def write(
+        self, path: str, data: bytes, *, mode: int = 0o644, create: int = 0, durable: bool = True
+    ) -> None:
+        """Replace `path` atomically: a temporary (O_EXCL), fsync (if `durable`), rename."""
         parent, name = os.path.split(path)
         with self.directory(parent, create=create) as fd:
             tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # _TEMPORARY
-            tfd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                mode,
-                dir_fd=fd,
-            )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            tfd = os.open(tmp, flags, mode, dir_fd=fd)
             try:
                 try:
                     os.fchmod(tfd, mode)  # whatever the umask
                     view = memoryview(data)
                     while view:
                         view = view[os.write(tfd, view) :]
-                    os.fsync(tfd)
+                    if durable:
+                        os.fsync(tfd)
                 finally:
                     os.close(tfd)
                 os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
@@ -559,7 +558,8 @@ class Tree:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=fd)
                 raise
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
 
     def remove_leftovers(
         self, directory: str, names: Collection[str] | None = None, age: float = LEFTOVER_AGE
@@ -570,29 +570,27 @@ class Tree:
         when no live writer can still be at them. Returns what it removed; what cannot be
         removed now is left for a later call."""
         removed: list[str] = []
-        try:
-            with self.directory(directory) as fd:
-                for entry in os.listdir(fd):
-                    found = _TEMPORARY.fullmatch(entry)
-                    if found is None or (names is not None and found[1] not in names):
-                        continue
-                    with contextlib.suppress(OSError):
-                        st = os.lstat(entry, dir_fd=fd)
-                        # A time from the future (the clock stepped back) counts as old.
-                        if stat.S_ISREG(st.st_mode) and not 0 <= time.time() - st.st_mtime < age:
-                            os.unlink(entry, dir_fd=fd)
-                            removed.append(os.path.join(directory, entry))
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), self.directory(directory) as fd:
+            for entry in os.listdir(fd):
+                found = _TEMPORARY.fullmatch(entry)
+                if found is None or (names is not None and found[1] not in names):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = os.lstat(entry, dir_fd=fd)
+                    # A time from the future (the clock stepped back) counts as old.
+                    if stat.S_ISREG(st.st_mode) and not 0 <= time.time() - st.st_mtime < age:
+                        os.unlink(entry, dir_fd=fd)
+                        removed.append(os.path.join(directory, entry))
         return removed
 
-    def unlink(self, path: str) -> bool:
+    def unlink(self, path: str, *, durable: bool = True) -> bool:
         """Remove file or symlink `path`; False if it was not there."""
         parent, name = os.path.split(path)
         try:
             with self.directory(parent) as fd:
                 os.unlink(name, dir_fd=fd)
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
                 return True
         except FileNotFoundError:
             return False
@@ -608,7 +606,7 @@ class Tree:
             with self.directory(parent) as fd:
                 os.rmdir(name, dir_fd=fd)
                 return True
-        except (FileNotFoundError, OSError) as e:
+        except OSError as e:  # (FileNotFoundError among them)
             if isinstance(e, UnsafePath) and e.errno != errno.ENOENT:
                 raise
             return False
