@@ -333,3 +333,42 @@ def test_a_loader_told_of_with_an_unknown_footprint_is_told_again_once_it_is_kno
     assert ("loader-seen", "llama-ds4-0731.service") in said(passes[2])
     assert passes[2].events[0].fields["expected"] == 118 * GiB
     assert stopped(passes[2]) == [("llama-ds4-0731.service", "footprint")]
+
+
+def test_a_loader_told_of_by_the_kernels_view_is_told_again_in_her_managers_words():
+    """Her manager is out of view (busy with a daemon-reload of a 60 MB unit) when her
+    loader starts: it is told from what the kernel shows. When her manager answers, it is
+    told again with what the manager said, here why its ExecStart= could not be read; and
+    a loss of view after that says nothing new."""
+    user = UnitRef("user:4200", "llama-env.service")
+    kernel = replace(
+        llama("llama-env", since=None, rss=GiB // 2),
+        ref=user,
+        exec_start=(),
+        unmanaged="its manager is out of view",
+        prediction="",
+    )
+    refused = replace(
+        kernel,
+        unmanaged="",
+        active_since=1.2,
+        prediction="user:4200: reading Environment: a reply of 60000727 bytes, over 262144",
+    )
+    passes = list(
+        replay(
+            [
+                seen(1.0, 100 * GiB, kernel),
+                seen(1.5, 100 * GiB, kernel),
+                seen(2.0, 100 * GiB, refused),
+                seen(2.5, 100 * GiB, refused),
+                seen(3.0, 100 * GiB, kernel),
+                seen(3.5, 100 * GiB, refused),
+            ]
+        )
+    )
+    told = [("loader-seen", str(user)), ("footprint-unknown", str(user))]
+    assert [said(p) for p in passes] == [told, [], told, [], [], []]
+    assert "its manager is out of view" in passes[0].events[0].msg
+    assert "no model file or size in its command line" in passes[0].events[1].msg
+    assert "its manager is out of view" not in passes[2].events[0].msg
+    assert "reading Environment: a reply of 60000727 bytes" in passes[2].events[1].msg

@@ -371,8 +371,10 @@ class Sensor:
                     msg=f"{key} manager: {why}",
                 ),
             )
-        for ref in [r for r in self._units if r.manager == key]:
-            del self._units[ref]
+        # Her units' caches stay: what her manager said of a unit still running holds while
+        # it is out of view, and a unit it could not send (a 60 MB Environment=) is asked
+        # again at its retry_at, not at every reconnection (each one silenced her manager
+        # for SILENT_FOR again: out of view for good). A unit gone goes with its pass.
 
     def _find_self(self) -> None:
         """The guard's own unit, so it is never acted on and its manager holds the rescue units."""

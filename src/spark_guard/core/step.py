@@ -66,6 +66,9 @@ class GuardState:
     # Those of them told with an unknown footprint: told again once it is known (her
     # manager answered, her wrapper exec'd the server), so the journal's last word holds.
     told_unknown: frozenset[UnitRef] = frozenset()
+    # Those told while judged by what the kernel shows (their manager out of view): told
+    # again once their manager answers, with what it says (or why it could not be read).
+    told_unmanaged: frozenset[UnitRef] = frozenset()
     # The loaders of the last decision, and those in it that were not in the one before:
     # the brake freezes a new loader before any growth of it was measured.
     loaders: frozenset[UnitRef] = frozenset()
@@ -199,15 +202,21 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
     """Tell each loader once (with why its footprint is unknown), count its runs."""
     told = set(state.told)
     unknown = set(state.told_unknown)
+    unmanaged = set(state.told_unmanaged)
     for loader in decision.loaders:
         # While its model is read, the trend guards it; it is told once the read has
         # answered, with the footprint or why there is none: a pass later.
-        again = loader.ref in unknown and loader.expected is not None
+        again = (loader.ref in unknown and loader.expected is not None) or (
+            loader.ref in unmanaged and not loader.seen.unmanaged
+        )
         if (loader.ref not in told or again) and loader.seen.foreseen is not Foreseen.PENDING:
             told.add(loader.ref)
             unknown.discard(loader.ref)
+            unmanaged.discard(loader.ref)
             if loader.expected is None and loader.charged_to is None:
                 unknown.add(loader.ref)
+            if loader.seen.unmanaged:
+                unmanaged.add(loader.ref)
             events.extend(_told(loader))
     refs = frozenset(ld.ref for ld in decision.loaders)
     # A client's base is its server's hold on the pass it was first charged: kept while
@@ -237,6 +246,7 @@ def _note_loaders(state: GuardState, decision: Decision, events: list[Event]) ->
         state,
         told=frozenset(told & refs),
         told_unknown=frozenset(unknown & refs),
+        told_unmanaged=frozenset(unmanaged & refs),
         charge_bases=MappingProxyType(bases),
         loaders=refs,
         new_loaders=refs - state.loaders,
