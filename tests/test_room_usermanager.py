@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 
 from lab.guardunit import guard_manager, restart_guard, wait_log, write_config
-from spark_guard.room import RoomPlan
+from spark_guard.core.room import RoomPlan
 from spark_guard.system.procfs import ProcFS
 from spark_guard.system.reclaim import DROP_CACHES, RoomMaker
 

@@ -10,6 +10,7 @@ import pytest
 
 from spark_guard.core.config import Config, parse
 from spark_guard.core.policy import brake, decide
+from spark_guard.core.room import RECLAIM_MIN, plan_room
 from spark_guard.core.snapshot import (
     Memory,
     MemoryRule,
@@ -19,7 +20,6 @@ from spark_guard.core.snapshot import (
     UnitRef,
     judged,
 )
-from spark_guard.room import RECLAIM_MIN, plan_room
 from spark_guard.system.procfs import parse_buddyinfo
 
 GiB = 1024**3
@@ -288,7 +288,7 @@ def test_without_make_room_the_models_page_cache_counts_in_the_strict_fit():
 
 
 def test_reclaims_that_free_little_back_off_and_stop_counting_the_cache_as_room():
-    from spark_guard.room import BACKOFF_MAX, Pace, paced
+    from spark_guard.core.room import BACKOFF_MAX, Pace, paced
 
     base = Config().make_room_every
     pace = Pace(base)

@@ -24,14 +24,14 @@ from . import config as config_mod
 from .act import act
 from .block.blocker import Blocker
 from .core.config import Config, ConfigError
-from .core.events import Event, EventKind, Level, tell
+from .core.events import Event, EventKind, tell
 from .core.policy import brake, full_look_due, poll_interval
 from .core.quantities import format_size
 from .core.snapshot import Decision, Memory, Snapshot, judged
 from .core.step import GuardState, remember, step
 from .core.text import printable
 from .metrics import TextfileWriter
-from .room import Pace, paced, plan_room
+from .roomkeeper import RoomKeeper
 from .sensor import Sensor
 from .statefile import PublishedState, Publisher
 from .statefile import build as build_state
@@ -39,7 +39,7 @@ from .system.cgroupfs import cpu_seconds, v2_root
 from .system.memlock import mlockall
 from .system.procfs import ProcError
 from .system.psi import PsiTrigger
-from .system.reclaim import RoomMade, RoomMaker
+from .system.reclaim import RoomMaker
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
@@ -80,7 +80,13 @@ class Guard:
         self.notifier = sdnotify.SystemdNotifier()
         # A manager call that came back, answered or timed out, is progress: the watchdog
         # is pinged then too, so a pass of several bounded calls is never taken for a wedge.
-        self.sensor = Sensor(config, log, heartbeat=lambda: self._watchdog(time.monotonic()))
+        # Models read, managers connected, engines answered off the loop wake it for a look.
+        self.sensor = Sensor(
+            config,
+            log,
+            heartbeat=lambda: self._watchdog(time.monotonic()),
+            on_answer=self._look_now,
+        )
         self.blocker = Blocker(
             self.sensor.managers,
             config,
@@ -109,21 +115,14 @@ class Guard:
         # Built once: the loop only waits on it.
         self._poller = select.poll()
         self._poller.register(self._wake_r, select.POLLIN)
-        # Models are read off the loop (foresight/predict.py); an answer wakes it for a full look.
-        self.sensor.predictor.on_ready = self._look_now
-        self.sensor.on_manager_ready = self._look_now
         # Room for the GPU is made off the loop (system/reclaim.py); its answer wakes it.
-        self.room = RoomMaker(
+        maker = RoomMaker(
             self.sensor.proc,
             v2_root(config.cgroup),
             os.path.join(config.proc, "sys", "vm"),
             on_done=self._wake_up,
         )
-        self._pace = Pace(config.make_room_every)  # slower while reclaims free little
-        self._reclaimed_at: float | None = None
-        self._compacted_at: float | None = None
-        self._room_said: set[str] = set()
-        self.room_counts: dict[str, int] = {}
+        self.room = RoomKeeper(maker, config, log)
 
     # --- signals --------------------------------------------------------------
 
@@ -210,7 +209,7 @@ class Guard:
         # Room for the GPU first (unified memory): a write handed to a thread, never a
         # wait; then the brake: a loader about to take the headroom below the reserve
         # is frozen now, not after the full look (0.1-0.5 s) that decides on it.
-        self._make_room(memory, snapshot, decision, now)
+        self.room.tick(None if self.dry_run else memory, decision, self.state.new_loaders, now)
         braked = self._brake(memory, snapshot, decision, now)
         if (
             pressure
@@ -222,7 +221,7 @@ class Guard:
             if now >= next_refresh:
                 self.sensor.refresh_managers(wait=0)  # connections come in off the loop
                 next_refresh = now + 2.0
-            decision, snapshot = self.look()
+            decision, snapshot = self.look(memory)
         if self.blocker.braked:
             self.blocker.release_brakes()  # what the decision did not block goes on
         if not ready and snapshot is not None:
@@ -283,11 +282,14 @@ class Guard:
             ),
         )
 
-    def look(self) -> tuple[Decision | None, Snapshot | None]:
-        """A full look: sense -> step -> act; never raises for a bad reading."""
+    def look(self, memory: Memory | None = None) -> tuple[Decision | None, Snapshot | None]:
+        """A full look: sense -> step -> act; never raises for a bad reading. `memory`: the
+        pass's reading of /proc/meminfo, carried in the snapshot (read there when None)."""
         began = time.monotonic()
         try:
-            snapshot = self.sensor.snapshot(rescue=not self.state.boot_over)
+            snapshot = self.sensor.snapshot(
+                rescue=not self.state.boot_over, memory=memory, room=self.room.view(began)
+            )
         except ProcError as e:
             tell(self.log, Event.of(EventKind.SENSE_FAILED, "error", error=str(e), msg=str(e)))
             self._status(None, None)
@@ -296,10 +298,9 @@ class Guard:
         self._decision_seconds = time.monotonic() - began
         self._decided_at = time.time()
         self.state = outcome.state
-        self.blocker.rule = snapshot.rule
         act(outcome, self.blocker, self.log)
         if not self.dry_run:
-            self.blocker.advance()
+            self.blocker.advance(snapshot.memory, snapshot.rule)
         self._status(outcome.decision, outcome.snapshot)
         self._publish(outcome.decision, outcome.snapshot)
         return outcome.decision, outcome.snapshot
@@ -316,7 +317,7 @@ class Guard:
             decided_at=self._decided_at,
             decision_seconds=self._decision_seconds,
             watchdog_at=self._pinged_at,
-            room_made=self.room_counts,
+            room_made=self.room.counts,
             managers=sorted(self.sensor.managers),
         )
         try:
@@ -342,10 +343,7 @@ class Guard:
             for ld in state["loaders"]
             if ld["cgroup"] and (used := cpu_seconds(root, ld["cgroup"])) is not None
         }
-        try:
-            self.metrics.write(state, cpu)
-        except OSError as e:
-            self.metrics.problem = f"{self.metrics.path}: {e.strerror}"
+        self.metrics.write(state, cpu)
         if self.metrics.problem and self.metrics.problem != self._metrics_problem:
             tell(
                 self.log,
@@ -400,147 +398,6 @@ class Guard:
             refs, why, mem_available=memory.available, reserve=reserve, lookahead=lookahead
         )
         return bool(frozen)
-
-    def _make_room(
-        self,
-        memory: Memory | None,
-        snapshot: Snapshot | None,
-        decision: Decision | None,
-        now: float,
-    ) -> None:
-        """On unified memory, keep MemFree above the device floor by dropping clean page
-        cache and compacting (room.plan_room), before any rule has to stop a loader. The
-        write is the RoomMaker thread's; this only hands it over and tells what it did."""
-        for made in self.room.take():
-            self._tell_room(made)
-        if self.dry_run or memory is None or snapshot is None or self.room.busy:
-            return
-        rule = snapshot.rule
-        if not self.config.make_room:
-            return
-        loading = decision is not None and any(
-            ld.seen.growth > 0 or ld.ref in self.state.new_loaders for ld in decision.loaders
-        )
-        plan = plan_room(
-            memory,
-            self.config,
-            rule,
-            loading=loading,
-            now=now,
-            last_reclaim=self._reclaimed_at,
-            last_compact=self._compacted_at,
-            every=self._pace.every,
-        )
-        if plan is None or not self.room.submit(plan, memory):
-            return
-        if plan.reclaim:
-            self._reclaimed_at = now
-        if plan.compact:
-            self._compacted_at = now
-
-    def _judge_reclaim(self, made: RoomMade) -> None:
-        """The pace of reclaims after this one (room.paced); while reclaims free little the
-        cache is no room for the GPU (sensor.room_possible), said when that turns."""
-        done = max(made.dropped, made.freed, 0) if made.method else 0
-        before = self._pace
-        self._pace = paced(before, made.plan.reclaim, done, self.config.make_room_every)
-        if before.counts and not self._pace.counts:
-            self.sensor.room_possible = False
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.ROOM_FAILED,
-                    "warning",
-                    error=f"asked {made.plan.reclaim} bytes, {done} freed",
-                    msg=f"reclaims free little ({format_size(done)} of "
-                    f"{format_size(made.plan.reclaim)} asked): the page cache is not counted as"
-                    f" room for the GPU until one frees again; retried every {self._pace.every:g}s",
-                ),
-            )
-        elif not before.counts and self._pace.counts:
-            self.sensor.room_possible = True
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.ROOM_MADE,
-                    "info",
-                    msg="page cache can be dropped again: it counts as room",
-                ),
-            )
-
-    def _tell_room(self, made: RoomMade) -> None:
-        before, after = made.before, made.after
-        # A way the kernel refused is said once (it stays so); as a warning only where no
-        # other way did the work: 6.1 refuses memory.reclaim's swappiness=0 and the next works.
-        failed = (made.plan.reclaim > 0 and not made.method) or (
-            made.plan.compact and not made.compacted
-        )
-        for error in made.errors:
-            if error not in self._room_said:
-                self._room_said.add(error)
-                level: Level = "warning" if failed else "info"
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.ROOM_FAILED,
-                        level,
-                        error=error,
-                        msg=f"cannot make room this way: {error}"
-                        + ("" if failed else f"; {made.method or 'compaction'} did it"),
-                    ),
-                )
-        self.sensor.reclaims_mapped = self.room.reclaims_mapped
-        if self.sensor.room_possible and not self.room.reclaim_possible(made.before.swap_total):
-            # No reclaim works here: the page cache is no room for the GPU, MemFree is judged.
-            self.sensor.room_possible = False
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.ROOM_FAILED,
-                    "warning",
-                    error="; ".join(self.room.broken.values()),
-                    msg="no way to drop page cache works here: on unified memory the guard now "
-                    "judges MemFree alone",
-                ),
-            )
-        if made.plan.reclaim and self.room.reclaim_possible(made.before.swap_total):
-            self._judge_reclaim(made)
-        if not made.method and not made.compacted:
-            return
-        for kind in ([made.method] if made.method else []) + (
-            ["compact"] if made.compacted else []
-        ):
-            self.room_counts[kind] = self.room_counts.get(kind, 0) + 1
-        self.room_counts["freed_bytes"] = self.room_counts.get("freed_bytes", 0) + max(
-            made.freed, 0
-        )
-        fields: dict[str, object] = {
-            "method": made.method or None,
-            "compacted": made.compacted,
-            "asked": made.plan.reclaim,
-            "seconds": round(made.seconds, 3),
-            "mem_free_before": before.free,
-            "file_clean_before": before.file_clean,
-            "huge_free_before": before.huge_free,
-        }
-        msg = f"made room for the GPU: {made.done} in {made.seconds:.2f}s; {made.plan.why}"
-        if after is not None:
-            fields |= {
-                "mem_free_after": after.free,
-                "file_clean_after": after.file_clean,
-                "huge_free_after": after.huge_free,
-            }
-            msg += (
-                f"; MemFree {format_size(before.free or 0)} -> {format_size(after.free or 0)}"
-                f", clean cache {format_size(before.file_clean)} -> "
-                f"{format_size(after.file_clean)}"
-            )
-            if before.huge_free is not None and after.huge_free is not None:
-                msg += (
-                    f", free in 2 MiB blocks {format_size(before.huge_free)} -> "
-                    f"{format_size(after.huge_free)}"
-                )
-        tell(self.log, Event.of(EventKind.ROOM_MADE, "info", msg=msg, **fields))
 
     def _full_look_due(
         self,
@@ -651,7 +508,8 @@ class Guard:
             self.config = new
             self.config_error = None
             self.sensor.reconfigure(new)
-            self.blocker.config = new  # timeouts; its paths keep their start-up values
+            self.blocker.reconfigure(new)
+            self.room.reconfigure(new)
             self.dry_run = self.dry_run_flag or new.dry_run
             self.metrics = TextfileWriter(new.metrics_textfile)
             self._force_full = True

@@ -211,6 +211,10 @@ class TextfileWriter:
         # The temporary name ends in .tmp (node_exporter skips it); 0644: node_exporter
         # runs as its own user. /var/lib/prometheus belongs to prometheus on Debian:
         # any owner on the way, never a symlink (see safefs.Tree's any_owner).
-        own_tree(any_owner=True).write(self.path, data, mode=0o644)
+        try:
+            own_tree(any_owner=True).write(self.path, data, mode=0o644)
+        except OSError as e:
+            self.problem = f"{self.path}: {e.strerror or e}"
+            return False
         self.problem = ""
         return True

@@ -18,6 +18,7 @@ from .core.argv.servers import OLLAMA
 from .core.classify import CommandLine, is_protected
 from .core.config import Config
 from .core.events import Event, EventKind, tell
+from .core.room import AS_MADE, RoomView
 from .core.snapshot import (
     ARGV_OWNER_BUDGET,
     ARGV_PASS_BUDGET,
@@ -31,6 +32,7 @@ from .core.snapshot import (
     USER_PREFIX,
     ContainerFacts,
     Foreseen,
+    Memory,
     MemoryRule,
     RescueGroup,
     SeenUnit,
@@ -206,7 +208,10 @@ class Sensor:
         clock: Callable[[], float] = time.monotonic,
         *,
         heartbeat: Callable[[], None] | None = None,
+        on_answer: Callable[[], None] | None = None,
     ) -> None:
+        """`on_answer`: called from a worker thread when a model read, a manager's connection
+        or a container engine has answered (the daemon wakes its loop for a full look)."""
         self.config = config
         self.log = log
         self.clock = clock
@@ -224,17 +229,16 @@ class Sensor:
         self._answered: set[str] = set()  # asked in this pass (and answered, or dropped)
         self._left_out: set[str] = set()
         self._left_out_now: set[str] = set()
-        # Called from a connecting thread when it has an answer (the daemon wakes its loop).
-        self.on_manager_ready: Callable[[], None] = lambda: None
+        self._on_answer = on_answer or (lambda: None)
         # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
         self.gpu = GpuWatch(retry=config.gpu_retry, deadline=config.gpu_deadline)
-        self.predictor = Predictor()
+        self.predictor = Predictor(on_ready=on_answer)
         # Container engines are asked off the loop (system/containerwatch.py) what a
         # container's cgroup is; answers wake the loop as a manager's do.
         self.containers = ContainerWatch(
             config.engines if config.containers else (),
             config.engine_timeout,
-            on_answer=lambda: self.on_manager_ready(),
+            on_answer=self._on_answer,
             docker_root=config.docker_root,
             user_engines=config.user_engines if config.containers else (),
             user_runtime=config.user_runtime,
@@ -250,10 +254,6 @@ class Sensor:
         self.rescue_groups: list[tuple[str, ...]] = []
         self._graphical_checked = False
         self._engine_said: dict[str, str] = {}
-        # False once every way of making room failed for good (system/reclaim.py): then
-        # the page cache is no room for the GPU, and the rules judge MemFree alone.
-        self.room_possible = True
-        self.reclaims_mapped = False  # memory.reclaim worked: mapped cache is droppable too
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -285,17 +285,12 @@ class Sensor:
             if time.monotonic() < self._silent.get(key, 0.0):
                 continue  # it timed out a moment ago: asked again once its silence is over
             system = found.get(SYSTEM) if key != SYSTEM else None
-            self._connecting[key] = Connecting(
-                key, sock, self.config.proc, system, self._manager_ready
-            )
+            self._connecting[key] = Connecting(key, sock, self.config.proc, system, self._on_answer)
         if wait > 0:
             deadline = time.monotonic() + wait
             for pending in list(self._connecting.values()):
                 pending.wait(deadline - time.monotonic())
         self.adopt_managers()
-
-    def _manager_ready(self) -> None:
-        self.on_manager_ready()
 
     def adopt_managers(self) -> None:
         """Take in the connections that have an answer: believed, refused or silent."""
@@ -541,17 +536,17 @@ class Sensor:
 
     # --- the snapshot -----------------------------------------------------
 
-    def snapshot(self, *, rescue: bool = True) -> Snapshot:
-        """Everything, read now. `rescue`: read the rescue units too (boot is not over).
-
-        `history` is this one reading and `boot_over` False: what the guard remembers
-        from earlier passes is step.GuardState's, put in by step()."""
+    def snapshot(
+        self, *, rescue: bool = True, memory: Memory | None = None, room: RoomView = AS_MADE
+    ) -> Snapshot:
+        """Everything, read now (`memory`: the pass's, read here when None; `room`: the cache's
+        worth; `rescue`: the rescue units too). `history` is this one reading, `boot_over`
+        False: what the guard remembers of earlier passes is GuardState's (step())."""
         if self._connecting:
             self.adopt_managers()
         now = self.clock()
-        memory = self.proc.memory()
+        memory = memory or self.proc.memory()
         gpu = self._gpu_processes(now)
-
         groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {}
         cgroups: dict[UnitRef, str] = {}
         engines = bool(self.containers.engines) and self.containers.present()
@@ -639,7 +634,7 @@ class Sensor:
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
 
-        rule = self.memory_rule()
+        rule = self.memory_rule(room)
         return Snapshot(
             now=now,
             memory=memory,
@@ -654,13 +649,11 @@ class Sensor:
             pinned=self.proc.pinned(),
         )
 
-    def memory_rule(self) -> MemoryRule:
+    def memory_rule(self, room: RoomView = AS_MADE) -> MemoryRule:
         """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
         found it (no device memory figure: GB10); room counts where the guard can make it."""
         unified = unified_memory(self.config.unified, self.gpu.unified)
-        return MemoryRule(
-            unified, self.config.make_room and self.room_possible, self.reclaims_mapped
-        )
+        return MemoryRule(unified, self.config.make_room and room.counts, room.mapped)
 
     # --- the managers asked in a pass ----------------------------------------
     #

@@ -51,9 +51,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..core.block import (
     CASCADE,
@@ -77,7 +77,7 @@ from ..core.block import (
 )
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
-from ..core.snapshot import Action, Decision, MemoryRule, UnitRef, judged
+from ..core.snapshot import Action, Decision, Memory, MemoryRule, UnitRef, judged
 from ..core.text import printable
 from ..system import cgroupfs
 from ..system.engine import Engine, engine_owner
@@ -97,8 +97,8 @@ from ..system.worker import spawn
 from . import banner
 from . import containers as container_block
 from .brake import Brake
-from .containers import EnginePort
 from .groups import GroupKill, Groups
+from .ports import EnginePort, ManagerPort
 from .records import (
     LinkRecord,
     PendingStop,
@@ -126,23 +126,6 @@ CONTAINER_RECHECK = 30.0
 # A unit paused while its manager is not connected is looked at for SIGCONT no sooner than
 # this after its SIGSTOP (a signal is taken when the process next runs).
 PAUSE_SETTLE = 0.5
-
-
-class ManagerPort(Protocol):
-    """What the blocker asks of a unit's manager (system.managers.Manager speaks it over
-    the manager's private socket; the tests' fake keeps the units in a dict)."""
-
-    @property
-    def unit_path_dirs(self) -> Sequence[str]: ...
-    def unit_states(self, names: Iterable[str]) -> dict[str, UnitState]: ...
-    def freeze_unit(self, name: str) -> None: ...
-    def thaw_unit(self, name: str) -> None: ...
-    def stop_unit(self, name: str) -> str: ...
-    def kill_unit(self, name: str, signal: int) -> None: ...
-    def unit_file_links(self, name: str) -> list[str]: ...
-    def disable_unit_files(self, name: str) -> list[str]: ...
-    def unit_control_group(self, name: str) -> str: ...
-    def reload(self) -> None: ...
 
 
 @dataclass
@@ -174,6 +157,8 @@ class Blocker:
     Guard calls advance() after each full look, so a block goes on across passes,
     and brake() ahead of one when MemAvailable is about to cross the reserve.
     """
+
+    _memory: Memory | None = None  # the pass's reading of /proc/meminfo (advance())
 
     def __init__(
         self,
@@ -216,7 +201,7 @@ class Blocker:
         if adopt_stops:
             self.brakes.adopt()
         self.proc = ProcFS(config.proc)
-        # Which figure the escalation on memory judges: the last look's (daemon.look).
+        # Which figure the escalation on memory judges: the last decision's.
         self.rule = MemoryRule()
         self._retry_at: dict[str, float] = {}
         # Units whose processes were paused while their manager was not connected: since
@@ -253,15 +238,14 @@ class Blocker:
         # The store first: a unit blocked before (by a guard since restarted, or by rescue)
         # keeps its record, the only account of the links its release must put back.
         self._refresh()
+        self.rule, self._memory = decision.rule, None  # (its waits read memory afresh)
         cgroups = {ld.ref: ld.seen.cgroup for ld in decision.loaders}
         groups = {ld.ref: ld.seen.group for ld in decision.loaders if ld.seen.group}
         engines = dict(engines or {}) | {
             ld.ref: ld.seen.container.engine for ld in decision.loaders if ld.seen.container
         }
         seen_pids = {ld.ref: ld.seen.pids for ld in decision.loaders}
-        batch = []
-        boxes = []
-        kills = []
+        batch, boxes, kills = [], [], []
         for action in actions:
             key = str(action.unit)
             if action.how == "kill":
@@ -339,8 +323,11 @@ class Blocker:
         if boxes:
             self._advance_containers(boxes, wait=QUICK_SETTLE)
 
-    def advance(self) -> None:
-        """Finish blocks left unfinished, and lay again masks a reboot or restart removed."""
+    def advance(self, memory: Memory | None = None, rule: MemoryRule | None = None) -> None:
+        """Finish blocks left unfinished, and lay again masks a reboot or restart removed.
+        `memory`, `rule`: the pass's reading and the figure it judges (the daemon's: read
+        once a pass); /proc/meminfo is read here when not given."""
+        self.rule, self._memory = rule or self.rule, memory
         self._refresh()
         now = self.clock()
         if now >= self._sweep_at:
@@ -393,6 +380,10 @@ class Blocker:
 
     def release_brakes(self) -> None:
         self.brakes.release(owned=self.records)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take a reloaded config (timeouts); its paths keep their start-up values."""
+        self.config = config
 
     def finish(self, timeout: float) -> None:
         """For one-shot commands (rescue): drive the stops until they settle or time is up."""
@@ -759,10 +750,12 @@ class Blocker:
     def _available(self) -> tuple[int, int] | None:
         """(the judged figure: MemAvailable, or the device headroom on unified memory;
         reserve) now; None when /proc cannot say."""
-        try:
-            memory = self.proc.memory()
-        except ProcError:
-            return None
+        memory = self._memory
+        if memory is None:
+            try:
+                memory = self.proc.memory()
+            except ProcError:
+                return None
         return judged(memory, self.rule), self.config.reserve_for(memory.total)
 
     def _settle(self, batch: list[Record]) -> list[Record]:
@@ -845,7 +838,7 @@ class Blocker:
         """Stopped by its manager's word and nothing left in its cgroup (core.block.settled;
         the cgroup is read only once its manager says stopped)."""
         active, load = (state.active_state, state.load_state) if state else (None, None)
-        return settled(active, load, 0) and not self._left(cgroup)
+        return settled(active, load, 0) and not (cgroup and cgroupfs.pids(self.cgroup_root, cgroup))
 
     def _kill_unit(self, record: Record, why: str) -> None:
         manager = self.managers.get(record.manager)
@@ -1116,18 +1109,18 @@ class Blocker:
         """ "settled", "running" (its escalation goes on), or "unknown": a stop an earlier
         guard sent whose manager does not answer now, so whether the processes there are
         that run's or a new one's cannot be told; it waits, and is never escalated blind."""
+        left = "running" if loose.cgroup and cgroupfs.pids(self.cgroup_root, loose.cgroup) else ""
         if loose.ref.is_container:
             if loose.box is not None and loose.box.is_alive():
                 return "running"
             # Stopped by its engine, or the engine failed and nothing is left to kill.
-            gone = not cgroupfs.pids(self.cgroup_root, loose.cgroup) if loose.cgroup else True
-            return "settled" if gone else "running"
+            return left or "settled"
         manager = self.managers.get(loose.ref.manager)
         if manager is None:
             if loose.restored:
                 return "unknown"
             # This guard's own stop, its manager gone since: no new run can start meanwhile.
-            return "running" if self._left(loose.cgroup) else "settled"
+            return left or "settled"
         try:
             st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
         except ManagerError:
@@ -1135,7 +1128,7 @@ class Blocker:
         if settled(st.active_state if st else None, st.load_state if st else None, 0):
             # Stopped by its manager's word; what is left in its cgroup (KillMode=process,
             # SendSIGKILL=no) still holds the memory, and no new run is ever inactive.
-            return "running" if self._left(loose.cgroup) else "settled"
+            return left or "settled"
         if st is not None and st.active_state == "deactivating":
             loose.seen_stopping = True
             return "running"
@@ -1156,9 +1149,6 @@ class Blocker:
         return frozenset(
             (p, self.proc.start_ticks(p)) for p in cgroupfs.pids(self.cgroup_root, cgroup)
         )
-
-    def _left(self, cgroup: str) -> bool:
-        return bool(cgroup) and bool(cgroupfs.pids(self.cgroup_root, cgroup))
 
     def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
         manager = self.managers.get(loose.ref.manager)
@@ -1584,12 +1574,5 @@ class Blocker:
             banner.publish(blocked, self.motd, self.issue)
             self._banner = text
         except OSError as e:
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.BANNER_FAILED,
-                    "error",
-                    error=str(e),
-                    msg=f"cannot write the login note: {e}",
-                ),
-            )
+            why = f"cannot write the login note: {e}"
+            tell(self.log, Event.of(EventKind.BANNER_FAILED, "error", error=str(e), msg=why))

@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Protocol
 
 from ..core.text import printable
 from ..system.engine import Container, EngineError
 from ..system.worker import spawn
+from .ports import EnginePort
 from .records import ContainerState, Record
 
 KIND = "container"
@@ -50,18 +50,6 @@ NO_UPDATE = (
     "cannot change a restart policy (Podman before 5.1): it may start again at the next "
     "boot; recreate it without --restart, or run it as a Quadlet unit"
 )
-
-
-class EnginePort(Protocol):
-    """What a container's block asks of its engine (system.engine.Engine speaks it over
-    the engine's API socket)."""
-
-    @property
-    def path(self) -> str: ...
-    def inspect(self, ref: str) -> Container: ...
-    def stop(self, ref: str, t: int = 10) -> bool: ...
-    def start(self, ref: str) -> bool: ...
-    def update_restart(self, ref: str, name: str, max_retries: int = 0) -> None: ...
 
 
 class ContainerBlockError(RuntimeError):

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.room import RoomPlan
 from ..core.snapshot import Memory
-from ..room import RoomPlan
 from .procfs import ProcError, ProcFS
 from .worker import spawn
 

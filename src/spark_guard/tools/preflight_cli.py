@@ -33,6 +33,7 @@ from ..core.classify import classify, command_line, expected_footprint
 from ..core.config import Config
 from ..core.policy import charge_clients
 from ..core.quantities import format_size
+from ..core.room import RECLAIM_MIN, RoomPlan, fragmented
 from ..core.snapshot import (
     SYSTEM,
     USER_PREFIX,
@@ -50,7 +51,6 @@ from ..foresight.clients import ServerUnit, predict_client
 from ..foresight.estimate import Estimate
 from ..foresight.predict import Prediction, Predictor, parse_environment
 from ..jsonout import emit
-from ..room import RECLAIM_MIN, RoomPlan, fragmented
 from ..system.cgroupfs import v2_root
 from ..system.managers import ManagerError, command_manager, connect_to
 from ..system.procfs import ProcFS

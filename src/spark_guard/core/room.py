@@ -8,16 +8,16 @@ clean page cache and compact whenever MemFree falls under a floor, above all
 while a server loads (docs/unified-memory.md). That is what this plans, before any
 rule stops anything: policy.judged counts the cache as room because of it.
 
-system/reclaim.py carries a plan out, off the loop.
+system/reclaim.py carries a plan out, off the loop; roomkeeper.py hands plans to it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core.config import Config
-from .core.quantities import format_size
-from .core.snapshot import Memory, MemoryRule, droppable
+from .config import Config
+from .quantities import format_size
+from .snapshot import Memory, MemoryRule, droppable
 
 MiB = 1024**2
 # Less clean cache than this is not worth a reclaim: it would not lift MemFree by much.
@@ -126,3 +126,34 @@ def paced(pace: Pace, asked: int, done: int, base: float) -> Pace:
     if done >= min(asked // 4, RECLAIM_MIN):
         return Pace(base)
     return Pace(min(pace.every * 2, BACKOFF_MAX), pace.misses + 1)
+
+
+# A plan in the worker's hands longer than this has hung (a reclaim stuck in the kernel
+# behind a locked page, a compaction of a host under thrash): until it answers, the cache
+# it was to drop is no room for the GPU (F13). A reclaim of a few GiB takes well under a
+# second (docs/benchmarks.md); one worker carries the plans out, one at a time.
+ROOM_DEADLINE = 10.0
+
+
+@dataclass(frozen=True)
+class RoomView:
+    """What clean page cache is worth to the GPU in this pass (MemoryRule's make_room and
+    reclaims_mapped): the RoomKeeper's, handed to the sensor with the pass's memory."""
+
+    counts: bool = True
+    mapped: bool = False  # a memory.reclaim worked: mapped cache is droppable too
+
+
+# Where no RoomKeeper runs (a one-shot command): the cache counts, as room would be made.
+AS_MADE = RoomView()
+
+
+def cache_counts(
+    *, wanted: bool, possible: bool, pace: Pace, busy_since: float | None, now: float
+) -> bool:
+    """Whether clean page cache counts as room now: only while room can be made of it.
+    make_room on, a way of dropping it that did not fail for good, reclaims that free
+    (Pace.counts), and no plan in hand past ROOM_DEADLINE (the worker hung: nothing is
+    dropping the cache, however much of it there is)."""
+    overdue = busy_since is not None and now - busy_since >= ROOM_DEADLINE
+    return wanted and possible and pace.counts and not overdue
