@@ -1,7 +1,8 @@
 """The package's promises with blocks active, on PID 1 in a container, in one boot.
 
 The previous release (the second entry of packaging/debian/changelog), built from
-its own code out of this checkout's history, is installed and blocks two enabled
+the commit that shipped it (what admins installed), out of this checkout's history,
+is installed and blocks two enabled
 loaders; upgraded to this checkout's package it restarts once and keeps their
 records and masks; a release by the new tools still restores exactly what the old
 guard removed; removed with a block active it releases that unit exactly and
@@ -11,6 +12,8 @@ admin's drop-in, whose record it keeps and names.
 
 So what is tested is the upgrade path (prerm upgrade, unpack, postinst's restart)
 across a real change of code: records written by the old guard, read by the new.
+And the way back: a downgrade releases every block first, while the code that can
+undo it exactly is still there (the older guard cannot read these records).
 """
 
 from __future__ import annotations
@@ -58,10 +61,9 @@ def _git(*args: str) -> str:
     ).stdout
 
 
-def previous_release(where: Path) -> tuple[str, Path]:
-    """(the previous release's version, its .deb built from its own code): the commit
-    before the one that put this version at the top of the changelog."""
-    current, previous = _versions((REPO / CHANGELOG).read_text())[:2]
+def _shipping_commit(version: str) -> str:
+    """The commit that shipped `version`: the first to put it at the top of the changelog
+    (its code is what admins installed, not the code of the commit before the next one)."""
     if _git("rev-parse", "--is-shallow-repository").strip() == "true":
         # A shallow clone (a CI's): the previous release's code is in the history it lacks.
         subprocess.run(
@@ -70,24 +72,37 @@ def previous_release(where: Path) -> tuple[str, Path]:
             timeout=120,
         )
     for commit in _git("log", "--first-parent", "--format=%H", "--", CHANGELOG).split():
-        here = _versions(_git("show", f"{commit}:{CHANGELOG}"))
-        try:
-            before = _versions(_git("show", f"{commit}^:{CHANGELOG}"))
-        except subprocess.CalledProcessError:
-            break  # the first commit, or a shallow clone's edge
-        if here[:1] == [current] and before[:1] == [previous]:
-            src = where / "previous"
-            subprocess.run(["git", "clone", "-q", str(REPO), str(src)], check=True)
-            subprocess.run(["git", "-C", str(src), "checkout", "-q", f"{commit}^"], check=True)
-            out = subprocess.run(
-                [str(src / "packaging" / "build-deb.sh")],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            assert out.returncode == 0, out.stderr[-3000:]
-            return previous, src / out.stdout.strip().splitlines()[-1]
-    raise AssertionError(f"{previous}'s code is not in this checkout's history (shallow?)")
+        if _versions(_git("show", f"{commit}:{CHANGELOG}"))[:1] != [version]:
+            continue
+        parent = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{commit}^:{CHANGELOG}"],
+            capture_output=True,
+            text=True,
+        )
+        if parent.returncode == 0 and _versions(parent.stdout)[:1] == [version]:
+            continue  # a later commit of that release: older ones come next
+        if (
+            parent.returncode != 0
+            and _git("rev-parse", "--is-shallow-repository").strip() == "true"
+        ):
+            break
+        return commit
+    raise AssertionError(f"{version}'s code is not in this checkout's history (shallow?)")
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(the previous release's version, its .deb built from the code that shipped it)."""
+    version = _versions((REPO / CHANGELOG).read_text())[1]
+    commit = _shipping_commit(version)
+    src = tmp_path_factory.mktemp("previous") / "spark-guard"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(src)], check=True)
+    subprocess.run(["git", "-C", str(src), "checkout", "-q", commit], check=True)
+    out = subprocess.run(
+        [str(src / "packaging" / "build-deb.sh")], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return version, src / out.stdout.strip().splitlines()[-1]
 
 
 def apt(c: Container, *args: str) -> str:
@@ -135,11 +150,13 @@ def blocked_as(c: Container, unit: str) -> dict[str, object]:
     return {k: record.get(k) for k in ("unit", "manager", "mask_path", "mask_made", "links")}
 
 
-def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tmp_path: Path):
-    version, previous = previous_release(tmp_path)
+def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(
+    deb: Path, previous: tuple[str, Path]
+):
+    version, old_deb = previous
     current = _versions((REPO / CHANGELOG).read_text())[0]
     with Container() as c:
-        shutil.copy(previous, c.path("/root/spark-guard.deb"))
+        shutil.copy(old_deb, c.path("/root/spark-guard.deb"))
         shutil.copy(deb, c.path("/root/spark-guard-new.deb"))
         c.path("/etc/spark-guard.toml").write_text(CONFIG)
         wants = c.path("/etc/systemd/system/multi-user.target.wants")
@@ -228,3 +245,41 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(deb: Path, tm
             "var/lib/spark-guard/hardened",
             "var/lib/spark-guard/hardened/llama-b.service.json",
         ]
+
+
+def test_a_downgrade_releases_every_block_first_exactly(deb: Path, previous: tuple[str, Path]):
+    """The older guard cannot read this one's records, and would write its own over them:
+    before it takes over, every block is released exactly (not started), and said."""
+    version, old_deb = previous
+    with Container() as c:
+        shutil.copy(old_deb, c.path("/root/spark-guard-old.deb"))
+        shutil.copy(deb, c.path("/root/spark-guard.deb"))
+        c.path("/etc/spark-guard.toml").write_text(CONFIG)
+        wants = c.path("/etc/systemd/system/multi-user.target.wants")
+        wants.mkdir(parents=True, exist_ok=True)
+        for unit in LOADERS:
+            c.path(f"/etc/systemd/system/{unit}").write_text(LOADER)
+            (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
+        c.boot()
+        etc = c.path("/etc/systemd/system")
+        before = file_tree(etc)
+        apt(c, "install", "/root/spark-guard.deb")
+        for unit in LOADERS:
+            wait_event(c, "unit-blocked", unit)
+            assert masked(c, unit)
+
+        said = apt(c, "install", "--allow-downgrades", "/root/spark-guard-old.deb")
+        assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == version
+        assert f"downgrading to {version}, which cannot read these records" in said, said
+        assert "release --all failed" not in said, said
+        for unit in LOADERS:
+            assert not masked(c, unit), unit
+            props = c.show(unit, "LoadState", "UnitFileState", "ActiveState")
+            assert props == {
+                "LoadState": "loaded",
+                "UnitFileState": "enabled",
+                "ActiveState": "inactive",  # not started: as at removal, at the next boot
+            }, (unit, props)
+        assert ours(file_tree(etc)) == ours(before)
+        assert not any(c.path(f"{STATE}/blocked").glob("*.json"))
+        c.wait_for("spark-guard.service", "ActiveState", "active")  # the older guard watches
