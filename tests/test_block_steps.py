@@ -24,7 +24,7 @@ from spark_guard.block.records import Record
 from spark_guard.core.block import RETRY_AFTER, STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
 from spark_guard.core.snapshot import Action, Decision, Loader, Phase, Reason, SeenUnit, UnitRef
-from spark_guard.system.managers import ManagerError
+from spark_guard.system.managers import FreezeLate, ManagerError
 from spark_guard.system.safefs import own_tree
 from spark_guard.system.unitfiles import NULL, Owner, mask_dir
 from tests import manager_double
@@ -661,3 +661,25 @@ def test_records_that_cannot_be_listed_are_kept_and_the_stop_still_goes_out(rig)
     record = blocker.store.load(REF)
     assert record is not None and record.step == S.BLOCKED
     assert os.readlink(mask) == NULL and not os.path.lexists(link)
+
+
+def test_a_freeze_answered_late_is_kept_and_thawed_when_spared(rig):
+    """F4: FreezeUnit is answered once the kernel has frozen the cgroup, and a loader in
+    an uninterruptible wait (an NVIDIA ioctl) holds that back. The call now gives up
+    after FREEZE_TIMEOUT (FreezeLate; the manager is not taken for silent), and the
+    freeze, which may still land, is kept on record: the decision spares the loader,
+    and it is thawed. Before, a freeze that timed out was forgotten, and landed later on
+    a unit nothing would thaw."""
+    blocker, manager, _clock, _moves, _mask, _link = rig
+
+    def late(name: str) -> None:
+        manager.calls.append(f"freeze {name}")
+        raise FreezeLate(f"{KEY}: FreezeUnit: no answer within the deadline; it may still land")
+
+    manager.freeze_unit = late
+    with capture_logs() as events:
+        assert blocker.brake([REF], "test") == [REF]
+        assert os.listdir(os.path.join(blocker.config.state, "braked")) == [f"{REF}.json"]
+        blocker.release_brakes()  # the decision spared it
+    assert manager.calls == [f"freeze {UNIT}", f"thaw {UNIT}"] and not blocker.braked
+    assert [e["event"] for e in events] == ["brake", "brake-released"]

@@ -88,7 +88,7 @@ def test_a_users_job_is_killed_alone_in_a_unit_of_roots(tmp_path):
 def test_a_manager_stopped_or_frozen_is_seen_paused_without_a_call():
     """A user's manager that she stopped (SIGSTOP) or froze (the cgroup freezer, on her own
     delegated cgroup) would hold the guard for the bus timeout on the next call, the GIL
-    held; the kernel's word in /proc says so first (managers.paused)."""
+    held; the kernel's word in /proc says so first (cgroupfs.paused)."""
     import os
     import signal
     import time
@@ -97,7 +97,7 @@ def test_a_manager_stopped_or_frozen_is_seen_paused_without_a_call():
     import pytest
 
     from lab.harness import CGROUP_ROOTS
-    from spark_guard.system.managers import paused
+    from spark_guard.system.cgroupfs import paused
 
     child = subprocess.Popen(["sleep", "60"])
     cgroup = Path(CGROUP_ROOTS[0]) / f"sg-paused-{os.getpid()}"

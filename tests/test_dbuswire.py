@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -225,3 +226,70 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
         refused = [u for u in fat if not u.exec_start]
         assert refused and len(refused) < n, len(refused)
         assert why is not None and "over 1024 KiB: not read" in why.unreadable
+
+
+def peer(path: str, answer: bytes | None) -> threading.Thread:
+    """A listener at `path` that does the D-Bus handshake, reads one call, and sends
+    `answer` to it (None: never answers, as systemd's FreezeUnit while the kernel has
+    not frozen the cgroup)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, server:
+            conn.recv(4096)  # AUTH EXTERNAL ... BEGIN
+            conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
+            conn.recv(4096)  # the call
+            if answer is not None:
+                conn.sendall(answer)
+            conn.recv(1)  # until the caller hangs up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def empty_return() -> bytes:
+    fields = bytes([dbuswire.F_REPLY_SERIAL, 1]) + b"u\0" + struct.pack("<I", 1)
+    head = b"l" + bytes([dbuswire.METHOD_RETURN, 0, 1])
+    return head + struct.pack("<III", 0, 2, len(fields)) + fields
+
+
+def test_a_call_that_returns_nothing_is_answered_or_given_up_with_the_gil_free(tmp_path):
+    """F4: FreezeUnit on a connection of its own. Answered: ok, no value. Not answered: one
+    NoAnswer at the deadline, and meanwhile the guard's other threads ran (pystemd held
+    the GIL for the whole bus timeout: every thread of the guard stopped)."""
+    args = (b"/org/freedesktop/systemd1", b"org.freedesktop.systemd1.Manager", b"FreezeUnit")
+    served = peer(str(tmp_path / "answers"), empty_return())
+    assert (
+        dbuswire.call(
+            str(tmp_path / "answers"), *args, b"x.service", reply=None, timeout=2, cap=1 << 16
+        )
+        is None
+    )
+    served.join(2)
+
+    ticks = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    counter = threading.Thread(target=count, daemon=True)
+    peer(str(tmp_path / "silent"), None)
+    counter.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(dbuswire.NoAnswer):
+            dbuswire.call(
+                str(tmp_path / "silent"), *args, b"x.service", reply=None, timeout=0.5, cap=1 << 16
+            )
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        counter.join()
+    assert 0.45 < took < 1.5
+    assert ticks[0] > 10_000  # the counting thread ran throughout the wait

@@ -25,7 +25,7 @@ MODULE_DEBTS = {
     "foresight/safetensors.py": 735,
     "sensor.py": 1132,
     "system/engine.py": 644,
-    "system/managers.py": 666,
+    "system/managers.py": 642,
     "system/safefs.py": 637,
     "tools/doctor/judge.py": 618,
 }
@@ -62,7 +62,6 @@ FUNCTION_DEBTS = {
     "sensor.py:_foresee_unit": 62,
     "statefile.py:build": 80,
     "system/cgroupfs.py:kill_uid": 73,
-    "system/dbuswire.py:get_property": 65,
     "system/gpu.py:inspect": 63,
     "tools/audit.py:loader_findings": 113,
     "tools/audit_cli.py:_print": 72,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..core.block import RETRY_AFTER
 from ..core.events import Event, EventKind, Level, tell
 from ..core.snapshot import UnitRef
-from ..system.managers import ManagerError
+from ..system.managers import FreezeLate, ManagerError
 from .records import BRAKED, PendingStop, RecordStore
 
 if TYPE_CHECKING:
@@ -83,6 +83,10 @@ class Brake:
             return False, ""
         try:
             manager.freeze_unit(ref.name)
+        except FreezeLate as e:
+            # The kernel has not frozen it yet (a process in an uninterruptible wait), and
+            # may: kept as frozen, so that a unit the decision spares is thawed (F4).
+            return True, str(e)
         except ManagerError as e:
             text = str(e)
             if any(s in text.lower() for s in NOT_ANSWERING):

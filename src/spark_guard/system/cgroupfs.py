@@ -10,11 +10,14 @@ recycled PID.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
 import time
 from collections.abc import Callable, Iterable
+
+from .procfs import ProcFS
 
 
 def v2_root(base: str) -> str:
@@ -267,3 +270,35 @@ def _still(
         return where is not None and (where + "/").startswith(inside) and start(pid) == began
     finally:
         os.close(fd)
+
+
+def paused(proc_root: str, pid: int, cgroup_base: str = "/sys/fs/cgroup") -> str:
+    """Why process `pid` cannot answer now, from the kernel's word, or "": stopped
+    (SIGSTOP, a tracer) or frozen (the cgroup freezer, which a user may set on her own
+    manager's delegated cgroup: its cgroup.events says "frozen 1", inherited from any
+    frozen parent). Small reads of /proc and cgroupfs, no call: a user's manager that is
+    paused is not called, since a call would hold the GIL for the bus timeout."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        end = stat.rindex(b")")
+        state = stat[end + 2 : end + 3]
+    except (OSError, ValueError):
+        return ""
+    if state in (b"T", b"t"):
+        return "stopped (SIGSTOP)" if state == b"T" else "stopped by a tracer"
+    cgroup = ProcFS(proc_root).cgroup(pid)
+    if not cgroup:
+        return ""
+    events = os.path.join(_v2_root(cgroup_base), cgroup.lstrip("/"), "cgroup.events")
+    try:
+        with open(events, "rb") as f:
+            frozen = b"\nfrozen 1" in b"\n" + f.read(4096)
+    except OSError:
+        return ""
+    return "frozen (cgroup freezer)" if frozen else ""
+
+
+@functools.lru_cache(maxsize=4)
+def _v2_root(base: str) -> str:
+    return v2_root(base)

@@ -1,4 +1,4 @@
-"""One D-Bus property read in plain Python, bounded in size and time.
+"""One D-Bus call in plain Python, bounded in size and time.
 
 pystemd (sd-bus) reads a reply whole, however big, with the GIL held: a user's
 unit with 60 Environment= lines of 1 MB each made one read 60 MB and 0.5 s, and
@@ -7,7 +7,11 @@ its body is read: a reply over `cap` is refused unread, and the whole call has
 a deadline kept in Python (a socket timeout), so a manager that stops
 answering costs the caller that deadline and nothing else.
 
-Just what Properties.Get needs: marshal one method call, read messages until
+The same for FreezeUnit, which systemd answers only once the kernel has frozen the
+cgroup: a loader in an uninterruptible wait (an NVIDIA ioctl) holds the answer back,
+and pystemd would hold the GIL, and every thread of the guard, the whole bus timeout.
+
+Just what Properties.Get and FreezeUnit need: marshal one method call, read messages until
 its reply, unmarshal the basic types, arrays, structs and variants systemd's
 unit properties use. The D-Bus specification, "Message Protocol": a 16-byte
 fixed header, header fields a(yv), the body 8-aligned after them.
@@ -52,7 +56,7 @@ def timed_out(e: WireError) -> bool:
     return isinstance(e, NoAnswer)
 
 
-# --- marshalling (what a Properties.Get call needs) --------------------------------------
+# --- marshalling (what Properties.Get and FreezeUnit need) --------------------------------------
 
 
 def _pad(buf: bytearray, align: int) -> None:
@@ -232,11 +236,11 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
 
 
 def read_reply(
-    sock: socket.socket, serial: int, deadline: float, cap: int, signature: str
+    sock: socket.socket, serial: int, deadline: float, cap: int, signature: str | None
 ) -> tuple[str, Any]:
-    """The reply to call `serial`, a variant of `signature`: ("ok", its value) or ("error",
-    its name and text). Other messages (the signals systemd sends every client) are read
-    past, each one bounded; a reply of any other signature is an error."""
+    """The reply to call `serial`, a variant of `signature` (None: a reply with no value):
+    ("ok", its value) or ("error", its name and text). Other messages (the signals systemd
+    sends every client) are read past, each one bounded; another signature is an error."""
     while True:
         fixed = _recv_exactly(sock, FIXED, deadline)
         endian = {b"l"[0]: "<", b"B"[0]: ">"}.get(fixed[0])
@@ -270,28 +274,39 @@ def read_reply(
             return "error", f"{printable(str(header.get(F_ERROR_NAME, '?')), 128)}: " + (
                 printable(text, 256)
             )
-        if said != "v":
-            raise WireError(f"a reply of signature {printable(str(said), 32)!r}, not a variant")
+        if signature is None and not said:
+            return "ok", None
+        if said != "v" or signature is None:
+            raise WireError(f"a reply of signature {printable(str(said), 32)!r}, not {signature!r}")
         (value,) = unmarshal("v", body, endian, at, frozenset({signature}))
         return "ok", value
 
 
 def get_property(
+    address: str, path: bytes, interface: bytes, prop: bytes, *, signature: str, **how: Any
+) -> Any:
+    """One property of object `path`, of D-Bus type `signature` (call()'s `how`)."""
+    properties = b"org.freedesktop.DBus.Properties"
+    return call(address, path, properties, b"Get", interface, prop, reply=signature, **how)
+
+
+def call(
     address: str,
     path: bytes,
     interface: bytes,
-    prop: bytes,
-    *,
-    signature: str,
+    member: bytes,
+    *args: bytes,
+    reply: str | None,
     timeout: float,
     cap: int,
     peer_pid: int = 0,
     destination: bytes = b"org.freedesktop.systemd1",
 ) -> Any:
-    """One property of object `path`, of D-Bus type `signature`, on a fresh peer-to-peer
-    connection to `address` (a manager's private socket): refused over `cap` bytes, or
-    of another type; given up after `timeout` seconds. `peer_pid`: the process that must
-    answer (SO_PEERCRED), when known."""
+    """One method call with string arguments, on a fresh peer-to-peer connection to
+    `address` (a manager's private socket), in plain Python: the GIL is free while it
+    waits. Its value, a variant of `reply` (None: a method that returns nothing); refused
+    over `cap` bytes, or of another type; given up after `timeout` seconds (NoAnswer).
+    `peer_pid`: the process that must answer (SO_PEERCRED), when known."""
     deadline = time.monotonic() + timeout
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -320,22 +335,12 @@ def get_property(
                     raise WireError("no D-Bus handshake")
             if not line.startswith(b"OK "):
                 raise WireError("the D-Bus handshake was refused")
-            sock.sendall(
-                method_call(
-                    1,
-                    destination,
-                    path,
-                    b"org.freedesktop.DBus.Properties",
-                    b"Get",
-                    interface,
-                    prop,
-                )
-            )
+            sock.sendall(method_call(1, destination, path, interface, member, *args))
         except TimeoutError:
             raise NoAnswer("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"cannot connect: {e.strerror or e}") from None
-        kind, value = read_reply(sock, 1, deadline, cap, signature)
+        kind, value = read_reply(sock, 1, deadline, cap, reply)
     finally:
         sock.close()
     if kind == "error":

@@ -31,7 +31,7 @@ from ..core.argv.environment import needed as needed_environment
 from ..core.classify import bounded
 from ..core.snapshot import ARGV_MAX_BYTES, SYSTEM, manager_uid, user_manager, valid_unit_name
 from . import dbuswire
-from .cgroupfs import v2_root
+from .cgroupfs import paused
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
 
@@ -70,6 +70,12 @@ class ManagerSilent(ManagerError):
     frozen. It is not asked again until SILENT_FOR has passed."""
 
 
+class FreezeLate(ManagerError):
+    """FreezeUnit not answered within FREEZE_TIMEOUT: the kernel has not frozen the cgroup
+    yet (a process in an uninterruptible wait). The freeze may still land; the manager
+    answers other calls meanwhile, so it is not silent."""
+
+
 # A manager busy past this answers nothing useful in time: the guard moves on
 # (cgroup kill, retry later) instead of sd-bus's default 25 s wait.
 os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", "5s")
@@ -87,6 +93,8 @@ HANDSHAKE_TIMEOUT = 1.0
 # in milliseconds; 60 Environment= lines of 1 MB took systemd 3.7 s to send.
 DETAILS_CAP = 256 * 1024
 DETAILS_TIMEOUT = 1.0
+# A freeze of a cgroup whose processes all run or sleep takes milliseconds (F4).
+FREEZE_TIMEOUT = 1.0
 
 
 def _hung_up(fd: int) -> bool:
@@ -95,38 +103,6 @@ def _hung_up(fd: int) -> bool:
     poller.register(fd, select.POLLRDHUP)
     closed = select.POLLRDHUP | select.POLLHUP | select.POLLERR
     return any(ev & closed for _, ev in poller.poll(0))
-
-
-def paused(proc_root: str, pid: int, cgroup_base: str = "/sys/fs/cgroup") -> str:
-    """Why process `pid` cannot answer now, from the kernel's word, or "": stopped
-    (SIGSTOP, a tracer) or frozen (the cgroup freezer, which a user may set on her own
-    manager's delegated cgroup: its cgroup.events says "frozen 1", inherited from any
-    frozen parent). Small reads of /proc and cgroupfs, no call: a user's manager that is
-    paused is not called, since a call would hold the GIL for the bus timeout."""
-    try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as f:
-            stat = f.read(4096)
-        end = stat.rindex(b")")
-        state = stat[end + 2 : end + 3]
-    except (OSError, ValueError):
-        return ""
-    if state in (b"T", b"t"):
-        return "stopped (SIGSTOP)" if state == b"T" else "stopped by a tracer"
-    cgroup = ProcFS(proc_root).cgroup(pid)
-    if not cgroup:
-        return ""
-    events = os.path.join(_v2_root(cgroup_base), cgroup.lstrip("/"), "cgroup.events")
-    try:
-        with open(events, "rb") as f:
-            frozen = b"\nfrozen 1" in b"\n" + f.read(4096)
-    except OSError:
-        return ""
-    return "frozen (cgroup freezer)" if frozen else ""
-
-
-@functools.lru_cache(maxsize=4)
-def _v2_root(base: str) -> str:
-    return v2_root(base)
 
 
 def _bounded_rows(rows: Iterable[tuple[str, ...]]) -> tuple[tuple[str, ...], ...]:
@@ -361,7 +337,15 @@ class Manager:
             finally:
                 self._bus = None
 
-    def _get(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
+    def _get(
+        self, path: bytes, iface: bytes, prop: bytes, sig: bytes, bounded: bool = False
+    ) -> Any:
+        """A property. `bounded`: one a user wrote (ExecStart=, Environment=), refused over
+        DETAILS_CAP bytes (pystemd would read it whole, however big, with the GIL held)."""
+        if bounded:
+            get = (path, b"org.freedesktop.DBus.Properties", b"Get", iface, prop)
+            what, reply = f"reading {prop.decode()}", sig.decode()
+            return self._wire(what, *get, reply=reply, timeout=DETAILS_TIMEOUT, cap=DETAILS_CAP)
         bus = self._ready(f"reading {prop.decode()}")
         try:
             return bus.get_property(_DEST, path, iface, prop, sig)
@@ -443,28 +427,18 @@ class Manager:
             if _s(r[0]) in wanted
         }
 
-    def _get_bounded(self, path: bytes, iface: bytes, prop: bytes, sig: bytes) -> Any:
-        """A property a user wrote (ExecStart=, Environment=), read on a connection of its
-        own: refused over DETAILS_CAP bytes, given up after DETAILS_TIMEOUT (dbuswire.py).
-        pystemd would read it whole, however big, with the GIL held."""
-        what = f"reading {prop.decode()}"
+    def _wire(self, what: str, *args: Any, late: bool = False, **how: Any) -> Any:
+        """dbuswire.call() on a connection of its own, the GIL free while it waits. Not
+        answered in time: the manager is silent for SILENT_FOR (thirty new units of hers
+        cost one deadline, not thirty), or with `late`, FreezeLate (it answers others)."""
         self._ready(what)
         try:
             with self._socket_dir() as address:
-                return dbuswire.get_property(
-                    address,
-                    path,
-                    iface,
-                    prop,
-                    signature=sig.decode(),
-                    timeout=DETAILS_TIMEOUT,
-                    cap=DETAILS_CAP,
-                    peer_pid=self.pid,
-                )
+                return dbuswire.call(address, *args, peer_pid=self.pid, **how)
         except dbuswire.WireError as e:
+            if dbuswire.timed_out(e) and late:
+                raise FreezeLate(f"{self.key}: {what}: {e}; it may still land") from None
             if dbuswire.timed_out(e):
-                # Silent as a pystemd call that timed out: not asked again for SILENT_FOR,
-                # so thirty new units of hers cost one deadline, not thirty.
                 self.silent_until = time.monotonic() + SILENT_FOR
                 raise ManagerSilent(f"{self.key}: {what}: {e}") from None
             raise ManagerError(f"{self.key}: {what}: {e}") from None
@@ -475,7 +449,7 @@ class Manager:
         """What a service runs and since when. Environment=: only what foresight reads
         (core/argv/environment.py). A user manager's units are read bounded."""
         path = self.unit_path(name)
-        get = self._get if self.key == SYSTEM else self._get_bounded
+        get = functools.partial(self._get, bounded=self.key != SYSTEM)
         exec_start: tuple[tuple[str, ...], ...] = ()
         environment: tuple[str, ...] = ()
         user = ""
@@ -544,8 +518,10 @@ class Manager:
 
     def freeze_unit(self, name: str) -> None:
         """Freeze the unit's cgroup (systemd 246+, cgroup v2 only): the reply comes once the
-        kernel has frozen it; a manager without the freezer answers with an error."""
-        self._call(b"FreezeUnit", b"s", name.encode())
+        kernel has frozen it (FreezeLate past FREEZE_TIMEOUT); a manager without the
+        freezer answers with an error."""
+        call = (_PATH, _MANAGER, b"FreezeUnit", name.encode())
+        self._wire("FreezeUnit", *call, reply=None, timeout=FREEZE_TIMEOUT, cap=1 << 16, late=True)
 
     def thaw_unit(self, name: str) -> None:
         """Thaw a unit frozen by freeze_unit (the guard's brake, when it did not block it)."""
