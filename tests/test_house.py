@@ -25,8 +25,7 @@ MODULE_DEBTS = {
     "foresight/safetensors.py": 735,
     "sensor.py": 1132,
     "system/engine.py": 644,
-    "system/managers.py": 642,
-    "system/safefs.py": 637,
+    "system/managers.py": 640,
     "tools/doctor/judge.py": 618,
 }
 # module:class -> (methods, lines)
@@ -34,7 +33,7 @@ CLASS_DEBTS = {
     "block/blocker.py:Blocker": (62, 1428),
     "daemon.py:Guard": (21, 483),
     "sensor.py:Sensor": (31, 920),
-    "system/managers.py:Manager": (31, 391),
+    "system/managers.py:Manager": (31, 389),
 }
 # module:function -> lines (the longest of that name in the module)
 FUNCTION_DEBTS = {

@@ -19,7 +19,7 @@ predicted by the same Predictor.for_spec. What differs is where its model is:
   root). So it is read with the guard's own rights (root), the mount's source
   walked from / one component at a time with O_NOFOLLOW (a symlink there, even
   one root owns, means no prediction), and the rest resolved beneath the source
-  as openat2's RESOLVE_BENEATH would (safefs.open_beneath): a relative symlink is
+  as openat2's RESOLVE_BENEATH would (beneath.open_beneath): a relative symlink is
   followed while it stays beneath the mount (a Hugging Face cache's snapshot
   files point into `../../blobs/`), one that climbs out or is absolute (inside
   the container it names the container's root) means no prediction. The file
@@ -46,7 +46,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..system import safefs
+from ..system import beneath, safefs
 from ..system.engine import Container
 from .gguf import HeaderCache, Model, read_model
 from .modelfile import ModelFileError, ModelOpenError
@@ -81,7 +81,7 @@ def host_path(mounts: Sequence[tuple[str, str]], inside: str) -> str:
 
 def in_mount(mounts: Sequence[tuple[str, str]], inside: str) -> tuple[str, str]:
     """(the host source of the mount `inside` is in, the rest of the path below it), as
-    host_path says; the read resolves the rest beneath the source (safefs.open_beneath)."""
+    host_path says; the read resolves the rest beneath the source (beneath.open_beneath)."""
     if not inside.startswith("/"):
         raise MountError(f"{inside}: a relative path in a container is not resolved")
     parts = _components(inside)
@@ -117,12 +117,12 @@ def _symlink(host: str, name: str) -> ModelFileError:
 
 
 def _open_beneath(source: str, rest: str, shown: str) -> tuple[int, os.stat_result]:
-    """The regular file at `rest` beneath mount source `source` (safefs.open_beneath: a
+    """The regular file at `rest` beneath mount source `source` (beneath.open_beneath: a
     symlink is followed only while it stays beneath the mount, as a Hugging Face cache's
     snapshot files point into its blobs), its last component opened with no symlink
     followed; a FIFO, device or directory refused before it is opened."""
     try:
-        dir_fd, name = safefs.open_beneath(source, rest)
+        dir_fd, name = beneath.open_beneath(source, rest)
     except safefs.UnsafePath as e:
         raise ModelFileError(f"{shown}: {e.strerror} in a container's mount") from None
     except OSError as e:

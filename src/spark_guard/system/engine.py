@@ -456,7 +456,7 @@ class Engine:
         directory, name = os.path.split(self.path)
         runtime = os.path.join(self.user_runtime, str(self.owner))
         try:
-            tree = Tree(self.user_runtime, self.owner, anchor_stat(runtime).st_gid)
+            tree = Tree(self.user_runtime, self.owner, anchor_stat(runtime).st_gid, no_fuse=True)
             with tree.directory(directory) as fd:
                 # The socket itself pinned (O_PATH, no symlink followed), checked, and
                 # connected to through its fd: nothing can be swapped in between.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import glob
 import importlib
 import importlib.util
 import os
@@ -30,7 +29,7 @@ from typing import Any
 from ..core.argv.environment import needed as needed_environment
 from ..core.classify import bounded
 from ..core.snapshot import ARGV_MAX_BYTES, SYSTEM, manager_uid, user_manager, valid_unit_name
-from . import dbuswire
+from . import dbuswire, mounts
 from .cgroupfs import paused
 from .procfs import ProcFS
 from .safefs import Tree, UnsafePath, anchor_stat
@@ -266,8 +265,10 @@ class Manager:
         # <user_runtime>/UID/systemd/private: the anchor is the root-owned runtime root.
         runtime = os.path.dirname(directory)
         try:
-            tree = Tree(os.path.dirname(runtime), self.uid, anchor_stat(runtime).st_gid)
+            tree = Tree(os.path.dirname(runtime), self.uid, anchor_stat(runtime).st_gid, True)
             with tree.directory(directory) as fd:
+                if mounts.fuse_at(name, fd):
+                    raise UnsafePath(errno.EXDEV, f"{self.socket_path}: a FUSE mount")
                 yield f"/proc/self/fd/{fd}/{name}"
         except UnsafePath as e:
             raise ManagerUntrusted(f"{self.key}: {e}") from None
@@ -502,12 +503,8 @@ class Manager:
 
     def start_jobs(self) -> list[str]:
         """Units with a start job queued or running: loaders about to start."""
-        jobs = self._call(b"ListJobs", b"")
-        return [
-            _s(unit)
-            for _id, unit, kind, *_ in jobs
-            if _s(kind) in _START_JOBS and valid_unit_name(_s(unit))
-        ]
+        jobs = ((_s(unit), _s(kind)) for _id, unit, kind, *_ in self._call(b"ListJobs", b""))
+        return [unit for unit, kind in jobs if kind in _START_JOBS and valid_unit_name(unit)]
 
     def default_target(self) -> str:
         return _s(self._call(b"GetDefaultTarget", b""))
@@ -563,12 +560,13 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
     found = {}
     if os.path.exists(system_socket):
         found[SYSTEM] = system_socket
-    for sock in sorted(
-        glob.glob(os.path.join(glob.escape(user_runtime), "*", "systemd", "private"))
-    ):
-        uid = sock[len(user_runtime) :].strip("/").split("/", 1)[0]
-        if uid.isascii() and uid.isdigit():
-            found[user_manager(int(uid))] = sock
+    try:
+        uids = sorted(n for n in os.listdir(user_runtime) if n.isascii() and n.isdigit())
+    except OSError:
+        uids = []
+    for uid in uids:  # (never into her FUSE mount over her runtime dir: it may not answer)
+        if mounts.present(user_runtime, (uid, "systemd", "private")):
+            found[user_manager(int(uid))] = os.path.join(user_runtime, uid, "systemd", "private")
     return found
 
 

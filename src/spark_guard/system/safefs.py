@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 
+from . import mounts
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # write()'s temporary names, and how old one must be before it is a dead writer's.
 _TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
@@ -167,60 +169,6 @@ def open_dir(path: str) -> int:
         raise
 
 
-BENEATH_DEPTH = 64  # directories held open at once below the anchor
-BENEATH_STEPS = 4096  # components resolved in all, symlinks' included
-
-
-def open_beneath(anchor: str, path: str) -> tuple[int, str]:
-    """(an fd of the directory holding `path`'s last component, that component's name),
-    with `path` resolved beneath directory `anchor` as openat2's RESOLVE_BENEATH does,
-    done here one component at a time: the anchor is opened with open_dir (no symlink
-    above it followed); below it a symlink is followed while its target stays beneath
-    the anchor (a relative target, a '..' never above it; an absolute target is refused:
-    inside a container it names the container's root, not the host's), at most
-    _MAX_LINKS of them. The way a Hugging Face cache's snapshot files reach
-    `../../blobs/`. UnsafePath (ELOOP; its strerror the reason alone, without the path)
-    for a way out; other OSErrors as they came."""
-    try:
-        stack = [open_dir(anchor)]
-    except UnsafePath as e:
-        raise UnsafePath(errno.ELOOP, f"{e.filename!r} is a symlink, not followed", path) from None
-    todo = list(reversed(_parts(path)))
-    links = steps = 0
-
-    def out(why: str) -> UnsafePath:
-        return UnsafePath(errno.ELOOP, why, path)
-
-    try:
-        while todo:
-            steps += 1
-            if steps > BENEATH_STEPS or len(stack) > BENEATH_DEPTH:
-                # A fd is held a level: 2,000 levels took the daemon's every fd (EMFILE).
-                raise out(f"deeper than {BENEATH_DEPTH} levels or {BENEATH_STEPS} steps")
-            part = todo.pop()
-            if part == "..":
-                if len(stack) == 1:
-                    raise out("'..' above the mount")
-                os.close(stack.pop())
-                continue
-            if _is_link(part, stack[-1]):
-                links += 1
-                if links > _MAX_LINKS:
-                    raise out("too many symlinks")
-                target = os.readlink(part, dir_fd=stack[-1])
-                if target.startswith("/"):
-                    raise out(f"{part!r} is a symlink to an absolute path, not followed")
-                todo.extend(reversed(_parts(target)))
-                continue
-            if not todo:
-                return os.dup(stack[-1]), part
-            stack.append(os.open(part, _DIR_FLAGS, dir_fd=stack[-1]))
-        raise out("names a directory")
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
 def _is_link(name: str, fd: int) -> bool:
     try:
         return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
@@ -228,10 +176,15 @@ def _is_link(name: str, fd: int) -> bool:
         return False
 
 
-def _open_dir(part: str, fd: int, *, make: bool) -> int:
-    """Open directory `part` in `fd` (never through a symlink); `make`: create it if missing."""
+def _dir(part: str, fd: int, no_fuse: bool) -> int:
+    return mounts.open_dir(part, fd) if no_fuse else os.open(part, _DIR_FLAGS, dir_fd=fd)
+
+
+def _open_dir(part: str, fd: int, *, make: bool, no_fuse: bool = False) -> int:
+    """Open directory `part` in `fd` (never through a symlink; `no_fuse`: never into FUSE);
+    `make`: create it if missing."""
     try:
-        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        return _dir(part, fd, no_fuse)
     except FileNotFoundError:
         if not make:
             raise
@@ -240,7 +193,7 @@ def _open_dir(part: str, fd: int, *, make: bool) -> int:
         os.mkdir(part, 0o755, dir_fd=fd)
     except FileExistsError:
         made = False  # someone was quicker: it is checked like any other
-    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+    nfd = _dir(part, fd, no_fuse)
     if made:
         try:
             os.fchmod(nfd, 0o755)  # as systemd makes it, whatever our umask
@@ -331,7 +284,7 @@ def anchor_stat(path: str) -> os.stat_result:
     except OSError as e:
         raise UnsafePath(e.errno, f"{path}: {e.strerror}") from None
     try:
-        fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd) if leaf else os.dup(pfd)
+        fd = _dir(leaf, pfd, no_fuse=True) if leaf else os.dup(pfd)  # (a user's runtime dir)
     except OSError as e:
         raise UnsafePath(e.errno, f"{path}: {e.strerror}") from None
     finally:
@@ -361,13 +314,21 @@ class Tree:
     directory's owner can then swap in only a directory of their own, where an
     O_EXCL temporary file and a rename harm nothing (node_exporter's textfile
     directory sits in /var/lib/prometheus, which belongs to prometheus).
+    `no_fuse`: never into a FUSE mount (a user's runtime tree, walked on the loop:
+    mounts.py).
     """
 
-    def __init__(self, anchor: str, uid: int = 0, gid: int = 0, *, any_owner: bool = False) -> None:
-        self.anchor = os.path.normpath(anchor)
-        self.uid = uid
-        self.gid = gid
-        self.any_owner = any_owner
+    def __init__(
+        self,
+        anchor: str,
+        uid: int = 0,
+        gid: int = 0,
+        no_fuse: bool = False,
+        *,
+        any_owner: bool = False,
+    ) -> None:
+        self.anchor, self.uid, self.gid = os.path.normpath(anchor), uid, gid
+        self.any_owner, self.no_fuse = any_owner, no_fuse
 
     def __repr__(self) -> str:
         return f"Tree({self.anchor}, uid={self.uid})"
@@ -393,7 +354,7 @@ class Tree:
         if not leaf:
             return pfd
         try:
-            fd = os.open(leaf, _DIR_FLAGS, dir_fd=pfd)
+            fd = _dir(leaf, pfd, self.no_fuse)
         except OSError as e:
             raise UnsafePath(e.errno, f"{self.anchor}: {e.strerror}") from None
         finally:
@@ -420,7 +381,7 @@ class Tree:
                 while todo:
                     part = todo.pop(0)
                     try:
-                        nfd = _open_dir(part, fd, make=len(todo) < create)
+                        nfd = _open_dir(part, fd, make=len(todo) < create, no_fuse=self.no_fuse)
                     except FileNotFoundError:
                         raise UnsafePath(errno.ENOENT, f"{path}: no such directory") from None
                     except OSError as e:

@@ -66,8 +66,9 @@ class Owner:
 
     @property
     def reads(self) -> Tree:
-        """Reading: from /, through directories of root or the owner, with their rights."""
-        return Tree("/", self.uid, self.gid)
+        """Reading: from /, through directories of root or the owner, with their rights,
+        never into FUSE (hers would hold the loop: mounts.py)."""
+        return Tree("/", self.uid, self.gid, no_fuse=True)
 
     def tree_for(self, path: str) -> Tree:
         """The tree `path` lies in; a one-line error naming it when it is in none."""
@@ -110,7 +111,7 @@ def owner(manager: str, user_runtime: str, *, home: bool = False) -> Owner:
         if entry is None:
             raise UnitFileError(f"{_why(e)} (uid {uid}'s runtime dir)") from None
         gid = entry.pw_gid  # logged out: its masks went with its runtime dir
-    runtime = Tree(anchor, uid, gid)
+    runtime = Tree(anchor, uid, gid, no_fuse=True)  # (the loop walks it: never into FUSE)
     if entry is None:
         return Owner(uid, gid, runtime)
     return Owner(uid, gid, runtime, Tree(entry.pw_dir, uid, entry.pw_gid))
