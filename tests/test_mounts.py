@@ -31,6 +31,7 @@ import pytest
 
 from lab.accounts import unprivileged_user
 from spark_guard.core.snapshot import user_manager
+from spark_guard.system.engine import Engine, EngineError
 from spark_guard.system.managers import Manager, ManagerUntrusted, discover
 from spark_guard.system.unitfiles import UnitFileError, mask_dir, owner, present
 
@@ -44,10 +45,12 @@ MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 @contextmanager
 def hung_fuse(target: Path, uid: int) -> Iterator[None]:
-    """A FUSE mount at `target`, owned by `uid`, that answers INIT and then nothing."""
+    """A FUSE mount at `target` (a directory, or a file), owned by `uid`, that answers INIT
+    and then nothing."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-    opts = f"fd={fd},rootmode=40000,user_id={uid},group_id={uid},allow_other".encode()
+    root = "40000" if target.is_dir() else "100000"
+    opts = f"fd={fd},rootmode={root},user_id={uid},group_id={uid},allow_other".encode()
     flags = MS_NOSUID | MS_NODEV
     if libc.mount(b"sg-hang", str(target).encode(), b"fuse.sg-hang", flags, opts) != 0:
         os.close(fd)
@@ -82,7 +85,7 @@ def within(seconds: float, call: Callable[[], Any]) -> Any:
     return out[0]
 
 
-@pytest.mark.parametrize("over", ["systemd", "runtime"])
+@pytest.mark.parametrize("over", ["systemd", "runtime", "private"])
 def test_her_fuse_mount_over_her_runtime_dir_holds_nothing_of_the_guard(over):
     base = Path(tempfile.mkdtemp(prefix="sg-fuse."))  # (walked with her rights: 0755)
     base.chmod(0o755)
@@ -98,7 +101,9 @@ def test_her_fuse_mount_over_her_runtime_dir_holds_nothing_of_the_guard(over):
         mine.chmod(0o700)
         key = user_manager(uid)
         socket = mine / "systemd" / "private"
-        target = mine / "systemd" if over == "systemd" else mine
+        socket.write_bytes(b"")  # (her manager's socket is where her file mount goes)
+        os.chown(socket, uid, uid)
+        target = {"systemd": mine / "systemd", "runtime": mine, "private": socket}[over]
         with hung_fuse(target, uid):
             # Discovery of managers: her socket is not found (her units are judged by
             # what the kernel shows, as for any manager out of view).
@@ -114,4 +119,31 @@ def test_her_fuse_mount_over_her_runtime_dir_holds_nothing_of_the_guard(over):
                 assert isinstance(who, UnitFileError), who  # her runtime dir itself
                 return
             seen = within(5, lambda: present(mask, who))
+            if over == "private":
+                assert seen is False  # her masks' directory is no mount: it is looked at
+                return
             assert isinstance(seen, UnitFileError), seen
+
+
+def test_her_fuse_mount_on_her_engines_socket_is_no_engine_of_hers():
+    """Her rootless engine's socket, mounted over by FUSE (a file mount): not entered."""
+    base = Path(tempfile.mkdtemp(prefix="sg-fuse."))
+    base.chmod(0o755)
+    runtime = base / "run-user"
+    runtime.mkdir(mode=0o755)
+    with unprivileged_user() as mallory, contextlib.ExitStack() as done:
+        done.callback(shutil.rmtree, base, ignore_errors=True)
+        uid = mallory.uid
+        podman = runtime / str(uid) / "podman"
+        podman.mkdir(parents=True)
+        for d in (podman.parent, podman):
+            os.chown(d, uid, uid)
+        sock = podman / "podman.sock"
+        sock.write_bytes(b"")
+        os.chown(sock, uid, uid)
+        with hung_fuse(sock, uid):
+            engine = Engine(str(sock), user_runtime=str(runtime))
+            assert engine.owner == uid
+            answer = within(5, lambda: engine.inspect("x"))
+            assert isinstance(answer, EngineError), answer
+            assert f"not a socket of uid {uid}" in str(answer)

@@ -53,6 +53,7 @@ from ..core.snapshot import (
     valid_name,
 )
 from ..core.text import printable
+from . import mounts
 from .safefs import Tree, UnsafePath, anchor_stat
 
 DOCKER_SOCKET = "/run/docker.sock"
@@ -458,12 +459,11 @@ class Engine:
         try:
             tree = Tree(self.user_runtime, self.owner, anchor_stat(runtime).st_gid, no_fuse=True)
             with tree.directory(directory) as fd:
-                # The socket itself pinned (O_PATH, no symlink followed), checked, and
-                # connected to through its fd: nothing can be swapped in between.
+                # The socket pinned (O_PATH, not followed), checked, connected to by its fd.
                 pinned = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 try:
-                    st = os.fstat(pinned)
-                    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.owner:
+                    st = None if mounts.on_fuse(pinned) else os.fstat(pinned)  # (F12)
+                    if st is None or not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.owner:
                         raise EngineError(self.path, call, f"not a socket of uid {self.owner}")
                     sock.connect(f"/proc/self/fd/{pinned}")
                 finally:
