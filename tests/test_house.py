@@ -25,7 +25,7 @@ MODULE_DEBTS = {
     "foresight/safetensors.py": 735,
     "sensor.py": 1132,
     "system/engine.py": 644,
-    "system/managers.py": 640,
+    "system/managers.py": 639,
     "tools/doctor/judge.py": 618,
 }
 # module:class -> (methods, lines)
@@ -33,7 +33,7 @@ CLASS_DEBTS = {
     "block/blocker.py:Blocker": (62, 1428),
     "daemon.py:Guard": (21, 483),
     "sensor.py:Sensor": (31, 920),
-    "system/managers.py:Manager": (31, 389),
+    "system/managers.py:Manager": (31, 388),
 }
 # module:function -> lines (the longest of that name in the module)
 FUNCTION_DEBTS = {

@@ -85,7 +85,7 @@ def within(seconds: float, call: Callable[[], Any]) -> Any:
     return out[0]
 
 
-@pytest.mark.parametrize("over", ["systemd", "runtime", "private"])
+@pytest.mark.parametrize("over", ["systemd", "runtime", "private", "mask"])
 def test_her_fuse_mount_over_her_runtime_dir_holds_nothing_of_the_guard(over):
     base = Path(tempfile.mkdtemp(prefix="sg-fuse."))  # (walked with her rights: 0755)
     base.chmod(0o755)
@@ -103,24 +103,33 @@ def test_her_fuse_mount_over_her_runtime_dir_holds_nothing_of_the_guard(over):
         socket = mine / "systemd" / "private"
         socket.write_bytes(b"")  # (her manager's socket is where her file mount goes)
         os.chown(socket, uid, uid)
-        target = {"systemd": mine / "systemd", "runtime": mine, "private": socket}[over]
+        # "mask": her blocked loader's mask, replaced by a file of hers with a mount over it.
+        mask = Path(mask_dir(key, str(runtime))) / "llama.service"
+        mask.parent.mkdir()
+        mask.write_bytes(b"")
+        for f in (mask.parent, mask):
+            os.chown(f, uid, uid)
+        targets = {"systemd": mine / "systemd", "runtime": mine, "private": socket, "mask": mask}
+        target = targets[over]
         with hung_fuse(target, uid):
             # Discovery of managers: her socket is not found (her units are judged by
             # what the kernel shows, as for any manager out of view).
-            assert within(5, lambda: discover("/nonexistent", str(runtime))) == {}
-            # A connection to her manager: refused, said as not believed, with the reason.
+            found = within(5, lambda: discover("/nonexistent", str(runtime)))
+            assert found == ({key: str(socket)} if over == "mask" else {})
+            # A connection to her manager: refused, said as not believed, with the reason
+            # (here her "socket" is a file: "mask" shows that refusal).
             refused = within(5, lambda: Manager(key, str(socket)).connect())
             assert isinstance(refused, ManagerUntrusted), refused
-            assert "FUSE" in str(refused) or "Invalid cross-device link" in str(refused)
+            why = "not a socket of hers" if over == "mask" else "Invalid cross-device link"
+            assert why in str(refused) or "FUSE" in str(refused), refused
             # A mask of hers looked for or laid: one clear error, at once.
-            mask = os.path.join(mask_dir(key, str(runtime)), "llama.service")
             who = within(5, lambda: owner(key, str(runtime)))
             if over == "runtime":
                 assert isinstance(who, UnitFileError), who  # her runtime dir itself
                 return
-            seen = within(5, lambda: present(mask, who))
+            seen = within(5, lambda: present(str(mask), who))
             if over == "private":
-                assert seen is False  # her masks' directory is no mount: it is looked at
+                assert seen is True  # her mask there is no mount: it is looked at
                 return
             assert isinstance(seen, UnitFileError), seen
 

@@ -41,12 +41,15 @@ def test_a_hung_reclaim_stops_the_cache_counting_as_room_until_it_answers(tmp_pa
     (vm / "compact_memory").write_bytes(b"")
     answered = threading.Event()
     maker = RoomMaker(ProcFS(), str(cgroup), str(vm), on_done=answered.set)
-    keeper = RoomKeeper(maker, Config(floor=8 * GiB), log.get_logger())
+    changes: list[int] = []
+    keeper = RoomKeeper(
+        maker, Config(floor=8 * GiB), log.get_logger(), on_change=lambda: changes.append(1)
+    )
     t0 = time.monotonic()
     assert keeper.view(t0).counts
     with capture_logs() as events:
         keeper.tick(FLOOD, DECIDED, (), t0)
-    assert maker.busy and events == []  # handed over; the loop did not wait on it
+    assert maker.busy and events == [] and changes == []  # handed over; no wait on it
     # Within the deadline the cache still counts: a reclaim of 40 GiB takes a moment.
     assert keeper.view(t0 + ROOM_DEADLINE / 2).counts
     # Past it, nothing is dropping the cache: it is no room, said once, whatever the passes.
@@ -56,6 +59,7 @@ def test_a_hung_reclaim_stops_the_cache_counting_as_room_until_it_answers(tmp_pa
             keeper.tick(FLOOD, DECIDED, (), late + i)
     assert not keeper.view(late).counts
     assert kinds(events) == [("room-failed", "warning")]
+    assert changes == [1]  # the loop is told to judge again now, once
     assert "has not answered" in events[0]["msg"]
     # It answers (the FIFO is read): said, and the cache counts again.
     fd = os.open(cgroup / "memory.reclaim", os.O_RDONLY | os.O_NONBLOCK)
@@ -69,5 +73,5 @@ def test_a_hung_reclaim_stops_the_cache_counting_as_room_until_it_answers(tmp_pa
         keeper.tick(None, DECIDED, (), late + 6)  # (no next plan: none hangs)
     assert kinds(events) == [("room-made", "info"), ("room-made", "info")]
     assert "answered after" in events[0]["msg"] and "made room for the GPU" in events[1]["msg"]
-    assert keeper.view(late + 6).counts and not maker.busy
+    assert keeper.view(late + 6).counts and not maker.busy and changes == [1, 1]
     keeper.close()

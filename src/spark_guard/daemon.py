@@ -122,7 +122,7 @@ class Guard:
             os.path.join(config.proc, "sys", "vm"),
             on_done=self._wake_up,
         )
-        self.room = RoomKeeper(maker, config, log)
+        self.room = RoomKeeper(maker, config, log, on_change=self._look_now)
 
     # --- signals --------------------------------------------------------------
 

@@ -11,7 +11,7 @@ ROOM_DEADLINE (F13), the cache is no room: the rules judge MemFree alone.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from .core.config import Config
@@ -28,8 +28,18 @@ if TYPE_CHECKING:
 class RoomKeeper:
     """Hands the plans to the worker, tells what it did, says what the cache is worth."""
 
-    def __init__(self, maker: RoomMaker, config: Config, log: FilteringBoundLogger) -> None:
+    def __init__(
+        self,
+        maker: RoomMaker,
+        config: Config,
+        log: FilteringBoundLogger,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`on_change`: called when what the cache counts for turns (the rules must judge
+        again now: the brake and the full look's timing read the last decision's rule)."""
         self.maker = maker
+        self.on_change = on_change
+        self.counted = True
         self.config = config
         self.log = log
         self.pace = Pace(config.make_room_every)  # slower while reclaims free little
@@ -71,6 +81,9 @@ class RoomKeeper:
         if not self.maker.busy:
             self.handed = None
         self._watch(now)
+        if self.view(now).counts != self.counted:
+            self.counted = not self.counted
+            self.on_change()
         if memory is None or decision is None or self.maker.busy or not self.config.make_room:
             return
         plan = plan_room(

@@ -52,6 +52,10 @@ class NoAnswer(WireError):
     """The peer did not answer within the deadline (stopped, frozen, or slow)."""
 
 
+class NoReply(NoAnswer):
+    """The call went out, and no reply came within the deadline (it may yet be done)."""
+
+
 def timed_out(e: WireError) -> bool:
     return isinstance(e, NoAnswer)
 
@@ -340,7 +344,10 @@ def call(
             raise NoAnswer("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"cannot connect: {e.strerror or e}") from None
-        kind, value = read_reply(sock, 1, deadline, cap, reply)
+        try:
+            kind, value = read_reply(sock, 1, deadline, cap, reply)
+        except NoAnswer:
+            raise NoReply("no reply within the deadline") from None
     finally:
         sock.close()
     if kind == "error":

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import select
 import socket
+import stat
 import struct
 import sys
 import time
@@ -70,9 +71,8 @@ class ManagerSilent(ManagerError):
 
 
 class FreezeLate(ManagerError):
-    """FreezeUnit not answered within FREEZE_TIMEOUT: the kernel has not frozen the cgroup
-    yet (a process in an uninterruptible wait). The freeze may still land; the manager
-    answers other calls meanwhile, so it is not silent."""
+    """FreezeUnit sent, not answered within FREEZE_TIMEOUT: the kernel has not frozen the
+    cgroup yet (a process in an uninterruptible wait). It may still land; not silent."""
 
 
 # A manager busy past this answers nothing useful in time: the guard moves on
@@ -252,12 +252,10 @@ class Manager:
 
     @contextlib.contextmanager
     def _socket_dir(self) -> Any:
-        """The socket's address, reached without following a user's symlinks.
-
-        A user owns /run/user/UID/systemd: the directory is walked from the
-        root-owned runtime root with O_NOFOLLOW and connected to through
-        /proc/self/fd, so a symlink to PID 1's socket (or anyone else's) is refused.
-        """
+        """The socket's address, reached without following a user's symlinks. She owns
+        /run/user/UID/systemd: it is walked from the root-owned runtime root with
+        O_NOFOLLOW, never into FUSE (mounts.py), and the socket pinned, checked, and
+        connected to through /proc/self/fd: a symlink, or a mount over it, is refused."""
         if not self.uid:
             yield self.socket_path
             return
@@ -266,14 +264,16 @@ class Manager:
         runtime = os.path.dirname(directory)
         try:
             tree = Tree(os.path.dirname(runtime), self.uid, anchor_stat(runtime).st_gid, True)
-            with tree.directory(directory) as fd:
-                if mounts.fuse_at(name, fd):
-                    raise UnsafePath(errno.EXDEV, f"{self.socket_path}: a FUSE mount")
-                yield f"/proc/self/fd/{fd}/{name}"
+            with tree.directory(directory) as fd, mounts.pinned(name, fd) as sock:
+                st = os.fstat(sock)
+                if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.uid:
+                    raise UnsafePath(errno.EPERM, f"{self.socket_path}: not a socket of hers")
+                yield f"/proc/self/fd/{sock}"
         except UnsafePath as e:
             raise ManagerUntrusted(f"{self.key}: {e}") from None
-        except OSError as e:  # gone meanwhile: a logout
-            raise ManagerError(f"{self.key}: {self.socket_path}: {e.strerror}") from None
+        except OSError as e:  # gone meanwhile (a logout), or her FUSE mount on it (EXDEV)
+            why = f"{self.key}: {self.socket_path}: {e.strerror}"
+            raise (ManagerUntrusted if e.errno == errno.EXDEV else ManagerError)(why) from None
 
     def _verify(self, system: Manager | None) -> None:
         """The peer must be uid UID, running as the manager of user@UID.service.
@@ -429,15 +429,14 @@ class Manager:
         }
 
     def _wire(self, what: str, *args: Any, late: bool = False, **how: Any) -> Any:
-        """dbuswire.call() on a connection of its own, the GIL free while it waits. Not
-        answered in time: the manager is silent for SILENT_FOR (thirty new units of hers
-        cost one deadline, not thirty), or with `late`, FreezeLate (it answers others)."""
+        """dbuswire.call() on a connection of its own, the GIL free while it waits. No answer:
+        silent for SILENT_FOR (30 units of hers cost one deadline), or FreezeLate (`late`)."""
         self._ready(what)
         try:
             with self._socket_dir() as address:
                 return dbuswire.call(address, *args, peer_pid=self.pid, **how)
         except dbuswire.WireError as e:
-            if dbuswire.timed_out(e) and late:
+            if late and isinstance(e, dbuswire.NoReply):  # (sent: the manager took it)
                 raise FreezeLate(f"{self.key}: {what}: {e}; it may still land") from None
             if dbuswire.timed_out(e):
                 self.silent_until = time.monotonic() + SILENT_FOR

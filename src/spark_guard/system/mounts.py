@@ -13,11 +13,13 @@ again through the pinned fd (".", which crosses no mount). Plain reads of /proc.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
 import stat
 import threading
+from collections.abc import Iterator
 
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -36,14 +38,21 @@ class _FuseMounts:
 
     def ids(self) -> frozenset[int]:
         with self._lock:
-            if self._fd < 0:
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                self._ids = self._read()
-            else:
-                poller = select.poll()
-                poller.register(self._fd, select.POLLPRI | select.POLLERR)
-                if poller.poll(0):
+            try:
+                if self._fd < 0:
+                    self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                     self._ids = self._read()
+                else:
+                    poller = select.poll()
+                    poller.register(self._fd, select.POLLPRI | select.POLLERR)
+                    if poller.poll(0):
+                        self._ids = self._read()
+            except OSError:
+                # The change it signalled is spent: read afresh next time, not kept stale.
+                if self._fd >= 0:
+                    os.close(self._fd)
+                self._fd = -1
+                raise
             return self._ids
 
     def _read(self) -> frozenset[int]:
@@ -93,12 +102,16 @@ def open_dir(name: str, dir_fd: int) -> int:
         os.close(fd)
 
 
-def fuse_at(name: str, dir_fd: int) -> bool:
-    """Whether `name` in `dir_fd` (not followed) is on FUSE; FileNotFoundError if nothing
-    is there."""
+@contextlib.contextmanager
+def pinned(name: str, dir_fd: int) -> Iterator[int]:
+    """An O_PATH fd of whatever is at `name` (not followed, a mount on it crossed), for
+    fstat or readlinkat through it; OSError EXDEV where that is FUSE (an lstat of it, or
+    a readlink, would be a request to her daemon)."""
     fd = os.open(name, _PATH_FLAGS, dir_fd=dir_fd)
     try:
-        return on_fuse(fd)
+        if on_fuse(fd):
+            raise OSError(errno.EXDEV, f"a FUSE mount at {name!r}: not entered")
+        yield fd
     finally:
         os.close(fd)
 

@@ -219,12 +219,12 @@ def _split(path: str) -> list[str]:
 def _root_link(part: str, fd: int) -> str | None:
     """The target of `part` if it is a symlink root owns (root put it there), else None."""
     try:
-        st = os.lstat(part, dir_fd=fd)
+        with mounts.pinned(part, fd) as link:
+            st = os.fstat(link)
+            is_roots = stat.S_ISLNK(st.st_mode) and st.st_uid == 0
+            return os.readlink("", dir_fd=link) if is_roots else None
     except OSError:
         return None
-    if not stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
-        return None
-    return os.readlink(part, dir_fd=fd)
 
 
 def _resolve(done: list[str], target: str, todo: list[str]) -> list[str]:
@@ -417,8 +417,8 @@ class Tree:
         """lstat of whatever is at `path` (not followed); None if nothing is there."""
         parent, name = os.path.split(path)
         try:
-            with self.directory(parent) as fd:
-                return os.lstat(name, dir_fd=fd)
+            with self.directory(parent) as fd, mounts.pinned(name, fd) as it:
+                return os.fstat(it)
         except FileNotFoundError:
             return None
         except UnsafePath as e:
@@ -582,17 +582,18 @@ def own_tree(*, any_owner: bool = False) -> Tree:
 
 def _exists(name: str, fd: int) -> bool:
     try:
-        os.lstat(name, dir_fd=fd)
+        with mounts.pinned(name, fd):
+            return True
     except FileNotFoundError:
         return False
-    return True
 
 
 def _readlink(name: str, fd: int, path: str) -> tuple[str, os.stat_result] | None:
     try:
-        st = os.lstat(name, dir_fd=fd)
+        with mounts.pinned(name, fd) as link:  # (lstat and readlink never ask FUSE)
+            st = os.fstat(link)
+            if not stat.S_ISLNK(st.st_mode):
+                raise UnsafePath(errno.EEXIST, f"{path}: not a symlink")
+            return os.readlink("", dir_fd=link), st
     except FileNotFoundError:
         return None
-    if not stat.S_ISLNK(st.st_mode):
-        raise UnsafePath(errno.EEXIST, f"{path}: not a symlink")
-    return os.readlink(name, dir_fd=fd), st

@@ -114,7 +114,7 @@ def owner(manager: str, user_runtime: str, *, home: bool = False) -> Owner:
     runtime = Tree(anchor, uid, gid, no_fuse=True)  # (the loop walks it: never into FUSE)
     if entry is None:
         return Owner(uid, gid, runtime)
-    return Owner(uid, gid, runtime, Tree(entry.pw_dir, uid, entry.pw_gid))
+    return Owner(uid, gid, runtime, Tree(entry.pw_dir, uid, entry.pw_gid, no_fuse=True))
 
 
 def _passwd(uid: int) -> pwd.struct_passwd:
