@@ -150,25 +150,34 @@ def blocked_as(c: Container, unit: str) -> dict[str, object]:
     return {k: record.get(k) for k in ("unit", "manager", "mask_path", "mask_made", "links")}
 
 
+OLD, NEW = "/root/spark-guard-old.deb", "/root/spark-guard-new.deb"
+
+
+def stage(c: Container, old_deb: Path, new_deb: Path) -> tuple[Path, dict[str, tuple[object, ...]]]:
+    """Both packages copied in (OLD, NEW), the config and two enabled loaders written, the
+    container booted: /etc/systemd/system and its tree before any install."""
+    shutil.copy(old_deb, c.path(OLD))
+    shutil.copy(new_deb, c.path(NEW))
+    c.path("/etc/spark-guard.toml").write_text(CONFIG)
+    wants = c.path("/etc/systemd/system/multi-user.target.wants")
+    wants.mkdir(parents=True, exist_ok=True)
+    for unit in LOADERS:
+        c.path(f"/etc/systemd/system/{unit}").write_text(LOADER)
+        (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
+    c.boot()
+    etc = c.path("/etc/systemd/system")
+    return etc, file_tree(etc)
+
+
 def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(
     deb: Path, previous: tuple[str, Path]
 ):
     version, old_deb = previous
     current = _versions((REPO / CHANGELOG).read_text())[0]
     with Container() as c:
-        shutil.copy(old_deb, c.path("/root/spark-guard.deb"))
-        shutil.copy(deb, c.path("/root/spark-guard-new.deb"))
-        c.path("/etc/spark-guard.toml").write_text(CONFIG)
-        wants = c.path("/etc/systemd/system/multi-user.target.wants")
-        wants.mkdir(parents=True, exist_ok=True)
-        for unit in LOADERS:
-            c.path(f"/etc/systemd/system/{unit}").write_text(LOADER)
-            (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
-        c.boot()
-        etc = c.path("/etc/systemd/system")
-        before = file_tree(etc)
+        etc, before = stage(c, old_deb, deb)
 
-        apt(c, "install", "/root/spark-guard.deb")
+        apt(c, "install", OLD)
         assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == version
         for unit in LOADERS:
             wait_event(c, "unit-blocked", unit)
@@ -180,7 +189,7 @@ def test_upgrade_keeps_blocks_and_remove_and_purge_undo_everything(
         started = len(events(c, "guard-started"))
 
         # The upgrade: the guard is restarted once, by postinst; blocks, records and masks stay.
-        apt(c, "install", "/root/spark-guard-new.deb")
+        apt(c, "install", NEW)
         c.wait_for("spark-guard.service", "ActiveState", "active")
         assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == current
         assert current != version
@@ -252,23 +261,13 @@ def test_a_downgrade_releases_every_block_first_exactly(deb: Path, previous: tup
     before it takes over, every block is released exactly (not started), and said."""
     version, old_deb = previous
     with Container() as c:
-        shutil.copy(old_deb, c.path("/root/spark-guard-old.deb"))
-        shutil.copy(deb, c.path("/root/spark-guard.deb"))
-        c.path("/etc/spark-guard.toml").write_text(CONFIG)
-        wants = c.path("/etc/systemd/system/multi-user.target.wants")
-        wants.mkdir(parents=True, exist_ok=True)
-        for unit in LOADERS:
-            c.path(f"/etc/systemd/system/{unit}").write_text(LOADER)
-            (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
-        c.boot()
-        etc = c.path("/etc/systemd/system")
-        before = file_tree(etc)
-        apt(c, "install", "/root/spark-guard.deb")
+        etc, before = stage(c, old_deb, deb)
+        apt(c, "install", NEW)
         for unit in LOADERS:
             wait_event(c, "unit-blocked", unit)
             assert masked(c, unit)
 
-        said = apt(c, "install", "--allow-downgrades", "/root/spark-guard-old.deb")
+        said = apt(c, "install", "--allow-downgrades", OLD)
         assert c.run("dpkg-query", "-W", "-f=${Version}", "spark-guard").stdout == version
         assert f"downgrading to {version}, which cannot read these records" in said, said
         assert "release --all failed" not in said, said
