@@ -33,8 +33,8 @@ for found in glob.glob(os.path.join(ROOT, ".venv/lib/python3*/site-packages")):
     if os.path.exists(os.path.join(found, "pynvml.py")):
         sys.path.append(found)
 
+from spark_guard.core.attribution import unit_of_cgroup  # noqa: E402
 from spark_guard.system.gpu import GpuWatch, Nvml, probe_unified, unified_memory  # noqa: E402
-from spark_guard.system.managers import unit_of_cgroup  # noqa: E402
 from spark_guard.system.procfs import ProcFS  # noqa: E402
 
 MiB = 1024**2

@@ -21,6 +21,7 @@ from spark_guard import log
 from spark_guard.block import blocker as enforce
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
+from spark_guard.core import stops
 from spark_guard.core.block import RETRY_AFTER, STEPS, TRANSITIONS, Step, StepError
 from spark_guard.core.config import Config
 from spark_guard.core.snapshot import Action, Decision, Loader, Phase, Reason, SeenUnit, UnitRef
@@ -327,7 +328,7 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
     # A stop job that waits behind another keeps the unit active: not a new run, for the
     # guard that sent it.
     manager.active[UNIT] = "active"
-    clock.t += 2 * enforce.LOOSE_GRACE
+    clock.t += 2 * stops.LOOSE_GRACE
     first.advance()
     assert first.busy
 
@@ -370,7 +371,7 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
 
     # It went, and an admin starts it again: a new run, not the stop's to kill.
     manager.start(UNIT)
-    clock.t += enforce.LOOSE_GRACE + blocker.config.kill_timeout + 1
+    clock.t += stops.LOOSE_GRACE + blocker.config.kill_timeout + 1
     with capture_logs() as events:
         again.advance()
     assert [e["event"] for e in events] == ["unit-stopped"]

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from spark_guard.core.attribution import user_tree
 from spark_guard.system import cgroupfs
 from spark_guard.system.procfs import ProcFS
 
@@ -163,7 +164,7 @@ def test_her_fork_storm_and_her_subuids_leave_nothing_of_hers_in_her_tree():
             time.sleep(0.02)
         assert len(cgroupfs.pids(root, tree)) >= 50  # a storm under way
         fs = ProcFS()
-        tree_of = cgroupfs.user_tree(tree)
+        tree_of = user_tree(tree)
         assert tree_of is not None and tree_of[1] == 4242
         count = cgroupfs.kill_uid(
             root, tree, 4242, uid_of=fs.uid, cgroup_of=fs.cgroup, any_user=True

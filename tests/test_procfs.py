@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from spark_guard.core import attribution
 from spark_guard.system.procfs import PAGE_SIZE, ProcError, ProcFS
 
 MEMINFO = """MemTotal:       126976000 kB
@@ -190,37 +191,19 @@ def test_a_cgroup_name_with_line_breaks_of_other_kinds_is_read_whole(tmp_path):
     assert ProcFS(str(tmp_path / "proc")).cgroup(7) == name
 
 
-def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word(tmp_path):
+def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word():
     """With her manager out of view, a process below user@UID.service is user:UID's (not
     PID 1's protected user@UID.service): the outermost user@UID.service below slices,
     whatever its uid but root's (her subuids run there: rootless containers). A cgroup she
     names user@0.service inside her own subtree names nothing of root's."""
-    from spark_guard import log
-    from spark_guard.core.config import Config
-    from spark_guard.sensor import Sensor
-
     mine = "/user.slice/user-1000.slice/user@1000.service/app.slice/llama.service"
     nested = (
         "/user.slice/user-1000.slice/user@1000.service/app.slice/x.slice/user@0.service/a.service"
     )
-    status = "Name:\tx\nUmask:\t0022\nState:\tS\nUid:\t{0}\t{0}\t{0}\t{0}\n"
-    make_proc(
-        tmp_path / "proc",
-        {
-            1: {"cgroup": f"0::{mine}\n", "status": status.format(1000)},
-            2: {"cgroup": f"0::{nested}\n", "status": status.format(1000)},
-            3: {"cgroup": f"0::{mine}\n", "status": status.format(0)},  # root's process
-            5: {"cgroup": f"0::{mine}\n", "status": status.format(101000)},  # her subuid
-            4: {
-                "cgroup": "0::/user.slice/user-1000.slice/user@1000.service/init.scope\n",
-                "status": status.format(1000),
-            },
-        },
-    )
-    sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
+    uids = {1: 1000, 2: 1000, 3: 0, 4: 1000, 5: 101000}  # 3: root's process; 5: her subuid
 
     def owner(pid: int, cgroup: str) -> tuple[str, str, str] | None:
-        found = sensor._out_of_view(pid, cgroup, 0)
+        found = attribution.out_of_view(cgroup, lambda: uids[pid])
         return None if found is None else (str(found.ref), found.cgroup, found.group)
 
     unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/llama.service"
@@ -259,6 +242,18 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     cron = "/system.slice/cron.service"
     status = "Name:\tx\nUid:\t{0}\t{0}\t{0}\t{0}\n"
     procs = {10: 0, 11: 1000, 12: 1001, 13: 61200, 14: 64055, 15: 101000, 16: 70000}
+    ref = UnitRef("system", "cron.service")
+    groups: dict[UnitRef, list[attribution.Proc]] = {ref: [(pid, 1 << 20, 0) for pid in procs]}
+    split, cgroups, what = attribution.split_jobs(groups, {ref: cron}, lambda p, _: procs[p])
+    assert {str(r): [p for p, _, _ in v] for r, v in split.items()} == {
+        "cron.service": [10, 13, 14],
+        f"user:1000:{cron}": [11],
+        f"user:1001:{cron}": [12],
+        f"user:101000:{cron}": [15],
+        f"user:70000:{cron}": [16],
+    }
+    assert what[UnitRef("user:1000", cron)] == "uid 1000's job in cron.service"
+    assert cgroups[UnitRef("user:1000", cron)] == cron
     make_proc(
         tmp_path / "proc",
         {
@@ -271,23 +266,9 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
         },
     )
     sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
-    ref = UnitRef("system", "cron.service")
-    groups: dict[UnitRef, list[tuple[int, int, int | None]]] = {
-        ref: [(pid, 1 << 20, 0) for pid in procs]
-    }
-    cgroups = {ref: cron}
-    what: dict[UnitRef, str] = {}
     for pid in procs:
         sensor._fresh(pid, cron, 1 << 20)
-    sensor._split_jobs(groups, cgroups, what)
-    assert {str(r): [p for p, _, _ in v] for r, v in groups.items()} == {
-        "cron.service": [10, 13, 14],
-        f"user:1000:{cron}": [11],
-        f"user:1001:{cron}": [12],
-        f"user:101000:{cron}": [15],
-        f"user:70000:{cron}": [16],
-    }
-    assert what[UnitRef("user:1000", cron)] == "uid 1000's job in cron.service"
+    assert sensor._uid(11, 1 << 20) == 1000
     # PID 11 is reused by a process of root's service in another cgroup: read afresh.
     other = "/system.slice/llama.service"
     (tmp_path / "proc" / "11" / "cgroup").write_text(f"0::{other}\n")

@@ -10,11 +10,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .containers import image_evidence
+from .core import attribution
 from .core.argv.engines import COMPOSE_PROJECT_LABEL, project_name
 from .core.argv.servers import OLLAMA
+from .core.attribution import attribute
 from .core.classify import CommandLine, is_protected
 from .core.config import Config
 from .core.events import Event, EventKind, tell
@@ -25,10 +28,8 @@ from .core.snapshot import (
     ARGV_UNIT_BUDGET,
     CONTAINER,
     CONTAINER_PREFIX,
-    FIRST_LOGIN_UID,
     MAPS_MAX_MODELS,
     SYSTEM,
-    SYSTEM_RANGE,
     USER_PREFIX,
     ContainerFacts,
     Foreseen,
@@ -39,14 +40,12 @@ from .core.snapshot import (
     Snapshot,
     UnitRef,
     judged,
-    manager_uid,
     user_manager,
     valid_name,
 )
 from .foresight.clients import ServerUnit, predict_client
 from .foresight.containers import predict_container
 from .foresight.predict import Prediction, Predictor, owner_of, parse_environment
-from .system import cgroupfs
 from .system.connecting import Connecting
 from .system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from .system.engine import Container, container_id, scope_container_id
@@ -58,8 +57,6 @@ from .system.managers import (
     ManagerUntrusted,
     UnitDetails,
     discover,
-    unit_cgroup,
-    unit_of_cgroup,
 )
 from .system.procfs import ProcFS
 
@@ -135,30 +132,9 @@ class _ProcCache:
     reread: bool = False  # its argv was systemd's, before the exec: read again next pass
 
 
-@dataclass(frozen=True)
-class _Owner:
-    """Whose a process is: the unit (or group) it counts for, and its cgroup."""
-
-    ref: UnitRef
-    cgroup: str
-    group: str = ""  # what a group of a user's processes is (SeenUnit.group); "": a unit
-
-
-# Root's managers, PID 1 and root's own: a login user's process in one of their units is
-# her job or session there, not theirs.
-_ROOTS = (SYSTEM, user_manager(0))
-
-
 def _smaller(new: Prediction, old: Prediction | None) -> bool:
     """A new footprint below one known before (or none where one was known)."""
     return old is not None and old.bytes is not None and (new.bytes or 0) < old.bytes
-
-
-def _human(uid: int | None) -> bool:
-    """A user's uid (snapshot.py's FIRST_LOGIN_UID and SYSTEM_RANGE): whose processes in a
-    scope or a service of root's are theirs, not the unit's. Debian's system users,
-    DynamicUser= and nobody are not; a directory's users and subuids are."""
-    return uid is not None and uid >= FIRST_LOGIN_UID and uid not in SYSTEM_RANGE
 
 
 class _PassBudget:
@@ -374,7 +350,7 @@ class Sensor:
     def _find_self(self) -> None:
         """The guard's own unit, so it is never acted on and its manager holds the rescue units."""
         own = self.proc.cgroup_of_self()
-        best = self._attribute(own) if own else None
+        best = attribute(own, self._roots()) if own else None
         self.guard_unit = UnitRef(*best) if best else None
 
     def _rescue_manager(self) -> Manager | None:
@@ -395,36 +371,6 @@ class Sensor:
         if graphical and ("graphical.target",) not in self.rescue_groups:
             self.rescue_groups.append(("graphical.target",))
 
-    def _out_of_view(self, pid: int, cgroup: str, rss: int) -> _Owner | None:
-        """A process below user@UID.service that its manager does not account for: the
-        manager is out of view (renamed socket, stopped, never trusted), or the process
-        sits in a cgroup of her own that names no unit of it (`.../hideout`). Never PID 1's
-        to judge (its user@UID.service is protected), so it would grow unseen. The
-        outermost user@UID.service below slices only (cgroupfs.user_tree). Whatever runs
-        in her delegated subtree is hers, whichever uid: hers, her user namespaces'
-        subuids (rootless Podman), or a process only root could have put there; root's own
-        (a setuid helper) is left to PID 1's unit. A unit of hers is hers (user:UID:UNIT);
-        anything else is a group."""
-        tree = cgroupfs.user_tree(cgroup)
-        if tree is None:
-            return None
-        base, uid = tree
-        if uid == 0 or self._uid(pid, rss) in (0, None):
-            return None
-        unit = unit_of_cgroup(cgroup, base)
-        key = user_manager(uid)
-        if unit is not None and unit.endswith(".service"):
-            return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit))
-        if unit is not None:
-            return _Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit), f"her {unit}")
-        first = next((p for p in cgroup[len(base) :].split("/") if p), None)
-        if first is None:
-            # In user@UID.service itself (her manager, on systemd before 254): a kill there
-            # would take her whole tree. Left as before: PID 1's user@UID.service.
-            return None
-        path = f"{base}/{first}"
-        return _Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{uid}.service")
-
     def _container_id(self, cgroup: str, engines: bool) -> tuple[int, str | None]:
         """(whose engine, the container's id) of a process's cgroup: root's engines' below
         any slice but a user's; below her user@UID.service, a scope her rootless engine had
@@ -435,7 +381,7 @@ class Sensor:
                 return 0, cid
         if not self.containers.user_engines:
             return 0, None
-        tree = cgroupfs.user_tree(cgroup)
+        tree = attribution.user_tree(cgroup)
         if tree is None or tree[1] == 0:
             return 0, None
         base, uid = tree
@@ -460,69 +406,9 @@ class Sensor:
             pc.uid = self.proc.uid(pid)
         return pc.uid
 
-    def _owner(self, pid: int, cgroup: str, rss: int) -> _Owner | None:
-        """The unit a process counts for, by its manager's word and the kernel's: a
-        process of a login user in a scope of root's managers, or in a unit of theirs that
-        does not run as her, is a group of hers (_split_jobs does the units)."""
-        owner = self._attribute(cgroup)
-        if owner is None or (owner[0] == SYSTEM and owner[1].startswith("user@")):
-            hers = self._out_of_view(pid, cgroup, rss)
-            if hers is not None:
-                return hers
-        if owner is None:
-            return None
-        ref = UnitRef(*owner)
-        own = unit_cgroup(cgroup, ref.name)
-        if ref.name.endswith(".service") or ref == self.guard_unit:
-            return _Owner(ref, own)
-        uid = self._uid(pid, rss)
-        if ref.manager in _ROOTS and _human(uid):
-            assert uid is not None
-            return _Owner(UnitRef(user_manager(uid), own), own, f"uid {uid}'s processes in {ref}")
-        if ref.manager != SYSTEM and uid and uid == manager_uid(ref.manager):
-            return _Owner(ref, own, f"her {ref.name}")
-        return _Owner(ref, own)
-
-    def _split_jobs(
-        self,
-        groups: dict[UnitRef, list[tuple[int, int, int | None]]],
-        cgroups: dict[UnitRef, str],
-        what: dict[UnitRef, str],
-    ) -> None:
-        """A user's processes in a service of root's managers (her crontab's jobs in Debian's
-        cron.service, which has no pam_systemd; a .forward pipe exim runs; her job run as
-        one of her subuids) are hers: a group of her level, judged and killed alone; the
-        unit's evidence and memory are its own processes' only. Hers by the kernel's word:
-        a user's uid (_human) that is not the one the service runs as (the lowest among
-        its processes: its main process came first). A service of root's that runs its
-        server as a user (`sudo -u`) has that server judged as the user's group, killed;
-        the unit itself is judged by its own ExecStart= (docs/security.md)."""
-        for ref in [r for r in groups if r.manager in _ROOTS and r.name.endswith(".service")]:
-            if ref == self.guard_unit:
-                continue
-            procs = groups[ref]
-            uids = {pid: self._uid(pid, rss + (g or 0)) for pid, rss, g in procs}
-            runs_as = min((u for u in uids.values() if u is not None), default=0)
-            theirs = {pid: uid for pid, uid in uids.items() if _human(uid) and uid != runs_as}
-            if not theirs:
-                continue
-            own = cgroups.get(ref, "")
-            for uid in sorted({u for u in theirs.values() if u is not None}):
-                group = UnitRef(user_manager(uid), own or ref.name)
-                groups.setdefault(group, []).extend(p for p in procs if theirs.get(p[0]) == uid)
-                cgroups.setdefault(group, own)
-                what[group] = f"uid {uid}'s job in {ref}"
-            groups[ref] = [p for p in procs if p[0] not in theirs]
-
-    def _attribute(self, cgroup: str) -> tuple[str, str] | None:
-        """(manager key, unit) for a cgroup path: the deepest manager root wins."""
-        best: tuple[int, str, str] | None = None
-        for key, m in self.managers.items():
-            unit = unit_of_cgroup(cgroup, m.root_cgroup)
-            depth = 0 if m.root_cgroup == "/" else m.root_cgroup.count("/")
-            if unit and (best is None or depth > best[0]):
-                best = (depth, key, unit)
-        return (best[1], best[2]) if best else None
+    def _roots(self) -> dict[str, str]:
+        """Each connected manager's root cgroup: who a cgroup path belongs to."""
+        return {key: m.root_cgroup for key, m in self.managers.items()}
 
     # --- GPU ------------------------------------------------------------
 
@@ -553,11 +439,13 @@ class Sensor:
         seen_ids: set[tuple[int, str]] = set()
         containers: dict[UnitRef, tuple[Container, str]] = {}
         what: dict[UnitRef, str] = {}  # the groups of users' processes (SeenUnit.group)
+        roots = self._roots()
         for pid in self.proc.pids():
             info = self.proc.process(pid)
             if info is None:
                 continue  # exited while we looked: normal
-            self._fresh(pid, info.cgroup, info.rss + (gpu.get(pid) or 0))
+            rss = info.rss + (gpu.get(pid) or 0)
+            self._fresh(pid, info.cgroup, rss)
             whose, cid = self._container_id(info.cgroup, engines)
             if cid is not None:
                 seen_ids.add((whose, cid))
@@ -575,14 +463,17 @@ class Sensor:
                     cgroups.setdefault(ref, container_cgroup(info.cgroup, cid))
                     continue
                 # No engine has it: whatever its manager says it is (a scope).
-            owner = self._owner(pid, info.cgroup, info.rss + (gpu.get(pid) or 0))
+            owner = attribution.owner(
+                info.cgroup, roots, partial(self._uid, pid, rss), self.guard_unit
+            )
             if owner is None:
                 continue
             groups.setdefault(owner.ref, []).append((pid, info.rss, gpu.get(pid, 0)))
             cgroups.setdefault(owner.ref, owner.cgroup)
             if owner.group:
                 what[owner.ref] = owner.group
-        self._split_jobs(groups, cgroups, what)
+        groups, cgroups, jobs = attribution.split_jobs(groups, cgroups, self._uid, self.guard_unit)
+        what.update(jobs)
         if engines or self.containers.user_engines:
             self.containers.forget(seen_ids)
             self._report_engines()
@@ -609,12 +500,7 @@ class Sensor:
                     else "its manager is not answering"
                 )
         units = []
-        budget = _PassBudget()
-        for r, c in self._units.items():
-            if r in groups:  # a unit gone since the last pass holds nothing of her budget
-                budget.details_held[r.manager] = budget.details_held.get(r.manager, 0) + (
-                    c.details_bytes
-                )
+        budget = self._budget(groups)
         for ref, procs in sorted(groups.items()):
             state = states.get(ref)
             if state is None:
@@ -648,6 +534,16 @@ class Sensor:
             rule=rule,
             pinned=self.proc.pinned(),
         )
+
+    def _budget(self, groups: dict[UnitRef, Any]) -> _PassBudget:
+        """A pass's budget, with what the caches of the units still there hold (a unit gone
+        since the last pass holds nothing of her budget)."""
+        budget = _PassBudget()
+        for r, c in self._units.items():
+            if r in groups:
+                held = budget.details_held
+                held[r.manager] = held.get(r.manager, 0) + c.details_bytes
+        return budget
 
     def memory_rule(self, room: RoomView = AS_MADE) -> MemoryRule:
         """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
@@ -724,7 +620,7 @@ class Sensor:
             for name, st in states.items():
                 ref = UnitRef(key, name)
                 if (
-                    key not in _ROOTS
+                    key not in attribution.ROOTS
                     and groups.get(ref)  # a start job has no process yet: a unit, starting
                     and (st.load_state == "not-found" or st.active_state in ("inactive", "failed"))
                 ):

@@ -49,18 +49,16 @@ import contextlib
 import functools
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core import stops
 from ..core.block import (
     CASCADE,
     FILE_WORK,
     MASKED_STEPS,
     RETRY_AFTER,
-    Escalation,
     Step,
     StepError,
     Stopping,
@@ -68,7 +66,6 @@ from ..core.block import (
     Work,
     container_stuck,
     due,
-    escalate,
     mask_gone,
     running_again,
     settled,
@@ -78,7 +75,7 @@ from ..core.block import (
 from ..core.config import Config
 from ..core.events import Event, EventKind, Level, tell
 from ..core.snapshot import Action, Decision, Memory, MemoryRule, UnitRef, judged
-from ..core.text import printable
+from ..core.stops import Limits
 from ..system import cgroupfs
 from ..system.engine import Engine, engine_owner
 from ..system.managers import ManagerError, UnitState
@@ -93,15 +90,15 @@ from ..system.unitfiles import (
     read_link,
     shadowing_file,
 )
-from ..system.worker import spawn
 from . import banner
 from . import containers as container_block
 from .brake import Brake
 from .groups import GroupKill, Groups
+from .kernel import Kernel
+from .loose import LooseStops
 from .ports import EnginePort, ManagerPort
 from .records import (
     LinkRecord,
-    PendingStop,
     Record,
     RecordError,
     RecordStore,
@@ -117,35 +114,12 @@ POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round t
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
 SWEEP_EVERY = 60.0  # seconds between sweeps of the store (RecordStore.sweep)
-# After a stop-only stop went out, a unit neither deactivating nor stopped is a new run.
-LOOSE_GRACE = 1.0
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 # How often a blocked container's restart policy is read back (an engine call, off the loop):
 # a policy set back to `always` by hand would start it at the next boot.
 CONTAINER_RECHECK = 30.0
 # A unit paused while its manager is not connected is looked at for SIGCONT no sooner than
 # this after its SIGSTOP (a signal is taken when the process next runs).
 PAUSE_SETTLE = 0.5
-
-
-@dataclass
-class _LooseStop:
-    """A stop with no record (stop-only): kept here until the unit settles, escalated on
-    time and on memory as a block's stop is (core.block.escalate). A container's runs in
-    a thread of its own (`box`): the engine's stop escalates to SIGKILL by itself."""
-
-    ref: UnitRef
-    cgroup: str
-    stopping: Stopping
-    box: threading.Thread | None = None
-    error: str = ""
-    # Sent by an earlier guard (read from disk): which run it stops is known only from
-    # its manager's answer, never from its cgroup (a new run has the same one).
-    restored: bool = False
-    seen_stopping: bool = False  # seen deactivating: a later other state is a new run
-    # The processes the stop went to (pid, start): a run with none of them is a new one.
-    went_to: frozenset[tuple[int, int | None]] = frozenset()
-    waiting: bool = False  # an earlier guard's, its manager silent: waits for it to answer
 
 
 class Blocker:
@@ -218,10 +192,9 @@ class Blocker:
         self._killed: set[str] = set()  # containers whose cgroup this guard killed meanwhile
         self._silent_engines: dict[str, float] = {}  # engine socket -> silent until
         self._engine_of: dict[str, str] = {}  # container -> the socket its block asks
-        self._loose: dict[str, _LooseStop] = {}  # stop-only stops under way
-        # The stop-only stops an earlier guard kept on disk: the daemon adopts them (read
-        # once); a one-shot rescue leaves them to the daemon.
-        self._loose_loaded = not adopt_stops
+        self.kernel = Kernel(self.cgroup_root, self.proc)
+        # Stop-only stops (core/stops.py); the daemon adopts those an earlier guard kept.
+        self.loose = LooseStops(managers, self.kernel, self.brakes, self.engine, adopt_stops)
         self.groups = Groups(self.proc, self.cgroup_root, log)  # a user's groups' kills
 
     # --- entry points ---------------------------------------------------------
@@ -252,12 +225,8 @@ class Blocker:
                 kills.append(action)  # after the stops: those are one call each
                 continue
             if action.how == "stop-only":
-                if action.unit.is_container:
-                    self._stop_only_container(
-                        action, cgroups.get(action.unit, ""), engines.get(action.unit, "")
-                    )
-                else:
-                    self._stop_only(action, cgroups.get(action.unit, ""))
+                unit = action.unit
+                self.loose.start(action, cgroups.get(unit, ""), engines.get(unit, ""), self.config)
                 continue
             if self.store.releasing(action.unit):
                 continue  # an admin's release is under way: judged again once it is done
@@ -335,7 +304,7 @@ class Blocker:
             self._sweep_at = now + SWEEP_EVERY
             self.store.sweep()
             banner.sweep(self.motd, self.issue)
-        self._advance_loose()
+        self.loose.advance(self._available(), self._limits)
         for key in list(self._paused):
             record = self.records.get(key)
             if record is None or self.store.releasing(record.ref):
@@ -402,7 +371,7 @@ class Blocker:
         is done. One whose manager is gone (and nothing of it paused), or a kept stop whose
         manager cannot say which run it sees, waits for a manager's return instead, which
         the periodic full look notices: not a full look every pass for the whole boot."""
-        return any(not ls.waiting for ls in self._loose.values()) or any(
+        return self.loose.busy or any(
             r.step != Step.BLOCKED and self._live(r) for r in self.records.values()
         )
 
@@ -425,7 +394,7 @@ class Blocker:
             )
             or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
             for r in self.records.values()
-        ) or any(ls.stopping.due(now) and not ls.waiting for ls in self._loose.values())
+        ) or self.loose.settling(now)
 
     # --- the steps ------------------------------------------------------------
 
@@ -587,10 +556,11 @@ class Blocker:
         record.note(f"stop requested ({job})")
         if record.step == Step.STOP:
             self._move(record, Step.PLAN)
-        if frozen and self._ignores_sigterm(record.cgroup):
+        if frozen and self.kernel.ignores_sigterm(record.cgroup):
             # SIGTERM would end nothing: the stop would wait out its timeout, thawed and
             # allocating. Killed now, the frozen processes never run another instruction.
-            self._kill_unit(record, "it ignores SIGTERM (seen while frozen)")
+            why = "it ignores SIGTERM (seen while frozen)"
+            self._carry_out(record, (stops.Kill(record.ref, record.cgroup, why, unit=True),))
             self._stopping[key] = self._stopping[key].killed(self.clock())
 
     def _pause(self, record: Record) -> bool:
@@ -602,7 +572,7 @@ class Blocker:
         if key in self._paused:
             since = self._paused[key][0]
             if now - since >= self.config.stop_timeout or (
-                now - since >= PAUSE_SETTLE and self._resumed(record.cgroup)
+                now - since >= PAUSE_SETTLE and self.kernel.resumed(record.cgroup)
             ):
                 self._paused.pop(key)
                 return False
@@ -610,9 +580,7 @@ class Blocker:
         if record.ref.is_container or not record.cgroup:
             return False
         try:
-            how = cgroupfs.send(
-                self.cgroup_root, record.cgroup, signal.SIGSTOP, cgroup_of=self.proc.cgroup
-            )
+            how = self.kernel.send(record.cgroup, signal.SIGSTOP)
         except (OSError, ValueError, RuntimeError):
             return False
         self._paused[key] = (now, record.cgroup)
@@ -624,7 +592,7 @@ class Blocker:
         signals its main process only under KillMode=process), and forget the pause."""
         _, cgroup = self._paused.pop(key)
         with contextlib.suppress(OSError, ValueError, RuntimeError):
-            cgroupfs.send(self.cgroup_root, cgroup, signal.SIGCONT, cgroup_of=self.proc.cgroup)
+            self.kernel.send(cgroup, signal.SIGCONT)
 
     def _hold(self, record: Record) -> None:
         """A unit whose manager is still not connected, paused (or left at its stop by an
@@ -632,19 +600,11 @@ class Blocker:
         killed."""
         key = str(record.ref)
         if key not in self._paused:
-            if not cgroupfs.populated(self.cgroup_root, record.cgroup):
+            if not self.kernel.populated(record.cgroup):
                 return  # nothing of it runs: nothing to hold
             self._paused[key] = (self.clock(), record.cgroup)
         if not self._pause(record):
             self._kill_cgroup(record, f"{record.manager} manager is not connected")
-
-    def _resumed(self, cgroup: str) -> bool:
-        """Whether a process of the cgroup runs or sleeps, as no stopped one does (one in an
-        uninterruptible wait is let be: stop_timeout ends that)."""
-        return any(
-            self.proc.state(pid) in ("R", "S", "Z")  # Z: its leader gone, its threads on
-            for pid in cgroupfs.pids(self.cgroup_root, cgroup)
-        )
 
     def _freeze(self, record: Record, manager: ManagerPort) -> bool:
         """Freeze the unit before its stop: allocation halts at once. False where it cannot."""
@@ -655,20 +615,6 @@ class Blocker:
         if frozen or why:
             record.note("frozen (FreezeUnit)" if frozen else f"not frozen: {why}")
         return frozen
-
-    def _ignores_sigterm(self, cgroup: str) -> bool:
-        """Whether any process of the cgroup has SIGTERM set to SIG_IGN (/proc/PID/status)."""
-        for pid in cgroupfs.pids(self.cgroup_root, cgroup):
-            try:
-                with open(os.path.join(self.proc.root, str(pid), "status"), "rb") as f:
-                    for line in f:
-                        if line.startswith(b"SigIgn:"):
-                            if int(line.split()[1], 16) & SIGTERM_BIT:
-                                return True
-                            break
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile
-        return False
 
     def _owner(self, record: Record) -> Owner:
         return owner(record.manager, self.user_runtime)
@@ -747,6 +693,10 @@ class Blocker:
             if str(record.ref) not in self._stopping and self._running(record):
                 self._request_stop(record)
 
+    @property
+    def _limits(self) -> Limits:
+        return Limits(self.config.stop_timeout, self.config.kill_timeout)
+
     def _available(self) -> tuple[int, int] | None:
         """(the judged figure: MemAvailable, or the device headroom on unified memory;
         reserve) now; None when /proc cannot say."""
@@ -759,69 +709,67 @@ class Blocker:
         return judged(memory, self.rule), self.config.reserve_for(memory.total)
 
     def _settle(self, batch: list[Record]) -> list[Record]:
-        """One look at units being stopped: the settled go on to 'verify', the others are
-        escalated on time or on memory. Returns those still stopping."""
-        pending = {str(r.ref): r for r in batch}
-        for key, manager in self.managers.items():
-            names = [r.unit for r in pending.values() if r.manager == key]
-            if not names:
-                continue
+        """One look at units being stopped (core.stops.advance, batched per manager): the
+        settled go on to 'verify', the others are escalated on time or on memory. Returns
+        those still stopping."""
+        states: dict[str, UnitState | None] = {}
+        silent: set[str] = set()
+        for key in sorted({r.manager for r in batch} & set(self.managers)):
+            names = [r.unit for r in batch if r.manager == key]
             try:
-                states = manager.unit_states(names)
+                read = self.managers[key].unit_states(names)
+                states |= {str(UnitRef(key, n)): st for n, st in read.items()}
             except ManagerError:
-                continue  # not answering: the deadlines below still run
-            for name in names:
-                st = states.get(name)
-                record = pending[str(UnitRef(key, name))]
-                if self._done(st, record.cgroup):
-                    del pending[str(record.ref)]
-                    self._settled(record)
-        if not pending:
-            return []
+                silent.add(key)  # not answering: the deadlines still run
         memory = self._available()
-        cfg = self.config
-        now = self.clock()
-        for key, record in pending.items():
-            now = self.clock()
-            stopping = self._stopping.get(key) or Stopping.at(now)
-            after, what, why = escalate(stopping, now, memory, cfg.stop_timeout, cfg.kill_timeout)
-            if what is None:
-                continue
-            self._stopping[key] = after
-            if what == Escalation.KILL_UNIT:
-                self._kill_unit(record, why)
-            elif what == Escalation.KILL_CGROUP:
-                self._kill_cgroup(record, why)
-            else:
-                self._problem(record, why)
-        return [
-            r for k, r in pending.items() if k not in self._stopping or self._stopping[k].due(now)
-        ]
+        still = []
+        for record in batch:
+            key, now = str(record.ref), self.clock()
+            st = states.get(key)
+            seen = stops.Seen(
+                self.kernel.processes(record.cgroup),
+                manager=record.manager in self.managers,
+                answered=record.manager not in silent,
+                active_state=st.active_state if st else None,
+                load_state=st.load_state if st else None,
+                memory=memory,
+            )
+            stopping = self._stopping.get(key)
+            stop = stops.Stop(
+                record.ref,
+                record.cgroup,
+                stopping or Stopping.at(now),
+                kind=stops.Kind.BLOCK,
+                quiet=stopping is None,
+            )
+            after, commands = stops.advance_block(stop, seen, now, self._limits)
+            if commands and not (stop.quiet and isinstance(commands[0], stops.Settled)):
+                self._stopping[key] = after.stopping
+            self._carry_out(record, commands)
+            if record.step == Step.SETTLE and after.stopping.due(now):
+                still.append(record)
+        return still
 
-    def _settled(self, record: Record) -> None:
-        key = str(record.ref)
-        if not self._move(record, Step.VERIFY):
-            return
-        stopping = self._stopping.get(key)
-        if stopping is None:
-            record.note("not running")  # a renewed mask: nothing to stop
-            self._save(record)
-            return
-        self._stopping[key] = stopping.settled()
-        waited = self.clock() - stopping.sent
-        record.note(f"stopped after {waited:.2f}s")
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_STOPPED,
-                "info",
-                unit=key,
-                manager=record.manager,
-                seconds=round(waited, 3),
-                msg=f"{record.ref} stopped after {waited:.2f}s",
-            ),
-        )
-        self._save(record)
+    def _carry_out(self, record: Record, commands: Sequence[stops.Command]) -> None:
+        """What core.stops.advance() said of a block's stop, done."""
+        for command in commands:
+            if isinstance(command, stops.Say):
+                tell(self.log, command.event)
+            elif isinstance(command, stops.Settled):
+                if not self._move(record, Step.VERIFY):
+                    return
+                waited = command.waited
+                record.note("not running" if waited is None else f"stopped after {waited:.2f}s")
+                self._save(record)
+            elif isinstance(command, stops.GiveUp):
+                self._problem(record, command.why)
+            else:
+                how, killed = self.kernel.carry_out(command, self.managers.get(record.manager))
+                if killed is False:
+                    self._problem(record, f"cgroup kill: {how}")
+                    continue
+                record.note(f"killed: {how} ({command.why})")
+                tell(self.log, command.event(how, cgroup=bool(killed)))
 
     def _running(self, record: Record) -> bool:
         """Whether the unit has anything to stop; True when its manager cannot say (stop it)."""
@@ -838,365 +786,10 @@ class Blocker:
         """Stopped by its manager's word and nothing left in its cgroup (core.block.settled;
         the cgroup is read only once its manager says stopped)."""
         active, load = (state.active_state, state.load_state) if state else (None, None)
-        return settled(active, load, 0) and not (cgroup and cgroupfs.pids(self.cgroup_root, cgroup))
-
-    def _kill_unit(self, record: Record, why: str) -> None:
-        manager = self.managers.get(record.manager)
-        how = "KillUnit SIGKILL"
-        try:
-            if manager is None:
-                raise ManagerError(f"{record.manager} manager is not connected")
-            manager.kill_unit(record.unit, signal.SIGKILL)
-        except ManagerError as e:
-            self._kill_cgroup(record, str(e))
-            return
-        record.note(f"killed: {how}")
-        record.note(f"killed because {why}")
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_KILLED,
-                "warning",
-                unit=str(record.ref),
-                manager=record.manager,
-                how=how,
-                error=why,
-                msg=f"{record.ref}: {how}: {why}",
-            ),
-        )
+        return settled(active, load, 0) and not self.kernel.pids(cgroup)
 
     def _kill_cgroup(self, record: Record, why: str) -> None:
-        try:
-            how = self._kill_of(record.ref, record.cgroup)
-        except (OSError, ValueError, RuntimeError) as e:
-            self._problem(record, f"cgroup kill of {record.cgroup or '(unknown cgroup)'}: {e}")
-            return
-        record.note(f"killed: {how} ({why})")
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_KILLED,
-                "warning",
-                unit=str(record.ref),
-                manager=record.manager,
-                how=how,
-                cgroup=record.cgroup,
-                error=why,
-                msg=f"{record.ref}: killed its cgroup ({why})",
-            ),
-        )
-
-    def _stop_only(self, action: Action, cgroup: str) -> None:
-        """A server that loads on request, asked over its API from outside any unit: the
-        load was the request's, so the server is stopped (frozen first) and not masked or
-        disabled; it may start again, loading nothing. The stop is escalated as a block's
-        is (_advance_loose): a server with TimeoutStopSec=infinity is killed on time. Its
-        manager silent: its cgroup is killed."""
-        key = str(action.unit)
-        if key in self._loose:
-            return  # one under way: its escalation goes on from its own stop
-        manager = self.managers.get(action.unit.manager)
-        # Frozen by the brake: it is this stop's now, and release_brakes() must not thaw it.
-        braked = frozen = self.brakes.take(action.unit)
-        try:
-            if manager is None:
-                raise ManagerError(f"{action.unit.manager} manager is not connected")
-            if not frozen:
-                frozen, _ = self.brakes.freeze_unit(action.unit, manager)
-            went_to = self._processes(cgroup)  # (frozen: none can fork or exit meanwhile)
-            job = manager.stop_unit(action.unit.name)
-        except ManagerError as e:
-            how = self._kill_cgroup_of(action.unit, cgroup)
-            if braked and cgroupfs.populated(self.cgroup_root, cgroup) is not False:
-                self.brakes.give_back(action.unit)  # not stopped: the brake's to thaw
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.UNIT_STOP_FAILED,
-                    "error",
-                    unit=key,
-                    manager=action.unit.manager,
-                    error=str(e),
-                    how=how,
-                    msg=f"cannot stop {key}: {e}; {how}",
-                ),
-            )
-            return
-        loose = self._keep_loose(action.unit, cgroup)
-        loose.went_to = went_to
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_STOP_REQUESTED,
-                "warning",
-                unit=key,
-                manager=action.unit.manager,
-                job=job,
-                how="stop-only",
-                reason=action.reason,
-                frozen=frozen,
-                msg=f"stopping {key} ({action.reason}), not masking or disabling it: it "
-                "loads on request and no unit asked this load (asked over its API)",
-            ),
-        )
-        if frozen and self._ignores_sigterm(cgroup):
-            self._escalate_loose(loose, Escalation.KILL_UNIT, "it ignores SIGTERM (seen frozen)")
-            loose.stopping = loose.stopping.killed(self.clock())
-
-    def _stop_only_container(self, action: Action, cgroup: str, engine: str) -> None:
-        """A container server's stop-only: stopped through its engine, its restart policy
-        left as it is (a stop by hand is not restarted by it; dockerd's next start may,
-        loading nothing). In a thread: the engine's stop waits its timeout, then kills."""
-        key = str(action.unit)
-        if key in self._loose:
-            return  # one under way
-        loose = self._keep_loose(action.unit, cgroup)
-        if not engine:
-            loose.error = "no engine known for it"  # said by _advance_loose
-            return
-        api = self.engine(engine, self.engine_timeout)
-        timeout = max(1, round(self.config.stop_timeout))
-
-        def stop() -> None:
-            try:
-                api.stop(action.unit.container, timeout)
-            except Exception as e:  # reported by _advance_loose, in the loop
-                loose.error = str(e) or type(e).__name__
-
-        loose.box = spawn(stop, f"stop-only {key}")
-        if loose.box is None:
-            loose.error = "cannot start a thread for its stop (a pids limit?)"
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_STOP_REQUESTED,
-                "warning",
-                unit=key,
-                manager=action.unit.manager,
-                job=None,
-                how=f"stop-only, engine {engine}",
-                reason=action.reason,
-                frozen=False,
-                msg=f"stopping {key} through {engine} ({action.reason}), its restart policy "
-                "left as it is: it loads on request and no unit asked this load",
-            ),
-        )
-
-    def _advance_loose(self) -> None:
-        """Each stop-only stop: settled (said, and forgotten), or escalated on time and on
-        memory (SIGKILL through its manager, then its cgroup's kill), or given up (a new
-        decision stops it again)."""
-        if not self._loose_loaded:
-            self._load_loose()
-        if not self._loose:
-            return
-        memory = self._available()
-        for key, loose in list(self._loose.items()):
-            now = self.clock()
-            if loose.error and (loose.box is None or not loose.box.is_alive()):
-                # Its engine did not stop it (or none is known): killed from the kernel's
-                # side, said, and forgotten (a new decision stops it again).
-                self._forget_loose(key)
-                how = (
-                    self._kill_cgroup_of(loose.ref, loose.cgroup)
-                    if loose.cgroup
-                    else "no cgroup known"
-                )
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.UNIT_STOP_FAILED,
-                        "error",
-                        unit=key,
-                        manager=loose.ref.manager,
-                        error=loose.error,
-                        how=how,
-                        msg=f"cannot stop {key} through its engine: {loose.error}; {how}",
-                    ),
-                )
-                continue
-            state = self._loose_state(loose, now)
-            loose.waiting = state == "unknown"  # not escalated blind, nor looked at each pass
-            if loose.waiting:
-                continue
-            if state == "settled":
-                self._forget_loose(key)
-                waited = now - loose.stopping.sent
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.UNIT_STOPPED,
-                        "info",
-                        unit=key,
-                        manager=loose.ref.manager,
-                        seconds=round(waited, 3),
-                        msg=f"{key} stopped after {waited:.2f}s (not masked or disabled)",
-                    ),
-                )
-                continue
-            if not loose.stopping.due(now):
-                continue
-            after, what, why = escalate(
-                loose.stopping, now, memory, self.config.stop_timeout, self.config.kill_timeout
-            )
-            if what is None:
-                continue
-            loose.stopping = after
-            if what == Escalation.GIVE_UP:
-                # Kept: it rests, then is escalated again from SIGKILL, as a block's stop.
-                tell(
-                    self.log,
-                    Event.of(
-                        EventKind.UNIT_STOP_FAILED,
-                        "error",
-                        unit=key,
-                        manager=loose.ref.manager,
-                        error=why,
-                        msg=f"cannot stop {key}: {why}",
-                    ),
-                )
-                continue
-            self._escalate_loose(loose, what, why)
-
-    def _keep_loose(self, ref: UnitRef, cgroup: str) -> _LooseStop:
-        """A stop-only stop under way, kept in memory and on disk (a guard restarted before
-        the server has gone escalates it still)."""
-        loose = self._loose[str(ref)] = _LooseStop(ref, cgroup, Stopping.at(self.clock()))
-        try:
-            self.store.save_stop(PendingStop(ref, cgroup, loose.stopping.sent, self.boot_id))
-        except OSError as e:  # a full or read-only disk: this guard still escalates it
-            tell(
-                self.log,
-                Event.of(
-                    EventKind.STATE_UNWRITTEN,
-                    "warning",
-                    unit=printable(str(ref)),
-                    error=str(e),
-                    msg=f"cannot keep the stop of {printable(str(ref))} on disk: {e}",
-                ),
-            )
-        return loose
-
-    def _forget_loose(self, key: str) -> None:
-        loose = self._loose.pop(key)
-        self.store.forget_stop(loose.ref)
-
-    def _load_loose(self) -> None:
-        """The stop-only stops an earlier guard of this boot sent and did not see settle."""
-        self._loose_loaded = True
-        stops, errors = self.store.stops()
-        for e in errors:
-            tell(
-                self.log,
-                Event.of(EventKind.RECORD_UNREADABLE, "error", error=str(e), msg=str(e)),
-            )
-        now = self.clock()
-        for stop in stops:
-            if not stop.boot_id or stop.boot_id != self.boot_id or stop.ref.is_container:
-                # Before a reboot (or a boot that cannot be told): nothing of it runs. A
-                # container's stop was its engine's, which escalates it by itself, and a
-                # run started again keeps its cgroup: not one to kill on an old clock.
-                self.store.forget_stop(stop.ref)
-                continue
-            key = str(stop.ref)
-            if key not in self._loose:
-                sent = min(stop.sent, now)  # never from the future
-                self._loose[key] = _LooseStop(
-                    stop.ref, stop.cgroup, Stopping.at(sent), restored=True
-                )
-
-    def _loose_state(self, loose: _LooseStop, now: float) -> str:
-        """ "settled", "running" (its escalation goes on), or "unknown": a stop an earlier
-        guard sent whose manager does not answer now, so whether the processes there are
-        that run's or a new one's cannot be told; it waits, and is never escalated blind."""
-        left = "running" if loose.cgroup and cgroupfs.pids(self.cgroup_root, loose.cgroup) else ""
-        if loose.ref.is_container:
-            if loose.box is not None and loose.box.is_alive():
-                return "running"
-            # Stopped by its engine, or the engine failed and nothing is left to kill.
-            return left or "settled"
-        manager = self.managers.get(loose.ref.manager)
-        if manager is None:
-            if loose.restored:
-                return "unknown"
-            # This guard's own stop, its manager gone since: no new run can start meanwhile.
-            return left or "settled"
-        try:
-            st = manager.unit_states([loose.ref.name]).get(loose.ref.name)
-        except ManagerError:
-            return "unknown" if loose.restored else "running"  # this guard's deadlines run
-        if settled(st.active_state if st else None, st.load_state if st else None, 0):
-            # Stopped by its manager's word; what is left in its cgroup (KillMode=process,
-            # SendSIGKILL=no) still holds the memory, and no new run is ever inactive.
-            return left or "settled"
-        if st is not None and st.active_state == "deactivating":
-            loose.seen_stopping = True
-            return "running"
-        if loose.went_to and not loose.went_to & self._processes(loose.cgroup):
-            # None of the processes the stop went to is there: they are gone, and what runs
-            # is a new run (StopUnit is answered before its job runs, and a fast Restart=
-            # may read active at every look): a new decision's to judge, not this stop's.
-            return "settled"
-        # Another state after the stop was seen running, or (an earlier guard's) some time
-        # after it went out, is a new run: a new decision's to judge, never this stop's to
-        # kill. This guard's stop not yet seen running may wait behind another job.
-        if loose.seen_stopping or (loose.restored and now - loose.stopping.sent >= LOOSE_GRACE):
-            return "settled"
-        return "running"
-
-    def _processes(self, cgroup: str) -> frozenset[tuple[int, int | None]]:
-        """The processes in a cgroup, each with its start (a pid alone may be reused)."""
-        return frozenset(
-            (p, self.proc.start_ticks(p)) for p in cgroupfs.pids(self.cgroup_root, cgroup)
-        )
-
-    def _escalate_loose(self, loose: _LooseStop, what: Escalation, why: str) -> None:
-        manager = self.managers.get(loose.ref.manager)
-        if what == Escalation.KILL_UNIT and manager is not None and not loose.ref.is_container:
-            try:
-                manager.kill_unit(loose.ref.name, signal.SIGKILL)
-                how = "KillUnit SIGKILL"
-            except ManagerError as e:
-                how = self._kill_cgroup_of(loose.ref, loose.cgroup) + f" (KillUnit: {e})"
-        else:
-            how = self._kill_cgroup_of(loose.ref, loose.cgroup)
-        tell(
-            self.log,
-            Event.of(
-                EventKind.UNIT_KILLED,
-                "warning",
-                unit=str(loose.ref),
-                manager=loose.ref.manager,
-                how=how,
-                error=why,
-                msg=f"{loose.ref}: {how}: {why}",
-            ),
-        )
-
-    def _kill_of(self, ref: UnitRef, cgroup: str) -> str:
-        """SIGKILL what runs in `ref`'s cgroup; how it was done. A user's rootless container
-        is in her delegated subtree: her processes and her subuids' are killed, never
-        root's (a setuid program she runs there), as her groups are."""
-        uid = ref.engine_owner if ref.is_container else 0
-        if not uid:
-            return cgroupfs.kill(self.cgroup_root, cgroup, cgroup_of=self.proc.cgroup)
-        count = cgroupfs.kill_uid(
-            self.cgroup_root,
-            cgroup,
-            uid,
-            uid_of=self.proc.uid,
-            cgroup_of=self.proc.cgroup,
-            start_of=self.proc.start_ticks,
-            any_user=cgroupfs.in_her_tree(cgroup, uid),
-        )
-        return f"{count} process(es) of uid {uid} and her subuids signalled"
-
-    def _kill_cgroup_of(self, ref: UnitRef, cgroup: str) -> str:
-        """Its cgroup killed from the kernel's side; what was done, or why not."""
-        try:
-            return self._kill_of(ref, cgroup)
-        except (OSError, ValueError, RuntimeError) as e:
-            return f"its cgroup {printable(cgroup) or '(unknown)'} could not be killed: {e}"
+        self._carry_out(record, (stops.Kill(record.ref, record.cgroup, why),))
 
     def _disable(self, record: Record, manager: ManagerPort) -> None:
         if any(not lr.removed for lr in record.links):
@@ -1414,12 +1007,12 @@ class Blocker:
 
     def _kill_container(self, record: Record, why: str) -> None:
         self._killed.add(str(record.ref))
-        if record.cgroup and cgroupfs.pids(self.cgroup_root, record.cgroup):
+        if self.kernel.pids(record.cgroup):
             self._kill_cgroup(record, why)  # (a container not running has nothing to kill)
 
     def _container_done(self, record: Record, error: str) -> None:
         key = str(record.ref)
-        if record.ref.engine_owner and cgroupfs.pids(self.cgroup_root, record.cgroup):
+        if record.ref.engine_owner and self.kernel.pids(record.cgroup):
             # Her engine is hers to make say anything ("stopped", "gone", an error): whatever
             # it said, her processes left in its scope when her block ends are killed from
             # the kernel's side, as her groups are. (A stop that went through left none.)

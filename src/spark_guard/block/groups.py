@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.attribution import in_her_tree
 from ..core.events import Event, EventKind, tell
 from ..core.snapshot import Action, manager_uid
 from ..core.text import printable
@@ -88,7 +89,7 @@ class Groups:
                 cgroup_of=self.proc.cgroup,
                 start_of=self.proc.start_ticks,
                 spare=self._spare(cgroup),
-                any_user=cgroupfs.in_her_tree(cgroup, uid),
+                any_user=in_her_tree(cgroup, uid),
                 until=until,
                 also=kill.pids,  # those deeper than the walk goes
                 signalled=signalled,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -160,22 +159,6 @@ def send(
 # killed until none of hers is left, or until then (each round is a listing and a pidfd
 # per process). It runs on the guard's loop: what is left is killed again next pass.
 KILL_DEADLINE = 0.25
-_USER_TREE = re.compile(r"^((?:/[^/]+\.slice)*/user@(\d+)\.service)(?:/|$)")
-
-
-def user_tree(cgroup: str) -> tuple[str, int] | None:
-    """(user@UID.service's cgroup, UID) when `cgroup` lies in a user manager's delegated
-    subtree: the outermost user@UID.service below slices only (what PID 1 makes; a user's
-    own cgroups are deeper). None otherwise."""
-    m = _USER_TREE.match(cgroup)
-    return (m.group(1), int(m.group(2))) if m else None
-
-
-def in_her_tree(cgroup: str, uid: int) -> bool:
-    """Whether `cgroup` lies in the subtree delegated to `uid` (user@UID.service): there
-    every process but root's is hers, her user namespaces' subuids included."""
-    tree = user_tree(cgroup)
-    return tree is not None and tree[1] == uid
 
 
 def kill_uid(

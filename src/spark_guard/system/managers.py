@@ -615,25 +615,3 @@ def cgroup_within(cgroup: str, root: str) -> bool:
 def command_manager() -> str:
     """Whose units a bare name means on a command line: root's are PID 1's, a user's their own."""
     return SYSTEM if os.geteuid() == 0 else user_manager(os.geteuid())
-
-
-def unit_cgroup(cgroup: str, unit: str) -> str:
-    """The unit's own cgroup in a process's path: '/a.slice/u.service/x' -> '/a.slice/u.service'."""
-    parts = cgroup.split("/")
-    return "/".join(parts[: parts.index(unit) + 1]) if unit in parts else cgroup
-
-
-def unit_of_cgroup(cgroup: str, root: str) -> str | None:
-    """The unit a cgroup path belongs to, as seen by the manager rooted at `root`.
-
-    '/system.slice/foo.service/payload' -> 'foo.service'; the first component
-    below the root that is not a slice names the unit (services may delegate
-    sub-cgroups of their own).
-    """
-    prefix = "" if root == "/" else root
-    if prefix and not (cgroup == prefix or cgroup.startswith(prefix + "/")):
-        return None
-    for part in cgroup[len(prefix) :].split("/"):
-        if part and not part.endswith(".slice"):
-            return part if valid_unit_name(part) else None
-    return None

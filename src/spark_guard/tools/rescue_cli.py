@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from .. import config as config_mod
 from .. import log as log_mod
 from ..block.blocker import Blocker
+from ..core.attribution import in_her_tree
 from ..core.block import Step
 from ..core.classify import classify, is_protected
 from ..core.config import Config
@@ -227,7 +228,7 @@ def _report(
     for g in groups:
         # Killed, not blocked: nothing holds them down but the kill (no unit to mask).
         uid = manager_uid(g.ref.manager)
-        hers = uid is not None and cgroupfs.in_her_tree(g.seen.cgroup, uid)
+        hers = uid is not None and in_her_tree(g.seen.cgroup, uid)
         owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.cgroup_root, g.seen.cgroup)]
         left = [o for o in owners if o == uid or (hers and o not in (0, None))]
         ok = ok and not left

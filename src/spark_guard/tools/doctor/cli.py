@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ... import config as config_mod
+from ...core.attribution import unit_of_cgroup
 from ...core.classify import expected_footprint
 from ...core.config import Config
 from ...core.text import printable
 from ...foresight.predict import Predictor, parse_environment
 from ...jsonout import emit
 from ...system import gpu as gpu_mod
-from ...system.managers import unit_of_cgroup
 from ...system.procfs import ProcError, ProcFS
 from ..findings import colours_wanted, label
 from ..inventory import Inventory, collect
