@@ -684,3 +684,44 @@ def test_a_freeze_answered_late_is_kept_and_thawed_when_spared(rig):
         blocker.release_brakes()  # the decision spared it
     assert manager.calls == [f"freeze {UNIT}", f"thaw {UNIT}"] and not blocker.braked
     assert [e["event"] for e in events] == ["brake", "brake-released"]
+
+
+def test_a_containers_stop_only_stop_with_no_engine_known_fails_and_says_so(rig):
+    """A container asked over its API whose engine no one knows cannot be stopped: that is
+    said at once, and never taken for a unit (no `unit-stopped` for what still runs, no
+    KillUnit of a container's name through a manager)."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    box = UnitRef(f"user:{UID}", "container:llm") if UID else UnitRef("container", "llm")
+    action = Action("stop", box, Reason.FOOTPRINT, "asked over its API", {}, how="stop-only")
+    with capture_logs() as events:
+        blocker.block([action], Decision(Phase.STEADY, 8, (), (action,)))
+        clock.t += 0.1
+        blocker.advance()
+    said = [(e["event"], e.get("how")) for e in events]
+    assert said == [("unit-stop-failed", "no cgroup known")], said
+    assert not any(c.startswith("kill") for c in manager.calls) and not blocker.busy
+
+
+def test_a_new_run_that_starts_while_its_manager_is_asked_is_not_killed(rig, monkeypatch):
+    """F8, the executor's side: the run the stop went to exits and a new one starts while
+    its manager's answer is on its way. The processes are read after that answer, so the
+    new run is seen for what it is; read before it, the old run's processes made the
+    stop look pending, and the new run was SIGKILLed at the stop timeout."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    cgroup = manager.unit_control_group(UNIT)
+    here = cgroup_files(blocker, cgroup)
+    hold(here, PID)
+    blocker.block(*stop_only_with_its_cgroup(cgroup))
+    asked = manager.unit_states
+
+    def restarted_meanwhile(names: list[str]) -> dict[str, object]:
+        hold(here, NEW_PID)
+        manager.active[UNIT] = "active"
+        return asked(names)
+
+    monkeypatch.setattr(manager, "unit_states", restarted_meanwhile)
+    clock.t += blocker.config.stop_timeout
+    with capture_logs() as events:
+        blocker.advance()
+    assert f"kill {UNIT} 9" not in manager.calls
+    assert [e["event"] for e in events] == ["unit-stopped"] and not blocker.busy

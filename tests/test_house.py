@@ -17,7 +17,7 @@ MODULE_LINES, CLASS_METHODS, CLASS_LINES, FUNCTION_LINES = 600, 20, 400, 60
 
 # module -> lines
 MODULE_DEBTS = {
-    "block/blocker.py": 1171,
+    "block/blocker.py": 1170,
     "core/argv/loadspec.py": 790,
     "core/argv/ollama.py": 741,
     "foresight/lmstudio.py": 673,
@@ -30,7 +30,7 @@ MODULE_DEBTS = {
 }
 # module:class -> (methods, lines)
 CLASS_DEBTS = {
-    "block/blocker.py:Blocker": (49, 1047),
+    "block/blocker.py:Blocker": (49, 1045),
     "daemon.py:Guard": (21, 483),
     "sensor.py:Sensor": (29, 840),
     "system/managers.py:Manager": (31, 388),

@@ -110,6 +110,7 @@ from .records import (
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
+BLOCK = stops.Kind.BLOCK
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
@@ -304,7 +305,7 @@ class Blocker:
             self._sweep_at = now + SWEEP_EVERY
             self.store.sweep()
             banner.sweep(self.motd, self.issue)
-        self.loose.advance(self._available(), self._limits)
+        self.loose.advance(self._available, self._limits)
         for key in list(self._paused):
             record = self.records.get(key)
             if record is None or self.store.releasing(record.ref):
@@ -726,22 +727,20 @@ class Blocker:
         for record in batch:
             key, now = str(record.ref), self.clock()
             st = states.get(key)
+            active, load = (st.active_state, st.load_state) if st else (None, None)
+            answered = record.manager in self.managers and record.manager not in silent
+            # Its cgroup is read only once its manager says stopped (not at every poll before).
+            left = self.kernel.pids(record.cgroup) if answered and settled(active, load, 0) else []
             seen = stops.Seen(
-                self.kernel.processes(record.cgroup),
-                manager=record.manager in self.managers,
-                answered=record.manager not in silent,
-                active_state=st.active_state if st else None,
-                load_state=st.load_state if st else None,
+                frozenset((pid, None) for pid in left),
+                answered=answered,
+                active_state=active,
+                load_state=load,
                 memory=memory,
             )
             stopping = self._stopping.get(key)
-            stop = stops.Stop(
-                record.ref,
-                record.cgroup,
-                stopping or Stopping.at(now),
-                kind=stops.Kind.BLOCK,
-                quiet=stopping is None,
-            )
+            clock = stopping or Stopping.at(now)
+            stop = stops.Stop(record.ref, record.cgroup, clock, kind=BLOCK, quiet=not stopping)
             after, commands = stops.advance_block(stop, seen, now, self._limits)
             if commands and not (stop.quiet and isinstance(commands[0], stops.Settled)):
                 self._stopping[key] = after.stopping

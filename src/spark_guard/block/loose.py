@@ -141,13 +141,15 @@ class LooseStops:
             box.error = "cannot start a thread for its stop (a pids limit?)"
         self._run(commands)
 
-    def advance(self, memory: tuple[int, int] | None, limits: stops.Limits) -> None:
-        """One look at each stop, and what core.stops.advance() says of it done."""
+    def advance(self, memory: Callable[[], tuple[int, int] | None], limits: stops.Limits) -> None:
+        """One look at each stop, and what core.stops.advance() says of it done. `memory`:
+        the judged figure and the reserve, asked only when a stop is under way."""
         if not self._loaded:
             self._load()
+        figure = memory() if self.stops else None
         for key, stop in list(self.stops.items()):
             now = self.clock()
-            after, commands = stops.advance(stop, self._seen(stop, memory), now, limits)
+            after, commands = stops.advance(stop, self._seen(stop, figure), now, limits)
             if after is None:
                 self._forget(key)
             else:
@@ -155,19 +157,23 @@ class LooseStops:
             self._run(commands)
 
     def _seen(self, stop: stops.Stop, memory: tuple[int, int] | None) -> stops.Seen:
-        left = self.kernel.processes(stop.cgroup)
+        """What advance() needs, its manager's word first: the processes are read after it,
+        so a run that started meanwhile is never taken for the one the stop went to."""
         box = self._boxes.get(str(stop.ref))
         if stop.kind == stops.Kind.ENGINE:
-            busy = box is not None and box.busy
-            return stops.Seen(left, busy=busy, error=box.error if box else "", memory=memory)
+            busy, error = (box.busy, box.error) if box else (False, "")
+            left = self.kernel.processes(stop.cgroup)
+            return stops.Seen(left, busy=busy, error=error, memory=memory)
         manager = self.managers.get(stop.ref.manager)
         if manager is None:
-            return stops.Seen(left, manager=False, memory=memory)
+            return stops.Seen(self.kernel.processes(stop.cgroup), manager=False, memory=memory)
         try:
             st = manager.unit_states([stop.ref.name]).get(stop.ref.name)
         except ManagerError:
+            left = self.kernel.processes(stop.cgroup)
             return stops.Seen(left, answered=False, memory=memory)
         active, load = (st.active_state, st.load_state) if st else (None, None)
+        left = self.kernel.processes(stop.cgroup)
         return stops.Seen(left, active_state=active, load_state=load, memory=memory)
 
     def _run(self, commands: tuple[stops.Command, ...]) -> None:

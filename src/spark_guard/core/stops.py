@@ -131,6 +131,7 @@ class Kill:
             manager=self.ref.manager,
             how=how,
             error=self.why,
+            cgroup=self.cgroup if cgroup else None,
             msg=f"{key}: killed its cgroup ({self.why})" if cgroup else f"{key}: {how}: {self.why}",
         )
 
@@ -170,10 +171,10 @@ def sent(
     be, to `went_to`) or its engine (`engine`). A frozen unit with a process that ignores
     SIGTERM is killed at once: the stop could only end at its timeout, and the thaw would
     give it those seconds to allocate."""
-    kind = Kind.ENGINE if engine else Kind.UNIT
+    kind = Kind.ENGINE if ref.is_container else Kind.UNIT
     stop = Stop(ref, cgroup, Stopping.at(now), went_to=went_to, kind=kind)
     key = str(ref)
-    if engine:
+    if kind == Kind.ENGINE:
         how = f"stop-only, engine {engine}"
         msg = (
             f"stopping {key} through {engine} ({reason}), its restart policy left as it "
