@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core import stops
 from ..core.config import Config
@@ -159,22 +159,23 @@ class LooseStops:
     def _seen(self, stop: stops.Stop, memory: tuple[int, int] | None) -> stops.Seen:
         """What advance() needs, its manager's word first: the processes are read after it,
         so a run that started meanwhile is never taken for the one the stop went to."""
+        answer: dict[str, Any] = {}
         box = self._boxes.get(str(stop.ref))
-        if stop.kind == stops.Kind.ENGINE:
-            busy, error = (box.busy, box.error) if box else (False, "")
-            left = self.kernel.processes(stop.cgroup)
-            return stops.Seen(left, busy=busy, error=error, memory=memory)
         manager = self.managers.get(stop.ref.manager)
-        if manager is None:
-            return stops.Seen(self.kernel.processes(stop.cgroup), manager=False, memory=memory)
-        try:
-            st = manager.unit_states([stop.ref.name]).get(stop.ref.name)
-        except ManagerError:
-            left = self.kernel.processes(stop.cgroup)
-            return stops.Seen(left, answered=False, memory=memory)
-        active, load = (st.active_state, st.load_state) if st else (None, None)
-        left = self.kernel.processes(stop.cgroup)
-        return stops.Seen(left, active_state=active, load_state=load, memory=memory)
+        if stop.kind == stops.Kind.ENGINE:
+            answer = {"busy": box.busy, "error": box.error} if box else {}
+        elif manager is None:
+            answer = {"manager": False}
+        else:
+            try:
+                st = manager.unit_states([stop.ref.name]).get(stop.ref.name)
+                answer = {
+                    "active_state": st and st.active_state,
+                    "load_state": st and st.load_state,
+                }
+            except ManagerError:
+                answer = {"answered": False}
+        return stops.Seen(self.kernel.processes(stop.cgroup), memory=memory, **answer)
 
     def _run(self, commands: tuple[stops.Command, ...]) -> None:
         for command in commands:

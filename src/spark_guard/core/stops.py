@@ -257,22 +257,10 @@ def advance(
     if stop.waiting:
         return stop, ()
     if state == "settled":
-        waited = now - stop.stopping.sent
-        said = Event.of(
-            EventKind.UNIT_STOPPED,
-            "info",
-            unit=key,
-            manager=stop.ref.manager,
-            seconds=round(waited, 3),
-            msg=f"{key} stopped after {waited:.2f}s (not masked or disabled)",
-        )
-        return None, (Say(said),)
+        return None, (Say(_stopped(stop, now, " (not masked or disabled)")),)
     if not stop.stopping.due(now):
         return stop, ()
-    after, what, why = escalate(
-        stop.stopping, now, seen.memory, limits.stop_timeout, limits.kill_timeout
-    )
-    stop = replace(stop, stopping=after)
+    stop, what, why = _escalated(stop, seen, now, limits)
     if what is None:
         return stop, ()
     if what == Escalation.GIVE_UP:
@@ -299,26 +287,38 @@ def advance_block(
     if answered and settled(seen.active_state, seen.load_state, len(seen.left)):
         if stop.quiet:
             return stop, (Settled(None),)
-        waited = now - stop.stopping.sent
-        key = str(stop.ref)
-        said = Event.of(
-            EventKind.UNIT_STOPPED,
-            "info",
-            unit=key,
-            manager=stop.ref.manager,
-            seconds=round(waited, 3),
-            msg=f"{key} stopped after {waited:.2f}s",
-        )
-        return replace(stop, stopping=stop.stopping.settled()), (Settled(waited), Say(said))
-    after, what, why = escalate(
-        stop.stopping, now, seen.memory, limits.stop_timeout, limits.kill_timeout
-    )
-    stop = replace(stop, stopping=after)
+        said = Say(_stopped(stop, now))
+        settled_now = replace(stop, stopping=stop.stopping.settled())
+        return settled_now, (Settled(now - stop.stopping.sent), said)
+    stop, what, why = _escalated(stop, seen, now, limits)
     if what is None:
         return stop, ()
     if what == Escalation.GIVE_UP:
         return stop, (GiveUp(why),)
     return stop, (Kill(stop.ref, stop.cgroup, why, unit=what == Escalation.KILL_UNIT),)
+
+
+def _stopped(stop: Stop, now: float, how: str = "") -> Event:
+    """What is said of a stop found settled: after how long since it went out."""
+    key, waited = str(stop.ref), now - stop.stopping.sent
+    return Event.of(
+        EventKind.UNIT_STOPPED,
+        "info",
+        unit=key,
+        manager=stop.ref.manager,
+        seconds=round(waited, 3),
+        msg=f"{key} stopped after {waited:.2f}s{how}",
+    )
+
+
+def _escalated(
+    stop: Stop, seen: Seen, now: float, limits: Limits
+) -> tuple[Stop, Escalation | None, str]:
+    """core.block.escalate() on the stop's clock: (the stop moved on, what to do, why)."""
+    after, what, why = escalate(
+        stop.stopping, now, seen.memory, limits.stop_timeout, limits.kill_timeout
+    )
+    return replace(stop, stopping=after), what, why
 
 
 def _state(stop: Stop, seen: Seen, now: float) -> tuple[Stop, str]:
