@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 
 from spark_guard import log
 from spark_guard.block import blocker as enforce
+from spark_guard.block import files
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
 from spark_guard.core import stops
@@ -178,7 +179,7 @@ def test_a_step_change_the_table_does_not_allow_is_refused(rig):
     assert record.step == S.BLOCKED
     # In the Blocker: a block-failed problem, the record left where it was, the guard going on.
     with capture_logs() as events:
-        assert not blocker._move(record, S.STOP)
+        assert not blocker.ledger.move(record, S.STOP)
     assert record.step == S.BLOCKED
     assert record.problem == f"{REF}: no step change from blocked to stop"
     assert [e["event"] for e in events] == ["block-failed"]
@@ -260,7 +261,8 @@ def test_a_second_guard_planning_after_the_first_disabled_adopts_its_record(rig)
     record = Record(unit=UNIT, manager=KEY, reason="rescue", detail="d", phase="rescue")
     record.step = S.PLAN
     with second.store.lock():
-        second._guarded(record, second._plan)
+        files.plan(record, manager, second.user_runtime, second.ledger.on_record(record))
+        second.ledger.save(record)
     assert [(lr.path, lr.removed) for lr in record.links] == [(link, True)]
     assert record.mask_path == mask and record.mask_made
     saved = second.store.load(REF)

@@ -17,7 +17,8 @@ import pytest
 
 from spark_guard import log
 from spark_guard.block import release as release_mod
-from spark_guard.block.blocker import CONTAINER_RECHECK, Blocker
+from spark_guard.block.blocker import Blocker
+from spark_guard.block.boxes import CONTAINER_RECHECK
 from spark_guard.block.records import RecordError, RecordStore
 from spark_guard.core.block import Step
 from spark_guard.core.config import Config

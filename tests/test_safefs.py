@@ -24,8 +24,7 @@ import pytest
 
 from lab.accounts import User, unprivileged_user
 from lab.harness import file_tree
-from spark_guard import log
-from spark_guard.block.blocker import Blocker
+from spark_guard.block import files
 from spark_guard.block.records import LinkRecord, Record, RecordStore
 from spark_guard.block.release import ReleaseError, release
 from spark_guard.core.block import Step
@@ -424,22 +423,20 @@ def test_release_of_a_redirected_mask_leaves_the_admins_mask(lay):
 @pytest.mark.root
 def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says(lay, tmp_path):
     config = Config(state=str(tmp_path / "state"), user_runtime=str(lay.run_user))
-    blocker = Blocker({}, config, log.get_logger())
     record = Record(
         unit="cron.service", manager=lay.manager, reason="r", detail="d", phase="strict"
     )
-    record.step = Step.MASK  # _mask() is the mask step: it goes on to settle
     manager = Manager(lay.manager, NO_SOCKET)
     manager.unit_path_dirs = (str(lay.victim / "system.control"), str(lay.unit_dir))
     with pytest.raises(UnitFileError, match=rf"{lay.control} is not in its UnitPath"):
-        blocker._plan(record, manager)
+        files.plan(record, manager, config.user_runtime, None)
     # A record naming another mask path is not acted on either.
     record.mask_path = str(lay.victim / "system.control" / "cron.service")
     before = lay.snapshot()
     with pytest.raises(UnitFileError, match=r"not where a mask goes"):
-        blocker._mask(record, manager)
+        files.mask(record, config.user_runtime)
     record.mask_path = f"{lay.control}/cron.service"
-    blocker._mask(record, manager)
+    files.mask(record, config.user_runtime)
     assert os.readlink(record.mask_path) == "/dev/null"
     assert owned_by(Path(record.mask_path), lay.user) and owned_by(lay.control, lay.user)
     assert lay.snapshot() == before

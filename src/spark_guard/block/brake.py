@@ -146,6 +146,14 @@ class Brake:
         self.store.forget_stop(ref, BRAKED)
         return True
 
+    def for_stop(self, ref: UnitRef, manager: Freezable) -> tuple[bool, str]:
+        """Freeze a unit before its block's stop (allocation halts at once), or take the
+        brake's freeze: (frozen, what its record notes of it)."""
+        if self.take(ref):
+            return True, "frozen (FreezeUnit, by the brake before the decision)"
+        frozen, why = self.freeze_unit(ref, manager)
+        return frozen, "frozen (FreezeUnit)" if frozen else why and f"not frozen: {why}"
+
     def give_back(self, ref: UnitRef) -> None:
         """A stop that took the freeze could not stop the unit: the brake thaws it, as before
         (here at least, where its file cannot be written)."""

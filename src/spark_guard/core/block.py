@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
+from itertools import pairwise
 
 from .quantities import format_size
 
@@ -81,6 +82,15 @@ CONTAINER_TRANSITIONS: dict[Step, frozenset[Step]] = {
     # Rewind: running again (started by hand, or its policy changed back): stopped again.
     Step.BLOCKED: frozenset({Step.STOP}),
 }
+
+
+# The step a unit's block goes on to once the work of its step is done.
+FORWARD = dict(pairwise(STEPS))
+
+
+def forward(step: Step | str) -> Step:
+    """The step after `step` (its work done): blocked stays blocked."""
+    return FORWARD.get(Step(step), Step.BLOCKED)
 
 
 class StepError(RuntimeError):

@@ -212,6 +212,26 @@ def refused(ref: UnitRef, cgroup: str, error: str) -> Kill:
     return Kill(ref, cgroup, error, failed=True)
 
 
+def cannot_stop(ref: UnitRef, error: str, paused_for: float | None = None) -> Event:
+    """A block's stop its manager did not take; `paused_for`: its processes are paused
+    (SIGSTOP) meanwhile, and killed if it does not answer within that many seconds."""
+    key = str(ref)
+    paused = (
+        f"; its processes are paused (SIGSTOP) until it answers, killed if it does not "
+        f"within {paused_for:g}s"
+        if paused_for is not None
+        else ""
+    )
+    return Event.of(
+        EventKind.UNIT_STOP_FAILED,
+        "error",
+        unit=key,
+        manager=ref.manager,
+        error=error,
+        msg=f"cannot stop {key}: {error}{paused}",
+    )
+
+
 def unwritten(ref: UnitRef, error: str) -> Event:
     """A stop that could not be kept on disk (a full or read-only disk): this guard still
     escalates it, and a restarted one would not know it."""

@@ -229,7 +229,7 @@ def _report(
         # Killed, not blocked: nothing holds them down but the kill (no unit to mask).
         uid = manager_uid(g.ref.manager)
         hers = uid is not None and in_her_tree(g.seen.cgroup, uid)
-        owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.cgroup_root, g.seen.cgroup)]
+        owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.kernel.root, g.seen.cgroup)]
         left = [o for o in owners if o == uid or (hers and o not in (0, None))]
         ok = ok and not left
         shown = f"{len(left)} left" if left else "killed"
