@@ -40,7 +40,7 @@ from spark_guard.block.records import RecordStore
 from spark_guard.block.release import release
 from spark_guard.core.config import Config
 from spark_guard.core.step import GuardState, step
-from spark_guard.sensor import Sensor
+from spark_guard.sense import Sensor
 
 UNIT = "llama-bench.service"
 

@@ -304,7 +304,7 @@ from spark_guard import config, log
 from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
 from spark_guard.core.block import RETRY_AFTER
-from spark_guard.sensor import Sensor
+from spark_guard.sense import Sensor
 from spark_guard.core.step import GuardState, step
 
 path, key, manager_pid, cgroup_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -448,7 +448,7 @@ def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
     loader that starts in a manager that answers, the moment the others froze,
     is blocked within about one bus timeout, since a pass lets one call time out
     and leaves the managers it did not ask yet for the next pass, after those
-    that answered (sensor._in_turn; before, the pass asked all three, and the
+    that answered (ManagerWatch.in_turn; before, the pass asked all three, and the
     loader waited out 15 s); and (4) watch the managers again once they answer.
     """
     write_config(um, '[loaders.footprint]\n"llama-meanwhile.service" = "100TiB"\n')

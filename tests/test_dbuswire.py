@@ -188,7 +188,8 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
     from lab.guardunit import guard_manager, write_config
     from spark_guard import config as config_mod
     from spark_guard import log
-    from spark_guard.sensor import DETAILS_OWNER_BUDGET, DETAILS_RETRY, Sensor
+    from spark_guard.sense import Sensor
+    from spark_guard.sense.units import DETAILS_OWNER_BUDGET, DETAILS_RETRY
 
     args = " ".join(f"a{i:05}{'x' * 40}" for i in range(1000))  # 47 KiB, 1,000 arguments
     n = 30
@@ -210,7 +211,7 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
             # A unit refused now is asked again later, not left unread for its whole run:
             # once the others are gone, its details fit and are read.
             left = [r for r, u in units.items() if r.startswith("user:0:fat-") and not u.exec_start]
-            why = sensor._units[units[left[0]].ref].details if left else None
+            why = sensor.units.units[units[left[0]].ref].details if left else None
             others = [r.split(":")[-1] for r in units if r.startswith("user:0:fat-")]
             um.systemctl("stop", *(n for n in others if f"user:0:{n}" not in left))
             now[0] += DETAILS_RETRY

@@ -222,7 +222,7 @@ def hook(event, args):
 from spark_guard import config, log
 from spark_guard.act import act
 from spark_guard.block.blocker import Blocker
-from spark_guard.sensor import Sensor
+from spark_guard.sense import Sensor
 from spark_guard.core.step import GuardState, step
 log.configure("console")
 c = config.load(sys.argv[1])

@@ -942,7 +942,7 @@ def test_her_unit_seen_before_her_manager_answers_is_foreseen_from_its_argv(
     from spark_guard import config as config_mod
     from spark_guard import log
     from spark_guard.core.snapshot import Foreseen
-    from spark_guard.sensor import Sensor
+    from spark_guard.sense import Sensor
 
     name = "llama-early.service"
     # A llama-server the kernel names as such: a script run through its #! line shows as

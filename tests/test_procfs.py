@@ -155,7 +155,8 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
         ARGV_UNIT_BUDGET,
         UnitRef,
     )
-    from spark_guard.sensor import Sensor, _PassBudget
+    from spark_guard.sense import Sensor
+    from spark_guard.sense.caches import PassBudget
 
     filler = b"sh\0-c\0sleep 1\0" + b"x" * (ARGV_MAX_BYTES - 100) + b"\0"
     loader = b"llama-server\0-m\0/srv/m.gguf\0"
@@ -164,14 +165,14 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     pids[9999] = {"cmdline": loader}
     make_proc(tmp_path / "proc", pids)
     sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
-    budget = _PassBudget()
+    budget = PassBudget()
     seen = []
     for i in range(10):
         procs: list[tuple[int, int, int | None]] = [(p, 1 << 20, 0) for p in units[i]]
         if i == 0:
             procs.append((9999, 5 << 30, 0))  # the loader, listed last
         ref = UnitRef("user:1000", f"argv-{i}.service")
-        seen.append(sensor._seen_unit(ref, procs, "active", {}, 1.0, "", budget))
+        seen.append(sensor.units.seen(ref, procs, "active", {}, 1.0, "", budget))
     held = [sum(len(a) + 1 for c in s.cmdlines for a in c) for s in seen]
     assert ("llama-server", "-m", "/srv/m.gguf") in seen[0].cmdlines  # the biggest: read
     assert all(h <= ARGV_UNIT_BUDGET for h in held), held
@@ -179,7 +180,7 @@ def test_a_units_command_lines_are_held_within_the_argv_budget(tmp_path):
     assert held[-1] == 0  # her share of the pass is spent: the rest is not read
     # Root's units have a budget of their own.
     procs = [(p, 1 << 20, 0) for p in units[10]]
-    root = sensor._seen_unit(UnitRef("system", "x.service"), procs, "active", {}, 1.0, "", budget)
+    root = sensor.units.seen(UnitRef("system", "x.service"), procs, "active", {}, 1.0, "", budget)
     assert root.cmdlines
 
 
@@ -237,7 +238,7 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     from spark_guard import log
     from spark_guard.core.config import Config
     from spark_guard.core.snapshot import UnitRef
-    from spark_guard.sensor import Sensor
+    from spark_guard.sense import Sensor
 
     cron = "/system.slice/cron.service"
     status = "Name:\tx\nUid:\t{0}\t{0}\t{0}\t{0}\n"
@@ -267,18 +268,18 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     )
     sensor = Sensor(Config(proc=str(tmp_path / "proc")), log.get_logger())
     for pid in procs:
-        sensor._fresh(pid, cron, 1 << 20)
-    assert sensor._uid(11, 1 << 20) == 1000
+        sensor.units.fresh(pid, cron, 1 << 20)
+    assert sensor.units.uid(11, 1 << 20) == 1000
     # PID 11 is reused by a process of root's service in another cgroup: read afresh.
     other = "/system.slice/llama.service"
     (tmp_path / "proc" / "11" / "cgroup").write_text(f"0::{other}\n")
     (tmp_path / "proc" / "11" / "status").write_text(status.format(0))
-    sensor._fresh(11, other, 1 << 20)
-    assert sensor._uid(11, 1 << 20) == 0
+    sensor.units.fresh(11, other, 1 << 20)
+    assert sensor.units.uid(11, 1 << 20) == 0
     # In the same cgroup, a big one whose start time changed is another process too.
     (tmp_path / "proc" / "16" / "status").write_text(status.format(0))
     (tmp_path / "proc" / "16" / "stat").write_text(
         "16 (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99999 0 0\n"
     )
-    sensor._fresh(16, cron, 1 << 30)
-    assert sensor._uid(16, 1 << 30) == 0
+    sensor.units.fresh(16, cron, 1 << 30)
+    assert sensor.units.uid(16, 1 << 30) == 0

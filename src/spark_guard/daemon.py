@@ -32,7 +32,7 @@ from .core.step import GuardState, remember, step
 from .core.text import printable
 from .metrics import TextfileWriter
 from .roomkeeper import RoomKeeper
-from .sensor import Sensor
+from .sense import Sensor
 from .statefile import PublishedState, Publisher
 from .statefile import build as build_state
 from .system.cgroupfs import cpu_seconds, v2_root

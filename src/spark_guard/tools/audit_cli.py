@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sensor import sense_once
+    from ..sense import sense_once
     from ..system.procfs import ProcError, ProcFS
 
     config = config_mod.load_for_command(args.config)

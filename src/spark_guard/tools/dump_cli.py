@@ -15,7 +15,7 @@ from ..core.snapshot import Decision, Memory, Pressure, Snapshot
 from ..core.text import printable as p
 from ..exits import CANNOT_SAY, USAGE
 from ..jsonout import emit
-from ..sensor import Sensor
+from ..sense import Sensor
 from ..system.procfs import ProcError
 
 

@@ -285,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.policy import decide
-    from ..sensor import sense_once
+    from ..sense import sense_once
     from ..system.procfs import ProcError
 
     config = config_mod.load_for_command(args.config)

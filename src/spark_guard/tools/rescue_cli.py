@@ -36,7 +36,7 @@ from ..core.snapshot import (
     manager_uid,
 )
 from ..core.text import printable as p
-from ..sensor import Sensor
+from ..sense import Sensor
 from ..system import cgroupfs
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
