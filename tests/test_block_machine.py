@@ -22,11 +22,13 @@ from spark_guard.core.block import (
     container_stuck,
     due,
     escalate,
+    forward,
     mask_gone,
     moved,
     running_again,
     settled,
     verdict,
+    verified,
     work_for,
 )
 
@@ -216,6 +218,29 @@ def test_a_block_runs_up_to_its_mask_in_one_pass():
 )
 def test_verify_reads_the_state_back(load, active, found):
     assert verdict(load, active) == found
+    # Where the verdict takes the block, by the table: blocked, back to its stop, or it
+    # stays at verify (said, and tried again).
+    to = verified(found)
+    assert to == {Verdict.BLOCKED: Step.BLOCKED, Verdict.RUNNING: Step.SETTLE}.get(found)
+    if to is not None:
+        assert moved("u", Step.VERIFY, to) == to
+
+
+def test_every_step_goes_forward_by_the_table_and_a_containers_in_one():
+    # A unit's block: stop, plan, disable, mask, settle, verify, blocked, one at a time.
+    walked = [Step.STOP]
+    while walked[-1] != Step.BLOCKED:
+        walked.append(moved("u", walked[-1], forward(walked[-1])))
+    assert walked == list(Step)
+    # A container's: its engine stops it and sets its policy in one go; found running
+    # again once blocked, it goes back to its stop, and only then.
+    box = "container:x"
+    assert moved(box, Step.STOP, forward(Step.STOP, container=True), container=True) == (
+        Step.BLOCKED
+    )
+    back = running_again(Step.BLOCKED, True, container=True)
+    assert back is not None and moved(box, Step.BLOCKED, back, container=True) == Step.STOP
+    assert running_again(Step.STOP, True, container=True) is None
 
 
 def test_which_blocks_a_pass_works_on():

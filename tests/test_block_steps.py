@@ -13,12 +13,12 @@ import itertools
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from spark_guard import log
-from spark_guard.block import blocker as enforce
 from spark_guard.block import files
 from spark_guard.block.blocker import Blocker
 from spark_guard.block.records import Record
@@ -44,7 +44,7 @@ def rig(tmp_path, monkeypatch):
         # Without root, unitfiles.owner() would walk to <user_runtime>/UID through root's
         # directories only, and tmp_path is ours: the masks are laid with our own rights.
         gid = os.getegid()
-        monkeypatch.setattr(enforce, "owner", lambda *_: Owner(UID, gid, own_tree()))
+        monkeypatch.setattr(files, "owner", lambda *_: Owner(UID, gid, own_tree()))
     runtime = tmp_path / "run-user"
     (runtime / str(UID) / "systemd").mkdir(parents=True)
     wants = tmp_path / "home" / ".config" / "systemd" / "user" / "default.target.wants"
@@ -261,12 +261,40 @@ def test_a_second_guard_planning_after_the_first_disabled_adopts_its_record(rig)
     record = Record(unit=UNIT, manager=KEY, reason="rescue", detail="d", phase="rescue")
     record.step = S.PLAN
     with second.store.lock():
-        files.plan(record, manager, second.user_runtime, second.ledger.on_record(record))
+        files.plan(record, manager, second.user_runtime, lambda: second.ledger.on_record(record))
         second.ledger.save(record)
     assert [(lr.path, lr.removed) for lr in record.links] == [(link, True)]
     assert record.mask_path == mask and record.mask_made
     saved = second.store.load(REF)
     assert saved is not None and [lr.removed for lr in saved.links] == [True]
+
+
+def test_a_plan_reads_the_record_on_disk_only_after_the_managers_links(rig):
+    """The race behind the test above: the second guard asks the manager for the links
+    while the first plans, saves and disables. Read before that, the disk had no record
+    and the manager then listed no link: the second would record none, and save that
+    over the first's. Read after, the first's plan is there to adopt."""
+    first, manager, clock, _, mask, link = rig
+
+    class Meanwhile:
+        """The manager as the second guard sees it: the first blocks the unit while the
+        second's question is on its way."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(manager, name)
+
+        def unit_file_links(self, name: str) -> list[str]:
+            first.block(*stop_decision())
+            return manager.unit_file_links(name)
+
+    managers: dict[str, Any] = {KEY: Meanwhile()}  # (duck-typed, as FakeManager is)
+    second = Blocker(managers, first.config, log.get_logger(), clock=clock, sleep=clock.sleep)
+    second.block(*stop_decision())
+    record = second.records[str(REF)]
+    assert [(lr.path, lr.removed) for lr in record.links] == [(link, True)]
+    assert record.mask_path == mask and record.mask_made
+    saved = second.store.load(REF)
+    assert saved is not None and [(lr.path, lr.removed) for lr in saved.links] == [(link, True)]
 
 
 def test_a_block_never_writes_over_a_record_it_cannot_read(rig):

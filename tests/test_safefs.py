@@ -429,7 +429,7 @@ def test_the_guard_masks_only_in_its_own_control_dir_whatever_the_unit_path_says
     manager = Manager(lay.manager, NO_SOCKET)
     manager.unit_path_dirs = (str(lay.victim / "system.control"), str(lay.unit_dir))
     with pytest.raises(UnitFileError, match=rf"{lay.control} is not in its UnitPath"):
-        files.plan(record, manager, config.user_runtime, None)
+        files.plan(record, manager, config.user_runtime, lambda: None)
     # A record naming another mask path is not acted on either.
     record.mask_path = str(lay.victim / "system.control" / "cron.service")
     before = lay.snapshot()

@@ -47,6 +47,7 @@ cgroup killed and the block is retried on a later pass.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -88,7 +89,6 @@ from .settle import BlockStops
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
 
-BLOCK = stops.Kind.BLOCK
 POLL = 0.02  # seconds between state reads while a unit stops (one D-Bus round trip each)
 # How long a block waits for its stop before it hands the rest to later passes of the loop.
 QUICK_SETTLE = 1.0
@@ -431,8 +431,8 @@ class Blocker:
             if manager is None:
                 raise ManagerError(f"{record.manager} manager is not connected")
             if work == Work.PLAN:
-                earlier = self.ledger.on_record(record)
-                files.plan(record, manager, self.user_runtime, earlier)
+                on_disk = functools.partial(self.ledger.on_record, record)
+                files.plan(record, manager, self.user_runtime, on_disk)
             elif work == Work.DISABLE:
                 files.disable(record, manager, self.user_runtime)
             else:

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core.block import RETRY_AFTER, Step, Stopping, container_stuck
+from ..core.block import RETRY_AFTER, Step, Stopping, container_stuck, forward, running_again
 from ..core.events import Event, EventKind, tell
 from ..system.engine import engine_owner
 from . import containers as container_block
@@ -65,8 +65,9 @@ class Boxes:
             self.stuck(record)
             return True
         record.note(why)
-        if record.step == Step.BLOCKED:
-            self.ledger.move(record, Step.STOP)
+        back = running_again(record.step, True, container=True)
+        if back is not None:
+            self.ledger.move(record, back)
         return False
 
     def start(self, record: Record, engine: str) -> None:
@@ -205,7 +206,7 @@ class Boxes:
             return
         stopping = self._sent.pop(key, None)
         waited = self.clock() - (stopping.sent if stopping else self.clock())
-        if not self.ledger.move(record, Step.BLOCKED):
+        if not self.ledger.move(record, forward(record.step, container=True)):
             return
         self.ledger.solved(record)
         self._retry_at[key] = self.clock() + CONTAINER_RECHECK

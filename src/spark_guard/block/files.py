@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from ..core.block import Step, Verdict, verdict
+from ..core.block import Verdict, verdict, verified
 from ..core.events import Event, EventKind, tell
 from ..system.managers import ManagerError
 from ..system.unitfiles import (
@@ -29,19 +29,26 @@ from .ports import ManagerPort
 from .records import LinkRecord, Record
 
 
-def plan(record: Record, manager: ManagerPort, user_runtime: str, earlier: Record | None) -> None:
+def plan(
+    record: Record,
+    manager: ManagerPort,
+    user_runtime: str,
+    on_disk: Callable[[], Record | None],
+) -> None:
     """Record the links a disable removes (with their targets and owners) and where the
-    mask goes. `earlier`: the unit's record on disk now, another guard's perhaps (a rescue
-    beside the daemon, or this one before a restart), which may have planned and disabled
-    already: its links are gone from the manager's view then. It is adopted: a re-plan
-    never records fewer links, nor forgets one was removed, nor takes back a mask it made."""
-    who = owner(record.manager, user_runtime)
+    mask goes. `on_disk` reads the unit's record on disk now, another guard's perhaps (a
+    rescue beside the daemon, or this one before a restart), which may have planned and
+    disabled already: its links are gone from the manager's view then. It is adopted: a
+    re-plan never records fewer links, nor forgets one was removed, nor takes back a mask
+    it made. It is read after the manager's links: a plan saved before its disable is
+    then on disk whenever the manager no longer lists them."""
     # Where the mask goes is ours to say; the manager only has to read it from there.
     control = mask_dir(record.manager, user_runtime)
     if control not in {os.path.normpath(d) for d in manager.unit_path_dirs}:
         raise UnitFileError(
             f"{record.manager}: {control} is not in its UnitPath, so a mask there would not hold"
         )
+    who = owner(record.manager, user_runtime)
     links = []
     for path in manager.unit_file_links(record.unit):
         try:
@@ -52,6 +59,7 @@ def plan(record: Record, manager: ManagerPort, user_runtime: str, earlier: Recor
             continue
         if link is not None:
             links.append(LinkRecord(link.path, link.target, link.uid, link.gid))
+    earlier = on_disk()
     for lr in [*record.links, *(earlier.links if earlier else [])]:
         mine = next((x for x in links if x.path == lr.path), None)
         if mine is None:
@@ -76,9 +84,9 @@ def plan(record: Record, manager: ManagerPort, user_runtime: str, earlier: Recor
 
 def disable(record: Record, manager: ManagerPort, user_runtime: str) -> None:
     """DisableUnitFiles, then check that each recorded link is gone."""
-    who = owner(record.manager, user_runtime)
     if any(not lr.removed for lr in record.links):
         manager.disable_unit_files(record.unit)
+    who = owner(record.manager, user_runtime)
     left = []
     for lr in record.links:
         if lr.removed:
@@ -157,20 +165,20 @@ def verify(
         for r in records:
             st = states.get(r.unit)
             found = verdict(st.load_state if st else None, st.active_state if st else None)
+            to = verified(found)
+            if to is not None and not ledger.move(r, to):
+                continue  # (said: a step change the table refuses)
             if found == Verdict.BLOCKED:
                 _blocked(r, ledger)
             elif found == Verdict.RUNNING and st is not None:
                 # Something started it again before the mask took.
-                if ledger.move(r, Step.SETTLE):
-                    ledger.problem(r, f"verify: {r.ref} is {st.active_state} again")
+                ledger.problem(r, f"verify: {r.ref} is {st.active_state} again")
             else:
                 load = st.load_state if st else "?"
                 ledger.problem(r, _not_masked(r, manager, user_runtime, load))
 
 
 def _blocked(record: Record, ledger: Ledger) -> None:
-    if not ledger.move(record, Step.BLOCKED):
-        return
     ledger.solved(record)
     removed = [lr.path for lr in record.links if lr.removed]
     record.note("verified: LoadState=masked")

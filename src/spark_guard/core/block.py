@@ -88,9 +88,10 @@ CONTAINER_TRANSITIONS: dict[Step, frozenset[Step]] = {
 FORWARD = dict(pairwise(STEPS))
 
 
-def forward(step: Step | str) -> Step:
-    """The step after `step` (its work done): blocked stays blocked."""
-    return FORWARD.get(Step(step), Step.BLOCKED)
+def forward(step: Step | str, *, container: bool = False) -> Step:
+    """The step after `step` (its work done): blocked stays blocked; a container's stop,
+    done by its engine with its policy, is its block."""
+    return Step.BLOCKED if container else FORWARD.get(Step(step), Step.BLOCKED)
 
 
 class StepError(RuntimeError):
@@ -171,13 +172,22 @@ def verdict(load_state: str | None, active_state: str | None) -> Verdict:
     return Verdict.NOT_MASKED
 
 
+def verified(found: Verdict) -> Step | None:
+    """Where verify's verdict takes a block: blocked; back to its stop (running again
+    before the mask took); or nowhere (a file outranks the mask: said, tried again)."""
+    return {Verdict.BLOCKED: Step.BLOCKED, Verdict.RUNNING: Step.SETTLE}.get(found)
+
+
 SETTLED = ("inactive", "failed")  # ActiveStates a stop ends in
 
 
-def running_again(step: Step | str, mask_present: bool) -> Step | None:
+def running_again(step: Step | str, mask_present: bool, *, container: bool = False) -> Step | None:
     """Where a unit's block goes back to when a decision finds it running again: its mask
     first if the mask is gone (unmasked by hand while no guard watched), else its stop is
-    looked at again. None: the block has not got that far; it goes on as it is."""
+    looked at again; a blocked container's, its stop. None: the block has not got that
+    far; it goes on as it is."""
+    if container:
+        return Step.STOP if Step(step) == Step.BLOCKED else None
     if Step(step) not in (Step.BLOCKED, Step.VERIFY):
         return None
     return Step.MASK if not mask_present else Step.SETTLE
