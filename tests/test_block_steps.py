@@ -410,6 +410,50 @@ def test_a_stop_only_stop_outlives_the_guard_rests_and_never_kills_a_new_run(rig
     assert os.listdir(os.path.join(blocker.config.state, "stopping")) == []
 
 
+def test_a_blocks_stop_outlives_the_guard_on_its_clock_and_not_past_its_boot(rig):
+    """A block's stop clock lived in one guard's memory: a guard restarted while the unit
+    settled sent its stop again and waited a whole stop_timeout anew, the loader running
+    on meanwhile. The clock is now in the record: the next guard of the same boot goes on
+    from the first stop, and a stop of an earlier boot is no stop of this one."""
+    blocker, manager, clock, _moves, _mask, _link = rig
+    boot = os.path.join(blocker.config.proc, "sys/kernel/random/boot_id")
+    os.makedirs(os.path.dirname(boot))
+    with open(boot, "w") as f:
+        f.write("b00t\n")
+
+    def guard() -> Blocker:
+        return Blocker(
+            blocker.managers, blocker.config, blocker.log, clock=clock, sleep=clock.sleep
+        )
+
+    first = guard()
+    first.block(*stop_decision())  # a stop that it does not answer: deactivating
+    with open(os.path.join(blocker.config.state, "blocked", f"{REF}.json")) as f:
+        record = json.load(f)
+    assert record["step"] == "settle" and record["stopping_boot"] == "b00t"
+    sent = record["stopping"]["sent"]
+
+    # The guard dies; the next one comes a second before the first stop's timeout.
+    clock.t = sent + blocker.config.stop_timeout - 1
+    second = guard()
+    second.advance()
+    assert manager.calls.count(f"stop {UNIT}") == 1 and f"kill {UNIT} 9" not in manager.calls
+    clock.t += 1.5
+    with capture_logs() as events:
+        second.advance()
+    assert manager.calls[-1] == f"kill {UNIT} 9"  # on the first stop's clock
+    assert [e["event"] for e in events] == ["unit-killed"]
+
+    # A reboot with the unit deactivating again (a new run it did not stop): its stop goes
+    # out again, on a clock of this boot.
+    with open(boot, "w") as f:
+        f.write("n3w\n")
+    manager.active[UNIT] = "deactivating"
+    third = guard()
+    third.advance()
+    assert manager.calls.count(f"stop {UNIT}") == 2
+
+
 # --- the faults of issue 39's review that a stop must survive (each fails on 560a0ad) ---
 PID, NEW_PID = 4242, 4343
 

@@ -142,14 +142,21 @@ def test_the_login_note_says_what_why_and_how_to_undo_and_goes_when_empty(tmp_pa
     [
         (lambda d: d.update(unit=["llama.service"]), "unit: list, not str"),
         (lambda d: d.update(mask_made="yes"), "mask_made: str, not bool"),
-        (lambda d: d.update(links=[{"path": 1, "target": "/x", "uid": 0, "gid": 0}]), "links.path"),
-        (lambda d: d.update(links={"path": "/x"}), "links: dict, not a list"),
-        (lambda d: d.update(history=[["t"]]), "history: an entry is not [time, what]"),
+        (
+            lambda d: d.update(links=[{"path": 1, "target": "/x", "uid": 0, "gid": 0}]),
+            "links[0].path: int, not str",
+        ),
+        (lambda d: d.update(links={"path": "/x"}), "links: dict, not list"),
+        (lambda d: d.update(history=[["t"]]), "history[0]: 1 items, not 2"),
         (lambda d: d.update(figures={"expected": "115GiB"}), "figures.expected: str"),
         (lambda d: d.update(figures={"expected": True}), "figures.expected: bool"),
-        (lambda d: d.update(clients=[None]), "clients: NoneType, not str"),
+        (lambda d: d.update(clients=[None]), "clients[0]: NoneType, not str"),
         (lambda d: d.update(container=[]), "container: list, not an object"),
         (lambda d: d.pop("reason"), "no reason"),
+        (lambda d: d.update(stopping={"sent": "soon"}), "stopping.sent: str, not float"),
+        (lambda d: d.update(stopping={"sent": 1, "stage": 7}), "stopping.stage: 7 is not a Stage"),
+        (lambda d: d.update(stopping={"sent": 1, "when": 2}), "stopping: no field 'when'"),
+        (lambda d: d.update(step="stopped"), "step: 'stopped' is not a Step"),
     ],
 )
 def test_a_record_with_a_field_of_the_wrong_type_is_named_not_raised(tmp_path, edit, named):

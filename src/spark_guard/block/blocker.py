@@ -145,7 +145,7 @@ class Blocker:
         self.pauses = Pauses(self.kernel, clock)
         # Blocks' stops, each on its clock (core/stops.py); the pass's reading of memory.
         self.settler = BlockStops(
-            managers, self.ledger, self.kernel, self.proc, lambda: self.config, clock
+            managers, self.ledger, self.kernel, self.proc, lambda: self.config, clock, self.boot_id
         )
         # Container blocks, each in its own thread while its engine's stop waits.
         self.boxes = Boxes(self.ledger, self.settler, engine)
@@ -279,12 +279,11 @@ class Blocker:
             )
             # A mask gone is laid again in _run, once it is sure the unit was not released;
             # a record that could not be written is tried again on every pass.
+            clock, retry = self.settler.clock_of(record), self._retry_at.get(key, 0)
             if (
                 key in self.ledger.unsaved
                 or key in self.pauses  # its manager answers now: the stop goes out at once
-                or due(
-                    record.step, self.settler.clocks.get(key), self._retry_at.get(key, 0), now, gone
-                )
+                or due(record.step, clock, retry, now, gone)
             ):
                 todo.append(record)
         if todo:
@@ -342,8 +341,8 @@ class Blocker:
         return any(
             (
                 r.step == Step.SETTLE
-                and str(r.ref) in self.settler.clocks
-                and self.settler.clocks[str(r.ref)].due(now)
+                and (clock := self.settler.clock_of(r)) is not None
+                and clock.due(now)
                 and self._live(r)
             )
             or (r.step == Step.STOP and str(r.ref) in self.pending)  # a container's stop
@@ -353,7 +352,7 @@ class Blocker:
     # --- the steps ------------------------------------------------------------
 
     def _run(self, batch: list[Record], wait: float = 0.0) -> None:
-        before = {str(r.ref): (r.step, len(r.history), r.problem) for r in batch}
+        before = {str(r.ref): (r.step, len(r.history), r.problem, r.stopping) for r in batch}
         with self.store.lock(wait=self.lock_wait) as locked:
             busy = self.store.lock_problem or f"{self.store.root} is locked by another process"
             if locked:
@@ -383,7 +382,7 @@ class Blocker:
                     record.mask_made = True
                     record.note(f"mask gone at {was} (reboot or manager restart): laying it again")
                     if was == Step.BLOCKED:
-                        self.settler.clocks.pop(str(record.ref), None)  # that stop was an old run's
+                        record.stopping = None  # that stop was an old run's
                     self.ledger.event(
                         EventKind.BLOCK_RENEWED, record, f"laying the mask on {record.ref} again"
                     )
@@ -391,7 +390,7 @@ class Blocker:
                 if record.step != Step.SETTLE:
                     self._retry_at[str(record.ref)] = self.clock() + RETRY_AFTER
                 # Up to the mask in one go: each step done lets the next one run now.
-                work = work_for(record.step, str(record.ref) in self.settler.clocks)
+                work = work_for(record.step, self.settler.clock_of(record) is not None)
                 while work in CASCADE:
                     unsaved = work in FILE_WORK and str(record.ref) in self.ledger.unsaved
                     if unsaved and not self.ledger.save(record):
@@ -403,7 +402,7 @@ class Blocker:
                         self._guarded(record, work)
                     if record.step == step:
                         break  # not done (a problem said): the next pass tries again
-                    work = work_for(record.step, str(record.ref) in self.settler.clocks)
+                    work = work_for(record.step, self.settler.clock_of(record) is not None)
             settling = [r for r in batch if r.step == Step.SETTLE]
             self._resume_stops(settling)
             deadline = self.clock() + wait
@@ -417,7 +416,7 @@ class Blocker:
             files.verify(verifying, self.managers, self.ledger, self.user_runtime)
             for record in batch:
                 key = str(record.ref)
-                now_is = (record.step, len(record.history), record.problem)
+                now_is = (record.step, len(record.history), record.problem, record.stopping)
                 fresh = key not in self.ledger.on_disk or key in self.ledger.unsaved
                 if fresh or now_is != before.get(key):
                     self.ledger.save(record)  # a pass that changed nothing writes nothing
@@ -488,5 +487,5 @@ class Blocker:
         """A record in 'settle' with no stop sent by this guard: resumed after a restart of
         the guard, or a renewed mask. Stop it if it runs; the settle pass says if not."""
         for record in batch:
-            if str(record.ref) not in self.settler.clocks and self.settler.running(record):
+            if self.settler.clock_of(record) is None and self.settler.running(record):
                 self._request_stop(record)

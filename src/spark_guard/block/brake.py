@@ -111,7 +111,7 @@ class Brake:
                 continue
             level: Level = "debug"
             try:
-                self.store.save_stop(PendingStop(ref, "", self.clock(), self.boot_id), BRAKED)
+                self.store.save_stop(PendingStop.of(ref, "", self.clock(), self.boot_id), BRAKED)
             except OSError as e:
                 frozen, error, level = False, f"cannot record the freeze: {e}", "error"
             else:
@@ -159,7 +159,7 @@ class Brake:
         (here at least, where its file cannot be written)."""
         self.frozen[str(ref)] = ref
         with contextlib.suppress(OSError):
-            self.store.save_stop(PendingStop(ref, "", self.clock(), self.boot_id), BRAKED)
+            self.store.save_stop(PendingStop.of(ref, "", self.clock(), self.boot_id), BRAKED)
 
     def release(self, owned: Collection[str] = ()) -> None:
         """Thaw what freeze() froze and no stop took over (the decision spared it); one a

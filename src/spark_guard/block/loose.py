@@ -191,7 +191,8 @@ class LooseStops:
         escalates it still."""
         self.stops[str(stop.ref)] = stop
         try:
-            self.store.save_stop(PendingStop(stop.ref, stop.cgroup, stop.stopping.sent, self.boot))
+            kept = PendingStop.of(stop.ref, stop.cgroup, stop.stopping.sent, self.boot)
+            self.store.save_stop(kept)
         except OSError as e:  # a full or read-only disk: this guard still escalates it
             tell(self.log, stops.unwritten(stop.ref, str(e)))
 

@@ -21,13 +21,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
-from ..core.block import STEPS, Step, moved
+from ..core.block import Step, Stopping, moved
 from ..core.snapshot import CONTAINER, UnitRef, manager_uid, valid_id, valid_name
 from ..system.safefs import MAKEDIRS, own_tree
 from ..system.unitfiles import Link
+from . import codec
 
 FORMAT = 1
 STOP_FORMAT = 1
@@ -100,6 +101,10 @@ class Record:
     # A container's (manager "container"): the first block's account of it, kept as it was
     # when it is blocked again.
     container: ContainerState | None = None
+    # Its stop's clock (core.block.Stopping, CLOCK_MONOTONIC: the same for every process
+    # of one boot) and that boot: a guard restarted while it settles goes on from it.
+    stopping: Stopping | None = None
+    stopping_boot: str = ""
     # Fields of a newer version, kept as they were and written back (never read here).
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -128,31 +133,23 @@ class Record:
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Record:
-        """A record as written by to_json(), every field checked for its type: a hand edit
-        or a corruption that stays valid JSON is a RecordError naming the file and the
-        field, never a TypeError later in a pass. Fields this version does not know are
-        kept, unread, and written back."""
+        """A record as written by to_json(), every field checked for its type (codec.py):
+        a hand edit or a corruption that stays valid JSON is a RecordError naming the file
+        and the field, never a TypeError later in a pass. Fields this version does not
+        know are kept, unread, and written back."""
         try:
             data: object = json.loads(text)
             if not isinstance(data, dict):
                 raise ValueError("not an object")
-            if data.get("format") != FORMAT:
+            if data.pop("format", None) != FORMAT:
                 raise ValueError(f"not a format {FORMAT} record")
-            record = cls(
-                **{name: _field(data, name, kind) for name, kind in _SCALARS.items()},
-                figures=_figures(data.get("figures", {})),
-                links=[_link(x) for x in _list(data, "links")],
-                history=[_entry(x) for x in _list(data, "history")],
-                clients=[_str("clients", x) for x in _list(data, "clients")],
-                container=_container(data.get("container")),
-            )
-            known = {*_SCALARS, "figures", "links", "history", "clients", "container", "format"}
+            known = codec.names(cls) - {"extra"}
+            record = codec.decode(cls, {k: v for k, v in data.items() if k in known})
             record.extra = {k: v for k, v in data.items() if k not in known}
         except (ValueError, TypeError) as e:
             raise RecordError(f"{where}: unreadable record: {e}") from None
-        if record.step not in STEPS or not record.unit or not record.manager:
-            raise RecordError(f"{where}: unreadable record: bad step, unit or manager")
-        record.step = Step(record.step)
+        if not record.unit or not record.manager:
+            raise RecordError(f"{where}: unreadable record: bad unit or manager")
         if record.ref.is_container:
             # Its name and id go into the engine's URLs: checked as the engine checks them.
             if not _container_ok(record):
@@ -164,86 +161,6 @@ class Record:
         except ValueError:
             raise RecordError(f"{where}: unreadable record: bad manager") from None
         return record
-
-
-# A record's plain fields and their JSON types (a missing one takes Record's default).
-_SCALARS: dict[str, type] = {
-    "unit": str,
-    "manager": str,
-    "reason": str,
-    "detail": str,
-    "phase": str,
-    "at": str,
-    "boot_id": str,
-    "step": str,
-    "cgroup": str,
-    "mask_path": str,
-    "mask_made": bool,
-    "problem": str,
-}
-_REQUIRED = ("unit", "manager", "reason", "detail", "phase")
-
-
-def _field(data: dict[str, Any], name: str, kind: type) -> Any:
-    if name not in data:
-        if name in _REQUIRED:
-            raise ValueError(f"no {name}")
-        return Record.__dataclass_fields__[name].default
-    return _typed(name, data[name], kind)
-
-
-def _typed(name: str, value: Any, kind: type) -> Any:
-    # bool is an int to Python, not to a record: each is only what it says.
-    if type(value) is not kind and not (kind is float and type(value) is int):
-        raise TypeError(f"{name}: {type(value).__name__}, not {kind.__name__}")
-    return value
-
-
-def _str(name: str, value: Any) -> str:
-    return str(_typed(name, value, str))
-
-
-def _list(data: dict[str, Any], name: str) -> list[Any]:
-    value = data.get(name, [])
-    if not isinstance(value, list):
-        raise TypeError(f"{name}: {type(value).__name__}, not a list")
-    return value
-
-
-def _figures(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        raise TypeError(f"figures: {type(value).__name__}, not an object")
-    return {_str("figures", k): _typed(f"figures.{k}", v, float) for k, v in value.items()}
-
-
-def _link(value: Any) -> LinkRecord:
-    if not isinstance(value, dict) or set(value) - {"path", "target", "uid", "gid", "removed"}:
-        raise TypeError("links: an entry is not a link")
-    return LinkRecord(
-        path=_typed("links.path", value.get("path"), str),
-        target=_typed("links.target", value.get("target"), str),
-        uid=_typed("links.uid", value.get("uid"), int),
-        gid=_typed("links.gid", value.get("gid"), int),
-        removed=_typed("links.removed", value.get("removed", False), bool),
-    )
-
-
-def _entry(value: Any) -> tuple[str, str]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise TypeError("history: an entry is not [time, what]")
-    return _str("history", value[0]), _str("history", value[1])
-
-
-def _container(value: Any) -> ContainerState | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise TypeError(f"container: {type(value).__name__}, not an object")
-    kinds: dict[str, type] = {"id": str, "image": str, "engine": str, "restart": str}
-    kinds |= {"max_retries": int, "was_running": bool}
-    if set(value) != set(kinds):
-        raise TypeError("container: not the fields of a container")
-    return ContainerState(**{k: _typed(f"container.{k}", value[k], v) for k, v in kinds.items()})
 
 
 def _container_ok(record: Record) -> bool:
@@ -277,40 +194,38 @@ class PendingStop:
     (CLOCK_MONOTONIC, which is the same for every process of one boot) and in which boot.
     A brake's freeze is kept as one too: `sent` is when it froze the unit."""
 
-    ref: UnitRef
+    unit: str
+    manager: str
     cgroup: str
     sent: float
     boot_id: str
 
+    @classmethod
+    def of(cls, ref: UnitRef, cgroup: str, sent: float, boot: str) -> PendingStop:
+        return cls(ref.name, ref.manager, cgroup, sent, boot)
+
+    @property
+    def ref(self) -> UnitRef:
+        return UnitRef(self.manager, self.unit)
+
     def to_json(self) -> str:
-        data = {
-            "format": STOP_FORMAT,
-            "unit": self.ref.name,
-            "manager": self.ref.manager,
-            "cgroup": self.cgroup,
-            "sent": self.sent,
-            "boot_id": self.boot_id,
-        }
-        return json.dumps(data, sort_keys=True) + "\n"
+        return json.dumps({**asdict(self), "format": STOP_FORMAT}, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str) -> PendingStop:
         try:
             data: object = json.loads(text)
-            if not isinstance(data, dict) or data.get("format") != STOP_FORMAT:
+            if not isinstance(data, dict) or data.pop("format", None) != STOP_FORMAT:
                 raise ValueError(f"not a format {STOP_FORMAT} stop")
-            unit, manager, cgroup, boot = (
-                _field(data, k, str) for k in ("unit", "manager", "cgroup", "boot_id")
-            )
-            sent = data.get("sent")
-            if isinstance(sent, bool) or not isinstance(sent, (int, float)):
-                raise ValueError("sent: not a number")
+            known = codec.names(cls)  # (a newer version's fields: not this one's to keep)
+            stop = codec.decode(cls, {k: v for k, v in data.items() if k in known})
+            unit, manager = stop.unit, stop.manager
             ok = valid_name(unit) if manager == CONTAINER else _manager_ok(manager)
             if not unit or "/" in unit or not ok:
                 raise ValueError("bad unit or manager")
         except (ValueError, TypeError) as e:
             raise RecordError(f"{where}: unreadable stop: {e}") from None
-        return cls(UnitRef(manager, unit), cgroup, float(sent), boot)
+        return replace(stop, sent=float(stop.sent))
 
 
 def _manager_ok(manager: str) -> bool:

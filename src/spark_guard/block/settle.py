@@ -4,8 +4,8 @@ A unit's block sends its stop (blocker.py), lays its files, and then settles: ea
 reads the units at `settle` (batched per manager; each cgroup only once its manager
 says stopped), hands core.stops.advance_block() a Seen, and carries out its commands:
 a kill (through the manager, else the cgroup from the kernel's side), a give-up (the
-record's problem), or settled (the record goes on to verify). Each stop's clock is
-kept here, by unit.
+record's problem), or settled (the record goes on to verify). Each stop's clock is kept
+in its record (Record.stopping), so a guard restarted while it settles goes on from it.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ class BlockStops:
         proc: ProcFS,
         config: Callable[[], Config],
         clock: Callable[[], float],
+        boot: str,
     ) -> None:
         self.managers, self.ledger, self.kernel, self.proc = managers, ledger, kernel, proc
-        self.config, self.clock = config, clock
+        self.config, self.clock, self.boot = config, clock, boot
         self.log: FilteringBoundLogger = ledger.log
-        self.clocks: dict[str, Stopping] = {}  # the stops this guard sent, and how far
         # The pass's reading of /proc/meminfo and which figure of it is judged: the last
         # decision's (reading()).
         self._memory: Memory | None = None
@@ -70,16 +70,23 @@ class BlockStops:
         config = self.config()
         return stops.Limits(config.stop_timeout, config.kill_timeout)
 
+    def clock_of(self, record: Record) -> Stopping | None:
+        """Its stop's clock: None when none was sent in this boot (a stop a guard sent
+        before a reboot stopped nothing that runs now)."""
+        return record.stopping if record.stopping_boot == self.boot else None
+
+    def _keep(self, record: Record, stopping: Stopping | None) -> None:
+        record.stopping, record.stopping_boot = stopping, self.boot if stopping else ""
+
     def sent(self, record: Record, frozen: bool) -> None:
         """Its stop went out now: its clock starts. A frozen unit with a process that ignores
         SIGTERM is killed at once: the stop would wait out its timeout, thawed and
         allocating; killed now, the frozen processes never run another instruction."""
-        key = str(record.ref)
-        self.clocks[key] = Stopping.at(self.clock())
+        self._keep(record, Stopping.at(self.clock()))
         if frozen and self.kernel.ignores_sigterm(record.cgroup):
             why = "it ignores SIGTERM (seen while frozen)"
             self.carry_out(record, (stops.Kill(record.ref, record.cgroup, why, unit=True),))
-            self.clocks[key] = self.clocks[key].killed(self.clock())
+            self._keep(record, Stopping.at(self.clock()).killed(self.clock()))
 
     def settle(self, batch: list[Record]) -> list[Record]:
         """One look at units being stopped (core.stops.advance_block, batched per manager):
@@ -110,13 +117,13 @@ class BlockStops:
                 load_state=load,
                 memory=memory,
             )
-            stopping = self.clocks.get(key)
+            stopping = self.clock_of(record)
             clock = stopping or Stopping.at(now)
             kind = stops.Kind.BLOCK
             stop = stops.Stop(record.ref, record.cgroup, clock, kind=kind, quiet=not stopping)
             after, commands = stops.advance_block(stop, seen, now, self.limits())
             if commands and not (stop.quiet and isinstance(commands[0], stops.Settled)):
-                self.clocks[key] = after.stopping
+                self._keep(record, after.stopping)
             self.carry_out(record, commands)
             done = any(isinstance(c, stops.Settled) for c in commands)
             if not done and after.stopping.due(now):
