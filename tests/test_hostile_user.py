@@ -1031,3 +1031,42 @@ def test_her_loader_paused_while_her_manager_is_away_runs_on_once_released(
         offset = len(log_text(stage.root))
         stage.root.systemctl("reload", GUARD)
         wait_log(stage.root, "config-reloaded", after=offset)
+
+
+# --- 12. issue 40: no state of a unit hides a loader ------------------------------------
+
+
+def test_her_loader_hidden_in_her_own_endless_stop_is_judged_and_killed(stage: Stage) -> None:
+    """H2: ExecStop=/bin/sleep infinity and TimeoutStopSec=infinity, and her own `systemctl
+    --user stop --no-block` while her server is still small: the unit is deactivating for
+    as long as she likes while its server runs on and grows. A deactivating unit was
+    never judged (and below the reserve it counted as leaving). Now only a stop the guard
+    sent makes one leaving: hers is judged as running, blocked once it holds more than
+    [boot] unsized while it grows, and its stop escalated to SIGKILL on the guard's clock."""
+    write_config(stage.root, '[guard]\nstop_timeout = "3s"\n', unsized="128MiB")
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)
+    unit = "llama-quiet.service"  # no model named: its size is unknown
+    stage.her_unit(
+        unit,
+        f"{stage.server} --alloc 600 --rate 40 --quiet-stop",
+        extra="ExecStop=/bin/sleep infinity\nTimeoutStopSec=infinity\n",
+    )
+    offset = len(log_text(stage.root))
+    stage.mum.systemctl("start", unit)
+    stage.mum.systemctl("stop", "--no-block", unit)  # at once: it holds a few MiB
+    stage.mum.wait_for(unit, "ActiveState", "deactivating")
+    stopped = wait_log(
+        stage.root, rf"unit-stop-requested: stopping {stage.key}:{re.escape(unit)}.*", 30, offset
+    )
+    assert "unsized" in stopped.group(0), stopped.group(0)
+    killed = wait_log(stage.root, rf"unit-killed: {stage.key}:{re.escape(unit)}: .*", 30, offset)
+    assert "did not stop within 3s" in killed.group(0), killed.group(0)
+    _blocked(stage, unit, offset)
+    assert stage.mum.show(unit, "LoadState")["LoadState"] == "masked"
+    assert _gone(stage, "--quiet-stop")
+    write_config(stage.root)
+    offset = len(log_text(stage.root))
+    stage.root.systemctl("reload", GUARD)
+    wait_log(stage.root, "config-reloaded", after=offset)

@@ -281,8 +281,43 @@ def test_duplicate_reason_shows_a_hostile_path_inert():
 
 def test_inactive_units_are_not_acted_on():
     c = footprints(x=500)
-    d = decide(snap(10 * GiB, loader("x.service", state="deactivating")), c)
-    assert d.actions == () and d.loaders == ()
+    for state in ("inactive", "failed"):
+        d = decide(snap(10 * GiB, loader("x.service", state=state)), c)
+        assert d.actions == () and d.loaders == ()
+
+
+def test_a_unit_deactivating_by_a_stop_nobody_here_sent_is_judged_as_running():
+    """H2 (issue 40): her own `systemctl --user stop` of a unit whose ExecStop= never ends
+    (TimeoutStopSec=infinity) leaves its server running and growing; deactivating, it
+    was never judged. Only a stop the guard sent makes a deactivating unit one to leave
+    alone: it is under way, and escalated on its own clock."""
+    c = footprints(x=500)
+    hers = loader("x.service", manager="user:1101", state="deactivating")
+    d = decide(snap(10 * GiB, hers), c)
+    assert [(a.unit, a.reason) for a in d.actions] == [(hers.ref, "footprint")]
+    ours = replace(snap(10 * GiB, hers), stopping=frozenset({hers.ref}))
+    assert decide(ours, c).actions == () and decide(ours, c).loaders == ()
+
+
+def test_below_the_reserve_only_a_stop_the_guard_sent_that_does_not_grow_is_leaving():
+    """What is being freed counts against the deficit, so the pass after a stop does not
+    take an innocent loader for the same gap; but only a stop the guard sent, and only
+    while it does not grow. Before, any deactivating loader counted: hers, stuck in her
+    own stop and growing, made the guard spare the loader it should have stopped."""
+    stuck = loader("stuck.service", manager="user:1101", gpu=40 * GiB, state="deactivating")
+    other = loader("other.service", gpu=20 * GiB)
+    # Hers, stopped by nobody here: judged, and the biggest; the other is spared.
+    d = decide(steady_snap(5 * GiB, stuck, other), Config())
+    assert [a.unit.name for a in d.actions] == ["stuck.service"]
+    # The guard's own stop, not growing: leaving; nothing else is taken for its gap.
+    ours = frozenset({stuck.ref})
+    d = decide(replace(steady_snap(5 * GiB, stuck, other), stopping=ours), Config())
+    assert d.actions == ()
+    # The guard's own stop, but growing: not leaving (its stop escalates on its clock);
+    # the deficit is the other's to cover.
+    growing = replace(stuck, growth=GiB)
+    d = decide(replace(steady_snap(5 * GiB, growing, other), stopping=ours), Config())
+    assert [a.unit.name for a in d.actions] == ["other.service"]
 
 
 def test_protected_unit_is_never_acted_on_even_below_reserve():
@@ -425,12 +460,13 @@ def test_near_the_reserve_a_full_look_comes_on_a_fall_not_on_each_read():
 
 
 def test_a_pending_stop_counts_against_the_deficit_no_second_loader_is_taken():
-    # The loader that fought back is deactivating (frozen, killed): its 1.4 GiB is on its
-    # way back. PID 1's idle loader must not be taken for the same 190 MiB gap.
+    # The loader that fought back is deactivating (frozen, killed by the guard's stop): its
+    # 1.4 GiB is on its way back. PID 1's idle loader must not be taken for the same gap.
     c = parse('[budget]\nreserve = "200MiB"\n')
     fighter = loader("llama-fight.service", rss=1400 * 2**20, growth=0, state="deactivating")
     idle = loader("llama-server.service", rss=900 * 2**20, model="/m/a.gguf")
     s = replace(snap(10 * 2**20, fighter, idle, total=2 * GiB), boot_over=True)
+    s = replace(s, stopping=frozenset({fighter.ref}))
     assert decide(s, c).actions == ()
     # Without a stop pending, the same gap takes the idle loader.
     s = replace(snap(10 * 2**20, idle, total=2 * GiB), boot_over=True)

@@ -117,10 +117,11 @@ units = st.builds(
     history=st.lists(st.tuples(st.floats(0, 100), st.integers(0, 128 * GiB)), max_size=10),
     ssh_since=st.one_of(st.none(), st.floats(0, 100)),
     steady=st.sampled_from(["guard", "warn", "off"]),
+    ours=st.sets(st.integers(0, 7)),
 )
 @settings(max_examples=400, deadline=None)
 def test_decide_never_touches_protected_units_and_acts_only_on_live_loaders(
-    available, units, history, ssh_since, steady
+    available, units, history, ssh_since, steady, ours
 ):
     config = Config(steady=steady, footprint={"llama-*.service": 60 * GiB})
     snap = Snapshot(
@@ -129,9 +130,14 @@ def test_decide_never_touches_protected_units_and_acts_only_on_live_loaders(
         units=tuple(units),
         history=tuple(sorted(history)),
         rescue=(RescueGroup(("ssh.service",), True, ssh_since),),
+        # The stops the guard sent: any of the units, whatever their state.
+        stopping=frozenset(u.ref for i, u in enumerate(units) if i in ours),
     )
     d = decide(snap, config)
-    live = {u.ref for u in units if u.active_state != "deactivating"}
+    # Deactivating by the guard's own stop: under way, never acted on again.
+    live = {
+        u.ref for u in units if not (u.active_state == "deactivating" and u.ref in snap.stopping)
+    }
     for action in d.actions:
         # PID 1's protected names; a user's unit of the same name is hers (not a scope).
         if action.unit.manager == "system" or action.unit.name == "x.scope":

@@ -14,6 +14,7 @@ import select
 import signal
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -251,8 +252,7 @@ class Guard:
             decision, snapshot, self.config, memory, spent=time.monotonic() - now
         )
         if self.blocker.settling:
-            # A stop in progress is a state the loop looks at (advance(), in look()),
-            # not a wait inside it: back within poll.min, to escalate on memory or time.
+            # A stop under way is looked at by the loop, not waited in: back within poll.min.
             interval = min(interval, self.config.poll_min)
         self._interval = interval
         pressure = self._wait(interval)
@@ -290,6 +290,7 @@ class Guard:
             snapshot = self.sensor.snapshot(
                 rescue=not self.state.boot_over, memory=memory, room=self.room.view(began)
             )
+            snapshot = replace(snapshot, stopping=self.blocker.stopping)  # the guard's own
         except ProcError as e:
             tell(self.log, Event.of(EventKind.SENSE_FAILED, "error", error=str(e), msg=str(e)))
             self._status(None, None)

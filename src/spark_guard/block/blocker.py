@@ -335,6 +335,12 @@ class Blocker:
         return record.ref.is_container or record.manager in self.managers or key in self.pauses
 
     @property
+    def stopping(self) -> frozenset[UnitRef]:
+        """The units of the stops under way: blocks' (this guard's or a rescue's), stop-only."""
+        blocks = {r.ref for r in self.records.values() if r.step in (Step.STOP, Step.SETTLE)}
+        return frozenset(blocks) | self.loose.under_way()
+
+    @property
     def settling(self) -> bool:
         """A stop is in progress: the loop comes back within poll.min to look at it."""
         now = self.clock()

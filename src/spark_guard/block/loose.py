@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import stops
 from ..core.config import Config
 from ..core.events import tell
-from ..core.snapshot import Action
+from ..core.snapshot import Action, UnitRef
 from ..system.managers import ManagerError
 from ..system.worker import spawn
 from .brake import Brake
@@ -66,6 +66,12 @@ class LooseStops:
     @property
     def busy(self) -> bool:
         return any(not s.waiting for s in self.stops.values())
+
+    def under_way(self) -> frozenset[UnitRef]:
+        """The units of the stops under way (an earlier guard's adopted first)."""
+        if not self._loaded:
+            self._load()
+        return frozenset(s.ref for s in self.stops.values())
 
     def settling(self, now: float) -> bool:
         return any(s.stopping.due(now) and not s.waiting for s in self.stops.values())

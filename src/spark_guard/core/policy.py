@@ -27,6 +27,7 @@ from .classify import (
     loaded_models,
 )
 from .config import Config, Steady
+from .leaving import leaving, running
 from .quantities import format_size
 from .snapshot import (
     CONTAINER,
@@ -250,7 +251,7 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
             loader
             for seen in snapshot.units
             if (loader := classify(seen, config, snapshot.guard_unit)) is not None
-            and (seen.starting or seen.active_state in ("active", "activating", "reloading"))
+            and running(seen, snapshot.stopping)
         ),
         snapshot.charge_bases,
     )
@@ -379,19 +380,11 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
 
     if available < reserve:
         # Below the reserve in any phase: free the deficit, growing and biggest first. What
-        # is being freed counts against it: the loaders acted on now, and those whose stop
-        # is pending (deactivating: frozen, killed, their memory on its way back). Without
-        # the second, the pass after a stop took another, innocent loader for the same gap.
-        leaving = sum(
-            seen.used
-            for seen in snapshot.units
-            if seen.active_state == "deactivating"
-            and classify(seen, config, snapshot.guard_unit) is not None
-        )
+        # is being freed counts against it: the loaders acted on now, and what is leaving.
         deficit = (
             reserve
             - available
-            - leaving
+            - leaving(snapshot, lambda seen: classify(seen, config, snapshot.guard_unit))
             - sum(ld.seen.used for ld in loaders if str(ld.ref) in actions)
         )
         now = snapshot.now

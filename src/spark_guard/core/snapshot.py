@@ -427,6 +427,9 @@ class Snapshot:
     # Remembered (step.GuardState): what each charged client's server held when the
     # client was first seen asking it (policy.charge_clients); the load comes on top.
     charge_bases: Mapping[UnitRef, int] = field(default_factory=dict)
+    # The units whose stop the guard (or a rescue, for a block) sent and that have not yet
+    # gone: deactivating, they are leaving; any other unit deactivating is judged as running.
+    stopping: frozenset[UnitRef] = frozenset()
 
 
 @dataclass(frozen=True)
