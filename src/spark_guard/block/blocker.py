@@ -98,11 +98,9 @@ SWEEP_EVERY = 60.0  # seconds between sweeps of the store (RecordStore.sweep)
 class Blocker:
     """Act for real: drives each block through the steps in this module's docstring.
 
-    Owns the records (a file per blocked unit, each step saved before the next), the
-    escalation of pending stops, the units the brake froze and the login notes
-    (banner). act() hands it the stops a pass asked for (block()); the
-    Guard calls advance() after each full look, so a block goes on across passes,
-    and brake() ahead of one when MemAvailable is about to cross the reserve.
+    act() hands it the stops a pass asked for (block()); the Guard calls advance() after
+    each full look, so a block goes on across passes, and brake() ahead of one when
+    MemAvailable is about to cross the reserve. Its executors are named in __init__.
     """
 
     def __init__(
@@ -336,7 +334,9 @@ class Blocker:
 
     @property
     def stopping(self) -> frozenset[UnitRef]:
-        """The units of the stops under way: blocks' (this guard's or a rescue's), stop-only."""
+        """The units of the stops under way: blocks' (this guard's or a rescue's), stop-only.
+        The store first: a restarted guard's first look must not judge its own stop."""
+        self.ledger.refresh()
         blocks = {r.ref for r in self.records.values() if r.step in (Step.STOP, Step.SETTLE)}
         return frozenset(blocks) | self.loose.under_way()
 
