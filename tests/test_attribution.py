@@ -72,6 +72,23 @@ def test_with_her_manager_out_of_view_her_tree_is_still_hers():
     assert asked == []  # a service is its own: no uid read
 
 
+def test_a_process_in_user_at_uid_service_itself_is_hers_never_pid1s():
+    """H3 (issue 40): her delegation lets her put a process in user@UID.service itself, not
+    below it (her subtree_control cleared on pure v2). It counted for PID 1's protected
+    unit, and below the reserve another user's loader was stopped in its place. Hers,
+    whichever manager answers, but root's own (a setuid helper), left to PID 1's unit."""
+    for roots in ({"system": "/"}, {"system": "/", "user:1000": HERS}, {}):
+        found = attribution.owner(HERS, roots, lambda: 1000)
+        assert found is not None, roots
+        assert (str(found.ref), found.cgroup, found.group) == (
+            f"user:1000:{HERS}",
+            HERS,
+            "processes in user@1000.service itself",
+        ), roots
+    found = attribution.owner(HERS, {"system": "/"}, lambda: 0)
+    assert found is not None and str(found.ref) == "user@1000.service"
+
+
 def test_the_guards_own_unit_is_never_split():
     guard = UnitRef("system", "spark-guard.service")
     groups: dict[UnitRef, list[attribution.Proc]] = {guard: [(1, 10, None), (2, 10, None)]}

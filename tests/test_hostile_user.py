@@ -609,7 +609,7 @@ def _gone(stage: Stage, pattern: str, timeout: float = 5, uid: int | None = None
 
 
 @pytest.mark.parametrize(
-    "where", ["hideout", "init.scope", "ghost.service", "subuid", "deep", "deepest"]
+    "where", ["hideout", "init.scope", "ghost.service", "subuid", "deep", "deepest", "itself"]
 )
 def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     stage: Stage, where: str
@@ -624,9 +624,13 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     oldest in init.scope) lives on, and nothing of root's is touched. `deep`: below her
     hideout she makes a cgroup tree 1,000 levels deep, which made the walk of the kill
     raise RecursionError: her loader was never killed; `deepest`: her loader is 1,000
-    levels down, beyond the bounded walk, and was never killed either."""
+    levels down, beyond the bounded walk, and was never killed either; `itself`: in
+    user@UID.service itself, not below it (issue 40, H3), where it counted for PID 1's
+    protected unit, and its kill must take neither her manager nor her units."""
     base = f"/sys/fs/cgroup/unified/{stage.mum.cgroup}"
-    target = f"{base}/{where}"
+    target = base if where == "itself" else f"{base}/{where}"
+    if where == "itself":
+        where = f"user@{stage.mallory.uid}.service"  # the group is named by its cgroup
     glob = f"*{where}"
     if where == "subuid":
         _her_subuid_loader(stage, target, glob)
@@ -640,6 +644,8 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     )
     stage.mum.systemctl("start", "mover.service")
     pid = stage.mum.show("mover.service", "MainPID")["MainPID"]
+    stage.her_unit("bystander.service", "/bin/sleep 3600")  # a unit of hers, not a loader
+    stage.mum.systemctl("start", "bystander.service")
     # From her shell, as her: the cgroup tree below user@UID.service is delegated to her.
     down = "/".join(["a"] * 1000)
     if where == "deepest":
@@ -663,9 +669,11 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     assert not Path(f"/proc/{pid}").exists(), killed.group(0)
     seen = wait_log(stage.root, rf"loader-seen: model loader {stage.key}:\S*{where}", 5, offset)
     assert stage.key in seen.group(0)
-    # Her manager answers still (spared: the oldest in its init.scope), and nothing was
-    # masked or recorded.
+    # Her manager answers still (spared: the oldest in its init.scope), her other unit
+    # runs on, and nothing was masked or recorded.
     assert stage.mum.show("mover.service", "LoadState")["LoadState"] == "loaded"
+    assert stage.mum.show("bystander.service", "ActiveState")["ActiveState"] == "active"
+    stage.mum.systemctl("stop", "bystander.service")
     assert not list((stage.root.base / "state" / "blocked").glob(f"{stage.key}*"))
     assert stage.root.show("rescue-ssh.service", "LoadState")["LoadState"] == "loaded"
     write_config(stage.root)

@@ -218,8 +218,13 @@ def test_a_process_below_user_at_uid_is_hers_by_the_kernels_word():
     # hers: judged at her level, a stop kills them.
     scope = "/user.slice/user-1000.slice/user@1000.service/init.scope"
     assert owner(4, scope) == ("user:1000:init.scope", scope, "her init.scope")
-    # In user@UID.service itself (her manager before systemd 254): no group, no error.
-    assert owner(4, "/user.slice/user-1000.slice/user@1000.service") is None
+    # In user@UID.service itself (issue 40, H3): a group of hers too, never PID 1's.
+    base = "/user.slice/user-1000.slice/user@1000.service"
+    assert owner(4, base) == (
+        f"user:1000:{base}",
+        base,
+        "processes in user@1000.service itself",
+    )
     hideout = "/user.slice/user-1000.slice/user@1000.service/hideout"
     assert owner(4, hideout + "/deeper") == (
         f"user:1000:{hideout}",

@@ -11,12 +11,13 @@ storm leaves is killed again at the next pass, or by again() for a one-shot resc
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..core.attribution import in_her_tree
+from ..core.attribution import in_her_tree, in_tree, user_tree
 from ..core.events import Event, EventKind, tell
 from ..core.snapshot import Action, manager_uid
 from ..core.text import printable
@@ -140,6 +141,10 @@ class Groups:
         )
 
     def _spare(self, cgroup: str) -> Callable[[list[int]], set[int]]:
+        tree = user_tree(cgroup)
+        if tree is not None and tree[0] == cgroup:
+            return functools.partial(self._spare_tree, cgroup)
+
         def spare(pids: list[int]) -> set[int]:
             # Her manager is the oldest process of its init.scope: she cannot be older.
             if not cgroup.endswith("/init.scope") or not pids:
@@ -149,6 +154,21 @@ class Groups:
             return {min(known, key=lambda p: known[p])} if known else set()
 
         return spare
+
+    def _spare_tree(self, base: str, pids: list[int]) -> set[int]:
+        """In user@UID.service itself, what is not hers to kill: whatever lies deeper (her
+        units, her manager's init.scope), and a process whose parent is outside her tree:
+        her manager (older systemd runs it there), which PID 1 started. Hers have
+        their parents in her tree: her orphans go to her manager (a subreaper), and the
+        kernel lets no process of hers from outside the tree in (cgroup.procs of the
+        common ancestor is root's)."""
+        spared = set()
+        for pid in pids:
+            state = self.proc.state(pid)
+            outside = state is None or not in_tree(self.proc.cgroup(state[1]) or "", base)
+            if self.proc.cgroup(pid) != base or outside:
+                spared.add(pid)
+        return spared
 
     def _failed(self, action: Action, key: str, why: str, **fields: object) -> None:
         tell(

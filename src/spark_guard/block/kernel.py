@@ -96,6 +96,6 @@ class Kernel:
         """Whether a process of the cgroup runs or sleeps, as no stopped one does (one in an
         uninterruptible wait is let be: stop_timeout ends that)."""
         return any(
-            self.proc.state(pid) in ("R", "S", "Z")  # Z: its leader gone, its threads on
+            (self.proc.state(pid) or ("",))[0] in ("R", "S", "Z")  # Z: leader gone, threads on
             for pid in self.pids(cgroup)
         )

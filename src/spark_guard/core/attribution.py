@@ -4,11 +4,11 @@ A process's cgroup path says which manager's unit it runs in (the deepest
 manager root wins); its real uid says whether it is that unit's or a user's.
 A login user's process in a scope or service of root's managers (her crontab's
 job in cron.service, one `sudo -u` runs) is hers: a group of her level, judged
-and killed alone. A process below user@UID.service that her manager does not
-account for (her manager out of view, or a cgroup of her own that names no
-unit) is hers too, whatever its uid but root's. The sensor reads the cgroups and
-the uids (a uid only where it matters: `uid` is asked lazily); this module only
-judges them. docs/security.md says why each case goes where it goes.
+and killed alone. A process in or below user@UID.service that her manager does
+not account for (her manager out of view, a cgroup of her own that names no
+unit, user@UID.service itself) is hers too, whatever its uid but root's. The
+sensor reads the cgroups and the uids (a uid only where it matters: `uid` is
+asked lazily); this module only judges them. docs/security.md says why each case goes where it goes.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def in_her_tree(cgroup: str, uid: int) -> bool:
     every process but root's is hers, her user namespaces' subuids included."""
     tree = user_tree(cgroup)
     return tree is not None and tree[1] == uid
+
+
+def in_tree(cgroup: str, base: str) -> bool:
+    """Whether `cgroup` is `base` or lies below it."""
+    return cgroup == base or cgroup.startswith(base.rstrip("/") + "/")
 
 
 def unit_cgroup(cgroup: str, unit: str) -> str:
@@ -124,9 +129,10 @@ def out_of_view(cgroup: str, uid: Callable[[], int | None]) -> Owner | None:
         return Owner(UnitRef(key, unit), unit_cgroup(cgroup, unit), f"her {unit}")
     first = next((p for p in cgroup[len(base) :].split("/") if p), None)
     if first is None:
-        # In user@UID.service itself (her manager, on systemd before 254): a kill there
-        # would take her whole tree. Left as before: PID 1's user@UID.service.
-        return None
+        # In user@UID.service itself, where her delegation lets her put a process (issue
+        # 40, H3): hers too, never PID 1's protected unit's. Its kill takes only what is
+        # there and not her manager (block/groups.py), never her whole tree.
+        return Owner(UnitRef(key, base), base, f"processes in user@{owner_uid}.service itself")
     path = f"{base}/{first}"
     return Owner(UnitRef(key, path), path, f"a cgroup of her own below user@{owner_uid}.service")
 

@@ -295,12 +295,14 @@ class ProcFS:
         except (OSError, ValueError, IndexError):
             return None
 
-    def state(self, pid: int) -> str | None:
-        """Its state letter (stat's third field: R, S, D, T for stopped, Z...); None if gone."""
+    def state(self, pid: int) -> tuple[str, int] | None:
+        """(its state letter, stat's third field: R, S, D, T for stopped, Z...; its parent's
+        PID, the fourth); None if gone."""
         try:
             with open(self._path(str(pid), "stat"), "rb") as f:
                 raw = f.read(4096)
-            return raw[raw.rindex(b")") + 2 :][:1].decode() or None
+            letter, parent = raw[raw.rindex(b")") + 2 :].split()[:2]
+            return letter.decode(), int(parent)
         except (OSError, ValueError, UnicodeDecodeError):
             return None
 
