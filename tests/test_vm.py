@@ -40,6 +40,8 @@ its comment.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from lab.vm import VM
@@ -146,7 +148,13 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         state, times = fought.thaw_check.split("\n")
         a, b = (float(x) for x in times.split())
         assert state == "frozen" and b - a < 5, fought.thaw_check
-        assert f"{FIGHT_UNIT}: blocked" in vm.ssh("spark-guard status").stdout
+        # The state is published by full looks, a steady guard's at least once a minute.
+        deadline = time.monotonic() + 70
+        while f"{FIGHT_UNIT}: blocked" not in (status := vm.ssh("spark-guard status").stdout):
+            if time.monotonic() >= deadline:
+                journal = vm.ssh("journalctl -b -u spark-guard -o cat -n 80").stdout
+                raise AssertionError(f"{status}\nguard:\n{journal}\n{fought}")
+            time.sleep(1)
 
         # The PSI trigger: memory stalls with MemAvailable steady (a reader thrashing its
         # own cgroup's cache) wake the guard before its poll would have ended, again in
