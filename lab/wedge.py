@@ -449,6 +449,20 @@ class Fight(_ProbeFigures):
         return sum(lg.ok for lg in self.logins)
 
     @property
+    def fill_rate(self) -> float:
+        """How fast the loader took MemAvailable in the second before the brake (bytes/s):
+        the emulated CPU's pace, which the host sets (200-270 MiB/s when the test was
+        written, about 550 MiB/s on later ones)."""
+        if self.braked is None:
+            return 0.0
+        window = [s for s in self.samples if self.braked - 1.0 <= s.uptime <= self.braked]
+        if len(window) < 2:
+            return 0.0
+        top = max(window, key=lambda s: s.available)
+        dt = window[-1].uptime - top.uptime
+        return max(0.0, (top.available - window[-1].available) / dt) if dt > 0 else 0.0
+
+    @property
     def wakes_in_window(self) -> list[tuple[float, float, float]]:
         end = self.started + self.seconds
         return [w for w in self.pressure_wakes if self.started <= w[0] <= end]

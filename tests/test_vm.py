@@ -66,7 +66,10 @@ TOLERANCE = 64 * MiB
 # Between a thaw (the brake froze the loader early and the look spared it) and the next
 # read the loader runs for one wait, poll.min (0.1 s), plus a FreezeUnit round trip: about
 # 0.2 s at 270 MiB/s, 54 MiB; 80 MiB leaves room for the page cache the kernel counts.
+# The bar is the 0.2 s: on a host whose emulated CPU fills faster (Fight.fill_rate, up to
+# 550 MiB/s), those 0.2 s are worth more, and the tolerance is 0.2 s of it plus 26 MiB.
 FIGHT_TOLERANCE = 80 * MiB
+FIGHT_REACTION_S = 0.2
 WANTS = {
     "system": "/etc/systemd/system/multi-user.target.wants/llama-server.service",
     "user": "/home/alice/.config/systemd/user/default.target.wants/llama-server.service",
@@ -121,6 +124,7 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         why = f"{fought}\nguard:\n{vm.ssh('journalctl -b -u spark-guard -o cat -n 60').stdout}"
         print(
             f"\nFIGHT min_available={fought.min_available / MiB:.0f}MiB "
+            f"fill={fought.fill_rate / MiB:.0f}MiB/s "
             f"before={fought.available_before / MiB:.0f}MiB braked={fought.braked} "
             f"decided={fought.decided} killed={fought.killed} stopped={fought.stopped} "
             f"logins={fought.logins_ok}/{len(fought.logins)} fork={fought.worst_fork_ms:.0f}ms "
@@ -136,7 +140,8 @@ def test_the_wedge_at_boot_one_loader_loads_the_duplicate_is_blocked_and_the_win
         assert fought.unit["ActiveState"] in ("inactive", "failed"), why
         assert fought.unit["NRestarts"] == "0", why
         assert len(fought.samples) > 100, why
-        assert fought.min_available >= RESERVE_MIB * MiB - FIGHT_TOLERANCE, why
+        tolerance = max(FIGHT_TOLERANCE, FIGHT_REACTION_S * fought.fill_rate + 26 * MiB)
+        assert fought.min_available >= RESERVE_MIB * MiB - tolerance, why
         assert fought.worst_fork_ms < FORK_BOUND_MS, why
         assert fought.worst_stall_ms < FORK_BOUND_MS and fought.worst_gap_s < GAP_BOUND_S, why
         assert fought.logins and all(lg.ok for lg in fought.logins), fought.logins
