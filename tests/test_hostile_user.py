@@ -116,7 +116,7 @@ def guard_keeps_running(stage: Stage, request: pytest.FixtureRequest) -> Iterato
     before = stage.guard_props()
     yield
     after = stage.guard_props()
-    assert after["ActiveState"] == "active"
+    assert after["ActiveState"] == "active", log_text(stage.root)[-6000:]
     assert after["NRestarts"] == before["NRestarts"] == "0"
     if request.node.get_closest_marker("restarts_guard") is None:
         assert after["MainPID"] == before["MainPID"]

@@ -288,3 +288,38 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     )
     sensor.units.fresh(16, cron, 1 << 30)
     assert sensor.units.uid(16, 1 << 30) == 0
+
+
+def test_a_look_over_thousands_of_processes_tells_the_watchdog_it_goes_on():
+    """A fork storm puts tens of thousands of processes in one look (CI saw 17,800); read
+    cold on a loaded host that look outlasted WatchdogSec=, and the manager aborted the
+    guard. Each PROGRESS_EVERY processes walked is progress: the heartbeat the daemon
+    gives the sensor is called within the look, not only after it."""
+    import signal
+    import subprocess
+    import time
+
+    from spark_guard import log
+    from spark_guard.core.config import Config
+    from spark_guard.sense import Sensor
+    from spark_guard.sense.units import PROGRESS_EVERY
+
+    n = 3 * PROGRESS_EVERY
+    crowd = subprocess.Popen(
+        ["sh", "-c", f"i=0; while [ $i -lt {n} ]; do sleep 60 & i=$((i+1)); done; wait"],
+        start_new_session=True,
+    )
+    beats: list[int] = []
+    try:
+        while sum(name.isdigit() for name in os.listdir("/proc")) < n:
+            assert crowd.poll() is None
+            time.sleep(0.05)
+        sensor = Sensor(Config(gpu=False), log.get_logger(), heartbeat=lambda: beats.append(1))
+        try:
+            sensor.snapshot(rescue=False)
+        finally:
+            sensor.close()
+    finally:
+        os.killpg(crowd.pid, signal.SIGKILL)
+        crowd.wait()
+    assert len(beats) >= 3, len(beats)

@@ -83,6 +83,7 @@ class PassBudget:
         self.maps_held: dict[str, int] = {}
         # Unit details (ExecStart=, Environment=) the unit caches hold, per manager.
         self.details_held: dict[str, int] = {}
+        self.argv_reads = 0  # argv read this pass, all units (the watchdog's progress)
 
     def hold_maps(self, owner: str) -> bool:
         held = self.maps_held.get(owner, 0)

@@ -42,7 +42,7 @@ from ..system.procfs import ProcFS
 from .foresee import foresee
 from .managers import ManagerWatch
 from .rescue import RescueWatch
-from .units import UnitReader, out_of_view
+from .units import PROGRESS_EVERY, UnitReader, out_of_view
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
@@ -107,7 +107,8 @@ class Sensor:
         self.started = clock()
         self.guard_unit: UnitRef | None = None
         # What is read of each unit and process, kept between passes (sense/units.py).
-        self.units = UnitReader(self.proc)
+        self.progress = heartbeat or (lambda: None)
+        self.units = UnitReader(self.proc, self.progress)
         self.rescue = RescueWatch(self.managers, clock)  # the ways in (sense/rescue.py)
         self._engine_said: dict[str, str] = {}
         self.reconfigure(config)
@@ -274,7 +275,9 @@ class Sensor:
         containers: dict[UnitRef, tuple[Container, str]] = {}
         what: dict[UnitRef, str] = {}  # the groups of users' processes (SeenUnit.group)
         roots = self._roots()
-        for pid in self.proc.pids():
+        for n, pid in enumerate(self.proc.pids(), 1):
+            if not n % PROGRESS_EVERY:
+                self.progress()
             info = self.proc.process(pid)
             if info is None:
                 continue  # exited while we looked: normal

@@ -30,6 +30,10 @@ DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is
 # command (its manager's argv, renamed "(llama-server)" before systemd 255; 255's
 # systemd-executor): not kept, or its pid would keep it for life.
 TRANSIENT_ARGV0 = ("systemd-executor", "systemd", "init")
+# A fork storm of hers puts tens of thousands of processes in one pass: reading them is
+# progress, told to the watchdog every so many, or a look slower than WatchdogSec= (her
+# storm on a loaded host: seen at 10 s) has the manager abort the guard.
+PROGRESS_EVERY = 1024
 
 
 def out_of_view(ref: UnitRef) -> UnitDetails:
@@ -39,8 +43,9 @@ def out_of_view(ref: UnitRef) -> UnitDetails:
 class UnitReader:
     """The caches of units and processes, and the reading of one unit."""
 
-    def __init__(self, proc: ProcFS) -> None:
+    def __init__(self, proc: ProcFS, progress: Callable[[], None] = lambda: None) -> None:
         self.proc = proc
+        self.progress = progress  # called every PROGRESS_EVERY argv read: the watchdog's
         self.units: dict[UnitRef, UnitCache] = {}
         self.procs: dict[int, ProcCache] = {}
 
@@ -118,6 +123,9 @@ class UnitReader:
                 # Read whole (a cut one would be kept cut for the process's life); its size
                 # is remembered, so one that does not fit is not read again each pass.
                 argv = self.proc.cmdline(pid) or ()
+                budget.argv_reads += 1
+                if not budget.argv_reads % PROGRESS_EVERY:
+                    self.progress()
                 # Still systemd's between fork and exec? Used, and read again next pass
                 # (never dropped: her loader run as `exec -a "(x)"` still shows its -m).
                 pc.reread = bool(argv) and (

@@ -195,8 +195,7 @@ def kill_uid(
     extra = list(dict.fromkeys(also))
 
     def theirs(pid: int) -> bool:
-        owner = uid_of(pid)
-        return owner == uid or (any_user and owner is not None and owner != 0)
+        return (owner := uid_of(pid)) == uid or (any_user and owner not in (None, 0))
 
     def start(pid: int) -> int | None:
         return start_of(pid) if start_of else None
@@ -205,7 +204,8 @@ def kill_uid(
     deadline = time.monotonic() + KILL_DEADLINE if until is None else until
     while True:
         listed = list(dict.fromkeys(pids(root, cgroup) + extra))
-        left = set(listed) - (spare(listed) if spare else set()) - done
+        skip = (spare(listed) if spare else set()) | done  # the rest in the kernel's order:
+        left = [pid for pid in listed if pid not in skip]  # oldest (a storm's parent) first
         fresh = 0
         for pid in left:
             if time.monotonic() >= deadline and done:
