@@ -589,6 +589,49 @@ def test_her_loader_with_her_manager_out_of_view_is_killed_in_her_subtree(stage:
     stage.root.systemctl("reload", GUARD)
 
 
+def test_root_tools_never_give_an_all_clear_past_her_manager_out_of_view(stage: Stage) -> None:
+    """Issue 40, H5: she renames her manager's socket while her loader runs. No manager
+    the admin's tools reach lists it, and they listed only what managers list: `rescue
+    --dry-run` said "nothing to stop" and `audit` found no loader, both exit 0. They see
+    what the daemon sees now: the kernel shows her unit's processes below her
+    user@UID.service. Audit names it; rescue kills it in her subtree and says it is not
+    held (her manager may run it again), exit 1 either way."""
+    stage.her_unit(
+        "llama-unseen.service",
+        f"{PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 16",
+        extra="Restart=no\n",
+    )
+    stage.mum.systemctl("start", "llama-unseen.service")
+    assert not _gone(stage, "llama-unseen|fake_loader.py -m", 0)
+    socket = stage.mum.runtime / "systemd" / "private"
+    hidden = socket.with_name("private.hidden")
+    offset = len(log_text(stage.root))
+    stage.mallory.run("mv", str(socket), str(hidden))
+    unit = f"{stage.key}:llama-unseen.service"
+    try:
+        wait_log(stage.root, rf"manager-lost: {stage.key} manager", after=offset)
+        dry = stage.guard("rescue", "--dry-run")
+        assert f"would kill (its manager is out of view: no mask until it answers): {unit}" in (
+            dry.stdout
+        ), dry.stdout + dry.stderr
+        assert dry.returncode == 1, dry.stdout + dry.stderr
+        audit = stage.guard("audit")
+        line = next((ln for ln in audit.stdout.splitlines() if "no manager lists" in ln), "")
+        assert unit in audit.stdout and "its manager is out of view" in line, audit.stdout
+        assert audit.returncode == 1, audit.stdout + audit.stderr
+        out = stage.guard("rescue")
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith(unit)), "")
+        assert re.search(r"\sunreached\s+killed\s", line), out.stdout + out.stderr
+        assert f"{stage.key}: its manager is out of view" in out.stdout, out.stdout
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert _gone(stage, "fake_loader.py -m")
+    finally:
+        stage.mallory.run("mv", str(hidden), str(socket))
+    wait_log(stage.root, rf"manager-connected: watching {stage.key} manager", after=offset)
+    # Rescue wrote nothing for it: no record, no mask (nothing for release to undo).
+    assert stage.mum.show("llama-unseen.service", "LoadState")["LoadState"] == "loaded"
+
+
 # --- 10. processes that are no unit: a cgroup of her own, her job in root's unit --------
 
 
@@ -661,7 +704,7 @@ def test_her_loader_in_a_cgroup_that_names_no_unit_is_hers_and_killed(
     if where.startswith("deep"):  # (the harness's own teardown walks recursively)
         stage.mallory.sh(f"find {target} -mindepth 1 -depth -type d -exec rmdir {{}} +")
     assert f"of uid {stage.mallory.uid}" in killed.group(0), killed.group(0)
-    assert "no unit to mask, nothing to undo" in killed.group(0)
+    assert "no mask laid, nothing to undo" in killed.group(0)
     # The process she moved is dead (her mover.service's Restart= may start another run).
     deadline = time.monotonic() + 5
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
@@ -707,7 +750,7 @@ def _her_subuid_loader(stage: Stage, target: str, glob: str) -> None:
     try:
         Path(target, "cgroup.procs").write_text(str(loader.pid))
         killed = wait_log(stage.root, rf"unit-killed: {stage.key}:\S*subuid: killed .*", 30, offset)
-        assert "no unit to mask, nothing to undo" in killed.group(0), killed.group(0)
+        assert "no mask laid, nothing to undo" in killed.group(0), killed.group(0)
         assert loader.wait(5) == -9  # SIGKILL: the kill reached her subuid
         assert not list((stage.root.base / "state" / "blocked").glob(f"{stage.key}*"))
         assert stage.root.show("rescue-ssh.service", "LoadState")["LoadState"] == "loaded"

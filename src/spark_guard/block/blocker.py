@@ -173,7 +173,7 @@ class Blocker:
         self.ledger.refresh()
         self.settler.reading(None, decision.rule)  # (its waits read memory afresh)
         cgroups = {ld.ref: ld.seen.cgroup for ld in decision.loaders}
-        groups = {ld.ref: ld.seen.group for ld in decision.loaders if ld.seen.group}
+        groups = {ld.ref: ld.seen.group or ld.seen.unmanaged for ld in decision.loaders}
         engines = dict(engines or {}) | {
             ld.ref: ld.seen.container.engine for ld in decision.loaders if ld.seen.container
         }

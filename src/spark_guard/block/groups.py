@@ -35,7 +35,7 @@ class GroupKill:
 
     action: Action
     cgroup: str
-    group: str | None
+    group: str | None  # what it is (SeenUnit.group; rescue's unit of a manager out of view)
     pids: tuple[int, ...]
 
 
@@ -136,7 +136,7 @@ class Groups:
                 reason=action.reason,
                 error=action.detail,
                 msg=f"{key}: killed {count} process(es) of uid {uid} in {shown} "
-                f"({action.reason}); {what}: no unit to mask, nothing to undo",
+                f"({action.reason}); {what}: no mask laid, nothing to undo",
             ),
         )
 

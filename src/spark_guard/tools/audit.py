@@ -15,7 +15,15 @@ from ..core.classify import canonical_model, classify, matches_any, model_files
 from ..core.config import Config
 from ..core.policy import charge_clients
 from ..core.quantities import format_size
-from ..core.snapshot import STORM_WINDOW, SYSTEM, Memory, MemoryRule, SeenUnit, UnitRef
+from ..core.snapshot import (
+    STORM_WINDOW,
+    SYSTEM,
+    Loader,
+    Memory,
+    MemoryRule,
+    SeenUnit,
+    UnitRef,
+)
 from ..foresight.predict import Prediction
 from ..system.engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .findings import Finding, Severity
@@ -173,6 +181,27 @@ def engine_cli(socket: str) -> str:
 def container_protected(info: ContainerInfo, config: Config) -> bool:
     """Named in [protected] as `container:NAME` (globs matched against that string)."""
     return matches_any(info.container.ref, config.protected_units)
+
+
+def unlisted_findings(loaders: Sequence[Loader]) -> list[Finding]:
+    """Loaders the kernel shows and no manager reached lists (inventory.unlisted): a
+    user's processes that are no unit, or a unit of hers whose manager is out of view.
+    No unit file says what they are: audited by what runs, never passed over."""
+    out = []
+    for loader in loaders:
+        seen = loader.seen
+        what = seen.group or "its manager is out of view, so no unit file of it was read"
+        out.append(
+            Finding(
+                Severity.CRITICAL,
+                "unlisted-loader",
+                f"a model loader runs that no manager lists ({what}): "
+                f"{len(seen.pids)} process(es), {format_size(seen.used)}",
+                unit=str(loader.ref),
+                fix="spark-guard rescue (kills it in her own subtree)",
+            )
+        )
+    return out
 
 
 def container_findings(found: ContainerInventory, config: Config) -> list[Finding]:

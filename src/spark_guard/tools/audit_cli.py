@@ -39,6 +39,7 @@ from .audit import (
     memory_findings,
     reconcile,
     unified_findings,
+    unlisted_findings,
 )
 from .findings import Finding, Severity, colours_wanted, label, worst, worst_first
 from .inventory import (
@@ -49,6 +50,7 @@ from .inventory import (
     collect,
     collect_containers,
     foresee,
+    unlisted,
 )
 
 
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     memory = reconcile(meminfo, rss, gpu_total, snapshot.gpu_accounting)
     findings = (
         loader_findings(inv, config)
+        + unlisted_findings(unlisted(snapshot, config, inv.managers))
         + container_findings(found, config)
         + memory_findings(memory, holders)
         + unified_findings(snapshot.memory, snapshot.rule, config)

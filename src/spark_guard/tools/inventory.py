@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,16 @@ from ..containers import loader_evidence
 from ..core.classify import classify
 from ..core.config import Config
 from ..core.quantities import parse_duration, parse_size
-from ..core.snapshot import SYSTEM, SeenUnit, UnitRef, manager_uid, parse_ref, user_manager
+from ..core.snapshot import (
+    SYSTEM,
+    Loader,
+    SeenUnit,
+    Snapshot,
+    UnitRef,
+    manager_uid,
+    parse_ref,
+    user_manager,
+)
 from ..core.text import printable
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
@@ -313,6 +322,20 @@ def lingering(linger_dir: str, running: Iterable[str]) -> list[Linger]:
             continue
         out.append(Linger(name, uid, user_manager(uid) in keys))
     return out
+
+
+def unlisted(snapshot: Snapshot, config: Config, reached: Collection[str]) -> tuple[Loader, ...]:
+    """The loaders the kernel shows and no manager reached lists (issue 40, H5): a user's
+    processes that are no unit (SeenUnit.group), and the units of a user whose manager is
+    out of view or not answering, judged as the daemon judges them, by what the kernel
+    shows. Root's tools name them, and never give an all-clear past them."""
+    return tuple(
+        loader
+        for seen in snapshot.units
+        if (seen.group or seen.ref.manager not in (*reached, SYSTEM))
+        and not seen.ref.is_container
+        and (loader := classify(seen, config, snapshot.guard_unit)) is not None
+    )
 
 
 def collect(config: Config, names: Iterable[str] = ()) -> Inventory:

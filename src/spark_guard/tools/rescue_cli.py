@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from .. import config as config_mod
@@ -22,7 +23,7 @@ from .. import log as log_mod
 from ..block.blocker import Blocker
 from ..core.attribution import in_her_tree
 from ..core.block import Step
-from ..core.classify import classify, is_protected
+from ..core.classify import is_protected
 from ..core.config import Config
 from ..core.quantities import format_size
 from ..core.snapshot import (
@@ -41,7 +42,7 @@ from ..system import cgroupfs
 from ..system.engine import Container, Engine, EngineError
 from ..system.managers import Manager, ManagerError, discover
 from ..system.procfs import ProcError, ProcFS
-from .inventory import UnitInfo, collect, collect_containers
+from .inventory import UnitInfo, collect, collect_containers, unlisted
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -119,25 +120,14 @@ def run(args: argparse.Namespace) -> int:
             for i in boxes.loaders
             if i.container in running
         }
-        groups = _loader_groups(config, log)
+        groups = _unlisted(config, log, managers)
         actions = (
             tuple(Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders)
             + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
             + tuple(Action("stop", g.ref, Reason.RESCUE, why, figures, how="kill") for g in groups)
         )
         if args.dry_run:
-            for a in actions:
-                would = "kill (no unit to mask)" if a.how == "kill" else "stop, mask and disable"
-                if a.unit.is_container:
-                    would = "stop, restart policy no"
-                print(f"would {would}: {p(a.unit)}")
-            if not managers:
-                print("no systemd manager could be reached: no unit was checked")
-            elif not actions:
-                print("nothing to stop on the managers and engines reached")
-            for why in dict.fromkeys(unreached):
-                print(f"spark-guard: not reached: {p(why)}", file=sys.stderr)
-            return 0 if managers and not unreached else 1
+            return _dry_run(actions, groups, bool(managers), unreached)
         # A running daemon may be blocking the same units: rescue waits for the store's
         # lock, and then adopts what the daemon's records say.
         blocker = Blocker(managers, config, log, lock_wait=RESCUE_LOCK_WAIT)
@@ -164,10 +154,14 @@ def run(args: argparse.Namespace) -> int:
             m.close()
 
 
-def _loader_groups(config: Config, log: FilteringBoundLogger) -> tuple[Loader, ...]:
-    """Loaders that are no unit: a user's processes in a cgroup of her own, in her scope,
-    her job in a system unit, those below a manager out of view (SeenUnit.group). No
-    manager lists them; the kernel shows them, as it shows the daemon."""
+def _unlisted(
+    config: Config, log: FilteringBoundLogger, reached: Collection[str]
+) -> tuple[Loader, ...]:
+    """Loaders no manager reached lists (inventory.unlisted): a user's processes in a
+    cgroup of her own, in her scope, her job in a system unit (SeenUnit.group), and the
+    units of a user whose manager is out of view. The kernel shows them, as it shows
+    the daemon; they are killed in her subtree, the daemon's kill for a manager it
+    cannot reach."""
     # What the kernel shows is enough: no NVML, no engines (their containers are asked
     # above), no model read (every loader is stopped, whatever its footprint).
     sensor = Sensor(dataclasses.replace(config, gpu=False, containers=False), log)
@@ -176,11 +170,7 @@ def _loader_groups(config: Config, log: FilteringBoundLogger) -> tuple[Loader, .
         snap = sensor.snapshot(rescue=False)
     finally:
         sensor.close()
-    return tuple(
-        loader
-        for seen in snap.units
-        if seen.group and (loader := classify(seen, config, snap.guard_unit)) is not None
-    )
+    return unlisted(snap, config, reached)
 
 
 def _report(
@@ -225,15 +215,7 @@ def _report(
             f"{p(record.step) if record else 'not recorded'}"
             + (f"  ({p(record.problem)})" if record and record.problem else "")
         )
-    for g in groups:
-        # Killed, not blocked: nothing holds them down but the kill (no unit to mask).
-        uid = manager_uid(g.ref.manager)
-        hers = uid is not None and in_her_tree(g.seen.cgroup, uid)
-        owners = [proc.uid(pid) for pid in cgroupfs.pids(blocker.kernel.root, g.seen.cgroup)]
-        left = [o for o in owners if o == uid or (hers and o not in (0, None))]
-        ok = ok and not left
-        shown = f"{len(left)} left" if left else "killed"
-        print(f"{p(g.ref):40} {'no unit':10} {shown:10} {p(g.seen.group)}")
+    ok = _killed(groups, proc, blocker.kernel.root) and ok
     if not reached:
         ok = False
         print("no systemd manager could be reached: no unit was checked")
@@ -255,11 +237,60 @@ def _report(
     )
     if loaders or boxes:
         print("undo: spark-guard release --all (or one UNIT)")
-    if groups:
+    if any(g.seen.group for g in groups):
         print(
             "killed processes that are no unit: nothing to undo; their owners may start them again"
         )
+    for manager in sorted({g.ref.manager for g in groups if not g.seen.group}):
+        print(
+            f"{p(manager)}: its manager is out of view: its loaders were killed, not masked, "
+            "and it may start them again; the guard blocks them once it answers"
+        )
     return ok
+
+
+def _dry_run(
+    actions: tuple[Action, ...], groups: tuple[Loader, ...], reached: bool, unreached: list[str]
+) -> int:
+    """What rescue would do; 1 when something was not reached or cannot be held."""
+    for a in actions:
+        would = "stop, mask and disable"
+        if a.how == "kill":
+            would = f"kill ({_why_unmasked(a.unit, groups)})"
+        if a.unit.is_container:
+            would = "stop, restart policy no"
+        print(f"would {would}: {p(a.unit)}")
+    if not reached:
+        print("no systemd manager could be reached: no unit was checked")
+    elif not actions:
+        print("nothing to stop on the managers and engines reached")
+    for why in dict.fromkeys(unreached):
+        print(f"spark-guard: not reached: {p(why)}", file=sys.stderr)
+    out_of_view = any(not g.seen.group for g in groups)
+    return 0 if reached and not unreached and not out_of_view else 1
+
+
+def _killed(groups: tuple[Loader, ...], proc: ProcFS, root: str) -> bool:
+    """A row per loader killed, not blocked (no unit to mask, or its manager out of view):
+    what of its owner is left in its cgroup. True when none is, and each was a group: a
+    unit of a manager out of view is not held, since its manager may run it again."""
+    ok = True
+    for g in groups:
+        uid = manager_uid(g.ref.manager)
+        hers = uid is not None and in_her_tree(g.seen.cgroup, uid)
+        owners = [proc.uid(pid) for pid in cgroupfs.pids(root, g.seen.cgroup)]
+        left = [o for o in owners if o == uid or (hers and o not in (0, None))]
+        ok = ok and not left and bool(g.seen.group)
+        shown = f"{len(left)} left" if left else "killed"
+        kind = "no unit" if g.seen.group else "unreached"
+        print(f"{p(g.ref):40} {kind:10} {shown:10} {_why_unmasked(g.ref, groups)}")
+    return ok
+
+
+def _why_unmasked(ref: UnitRef, groups: tuple[Loader, ...]) -> str:
+    """Why a loader of `groups` is killed and not masked: what it is, in printable text."""
+    seen = next(g.seen for g in groups if g.ref == ref)
+    return p(seen.group or "its manager is out of view: no mask until it answers")
 
 
 def _gpu_holders() -> list[tuple[int, int]]:
