@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
+from collections.abc import Hashable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -31,8 +33,7 @@ def decode(cls: type[T], data: object, where: str = "") -> T:
     a caller that keeps a newer version's fields takes them out first."""
     if not isinstance(data, dict):
         raise TypeError(f"{where or cls.__name__}: {type(data).__name__}, not an object")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    hints, fields = _shape(typing.cast(Hashable, cls))
     unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
         raise TypeError(f"{where or cls.__name__}: no field {unknown[0]!r}")
@@ -44,6 +45,14 @@ def decode(cls: type[T], data: object, where: str = "") -> T:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ValueError(f"no {at}")
     return cls(**values)
+
+
+@functools.cache
+def _shape(cls: Hashable) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A dataclass's type hints and init fields, worked out once per class (the hints
+    evaluate every annotation's text: most of a record's read, each time)."""
+    fields = {f.name: f for f in dataclasses.fields(typing.cast(type, cls)) if f.init}
+    return typing.get_type_hints(cls), fields
 
 
 def _value(kind: Any, value: object, at: str) -> Any:
