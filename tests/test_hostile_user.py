@@ -1121,3 +1121,45 @@ def test_her_loader_hidden_in_her_own_endless_stop_is_judged_and_killed(stage: S
     offset = len(log_text(stage.root))
     stage.root.systemctl("reload", GUARD)
     wait_log(stage.root, "config-reloaded", after=offset)
+
+
+# --- 13. issue 40: what she can make the guard write is bounded --------------------------
+
+
+def test_her_many_blocked_units_are_a_few_lines_of_roots_note_and_state(stage: Stage) -> None:
+    """Issue 40, H8: each unit of hers that cannot fit is a block, and each block was a
+    line of the login note at every ssh login and on the console, and an entry of
+    state.json rewritten every full look: 200 made 203 lines, 10,000 would make a
+    13 MB file. Her 36 blocked instances are banner.ROWS_PER_MANAGER lines of the note
+    and statefile.PER_MANAGER entries of state.json; the rest are counted, and status
+    says how many."""
+    from spark_guard.block.banner import ROWS_PER_MANAGER
+    from spark_guard.statefile import PER_MANAGER
+
+    count = PER_MANAGER + 4
+    stage.her_unit("llama-many@.service", f"{stage.server} -m {stage.big}")
+    offset = len(log_text(stage.root))
+    names = [f"llama-many@{i}.service" for i in range(count)]
+    stage.mum.systemctl("start", "--no-block", *names)
+    try:
+        deadline = time.monotonic() + 90
+        while len(re.findall(r"^warning unit-blocked: ", log_text(stage.root)[offset:], re.M)) < (
+            count
+        ):
+            assert time.monotonic() < deadline, log_text(stage.root)[offset:][-3000:]
+            time.sleep(0.2)
+        note = (stage.root.base / "motd.d" / "spark-guard").read_text()
+        lines = note.splitlines()
+        assert sum("llama-many@" in ln for ln in lines) == ROWS_PER_MANAGER, note
+        assert f"... and {count - ROWS_PER_MANAGER} more" in note, note
+        assert f"in all: {stage.key} {count})" in note, note
+        assert len(lines) < ROWS_PER_MANAGER + 8, note
+        state = stage.state()
+        hers = [b for b in state["blocked"] if b["unit"].startswith(f"{stage.key}:llama-many@")]
+        assert len(hers) == PER_MANAGER
+        assert state["left_out"]["blocked"] == {stage.key: count - PER_MANAGER}
+        status = stage.guard("status").stdout
+        assert f"blocked ({count}):" in status, status
+        assert f"  ... and {count - PER_MANAGER} more of {stage.key} (" in status, status
+    finally:
+        stage.mum.systemctl("stop", *names, check=False)

@@ -53,7 +53,7 @@ FUNCTION_DEBTS = {
     "sense/sensor.py:snapshot": 85,
     "sense/units.py:seen": 84,
     "sense/foresee.py:_foresee_unit": 61,
-    "statefile.py:build": 80,
+    "statefile.py:build": 79,
     "system/cgroupfs.py:kill_uid": 73,
     "system/gpu.py:inspect": 63,
     "tools/audit.py:loader_findings": 113,

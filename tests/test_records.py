@@ -245,3 +245,24 @@ def test_releasing_one_of_a_server_and_its_client_names_the_other():
         "still blocked: spark-guard release user:1000:ollama.service"
     ]
     assert _same_load([server, client], [other]) == []
+
+
+def test_her_thousand_blocks_are_a_few_lines_of_the_login_note_not_a_thousand(tmp_path):
+    """Issue 40, H8: 200 duplicate units of hers made 199 records and a 203-line note at
+    every ssh login and on the console, and 10,000 a 10,000-line one. A manager shows
+    ROWS_PER_MANAGER rows and the note ROWS in all; the rest is counted, and root's own
+    blocks are never pushed out by hers."""
+    motd, issue = str(tmp_path / "motd"), str(tmp_path / "issue")
+    hers = [record(manager="user:1101", unit=f"llama-{i}.service") for i in range(10_000)]
+    others = [record(manager=f"user:{1200 + i}", unit="x.service") for i in range(40)]
+    banner.publish([*hers, record(unit="llama-root.service"), *others], motd, issue)
+    text = Path(motd).read_text()
+    lines = text.splitlines()
+    assert len(lines) <= banner.ROWS + 6, len(lines)
+    assert "  llama-root.service  blocking (stop) since" in text
+    assert sum("user:1101:" in ln for ln in lines) == banner.ROWS_PER_MANAGER
+    shown = sum(" since 2026-11-30T08:00:00Z: " in ln for ln in lines)
+    assert shown == banner.ROWS
+    assert f"  ... and {10_041 - shown} more (spark-guard status lists them; " in text
+    assert "in all: user:1101 10000)" in text
+    assert "spark-guard release UNIT" in text

@@ -13,15 +13,22 @@ import grp
 import json
 import os
 import time
-from collections.abc import Iterable
-from typing import Any, TypedDict, cast
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypedDict, TypeVar, cast
 
 from .block.records import Record
-from .core.snapshot import Decision, Snapshot
+from .core.snapshot import Action, Decision, Loader, Snapshot
 from .system.safefs import MAKEDIRS, own_tree
+
+T = TypeVar("T")
 
 REFRESH = 60.0  # rewritten at least this often; status also checks the pid
 FORMAT = 1
+# Loaders and blocks listed per manager (issue 40, H8): a user's thousand units made a
+# state.json of megabytes, rewritten every full look. The biggest loaders are kept; the
+# rest of each manager's are counted in left_out.
+PER_MANAGER = 32
 
 
 # The shape of state.json, spelled out so mypy checks every key its readers
@@ -106,6 +113,44 @@ class PassState(TypedDict):
     decided_at: float
     decision_seconds: float
     watchdog_at: float
+    left_out: LeftOut
+
+
+class LeftOut(TypedDict):
+    """Per manager, how many of its loaders and blocks are past PER_MANAGER, not listed."""
+
+    loaders: dict[str, int]
+    blocked: dict[str, int]
+
+
+def _capped(items: Iterable[T], manager: Callable[[T], str]) -> tuple[list[T], dict[str, int]]:
+    """The first PER_MANAGER items of each manager, in their order, and per manager how
+    many were left out."""
+    kept, seen = [], Counter[str]()
+    for item in items:
+        seen[manager(item)] += 1
+        if seen[manager(item)] <= PER_MANAGER:
+            kept.append(item)
+    return kept, {m: n - PER_MANAGER for m, n in sorted(seen.items()) if n > PER_MANAGER}
+
+
+def _action(a: Action) -> ActionEntry:
+    return {"kind": a.kind, "unit": str(a.unit), "reason": a.reason, "detail": a.detail}
+
+
+def _listed(
+    decision: Decision, records: Iterable[Record]
+) -> tuple[list[Loader], list[Record], LeftOut]:
+    """The loaders (the biggest of each manager, in the decision's order) and the blocks
+    state.json lists, and how many of each manager's it leaves out."""
+    biggest, loaders_out = _capped(
+        sorted(decision.loaders, key=lambda ld: (ld.ref.manager, -ld.seen.used, ld.ref.name)),
+        lambda ld: ld.ref.manager,
+    )
+    kept = {id(ld) for ld in biggest}
+    blocks, blocks_out = _capped(sorted(records, key=lambda r: str(r.ref)), lambda r: r.manager)
+    listed = [ld for ld in decision.loaders if id(ld) in kept]
+    return listed, blocks, {"loaders": loaders_out, "blocked": blocks_out}
 
 
 class PublishedState(PassState):
@@ -133,6 +178,7 @@ def build(
     managers: list[str] | None = None,
 ) -> PassState:
     memory = snapshot.memory
+    loaders, blocks, left_out = _listed(decision, records)
     return {
         "format": FORMAT,
         "pid": os.getpid(),
@@ -171,12 +217,9 @@ def build(
                 "restart": ld.seen.container.policy if ld.seen.container else None,
                 "image": ld.seen.container.image if ld.seen.container else None,
             }
-            for ld in decision.loaders
+            for ld in loaders
         ],
-        "pending_actions": [
-            {"kind": a.kind, "unit": str(a.unit), "reason": a.reason, "detail": a.detail}
-            for a in decision.actions
-        ],
+        "pending_actions": [_action(a) for a in decision.actions],
         "blocked": [
             {
                 "unit": str(r.ref),
@@ -189,8 +232,9 @@ def build(
                 "history": r.history[-5:],
                 "restart_was": r.container.policy if r.container else None,
             }
-            for r in sorted(records, key=lambda r: str(r.ref))
+            for r in blocks
         ],
+        "left_out": left_out,
         "last_action": last_action,
         "counts": counts or {"actions": {}, "starts": {}},
         "decided_at": decided_at,

@@ -18,6 +18,11 @@ from .records import Record
 
 # Per field of the note: a unit name fits (systemd allows 255 bytes), a long path is cut.
 FIELD_LIMIT = 300
+# Rows of the note per manager, and in all: one user's thousand units (issue 40, H8) would
+# be a thousand lines at every login, on the console too, and push everyone else's out.
+# The rest is counted, and `spark-guard status` lists every one.
+ROWS_PER_MANAGER = 5
+ROWS = 30
 
 
 def render(records: Iterable[Record]) -> str:
@@ -25,7 +30,13 @@ def render(records: Iterable[Record]) -> str:
     if not rows:
         return ""
     lines = ["spark-guard blocked model loaders to keep this machine reachable:"]
+    per: dict[str, int] = {}  # each manager's records, shown or not
+    shown = 0
     for r in rows:
+        per[r.manager] = per.get(r.manager, 0) + 1
+        if per[r.manager] > ROWS_PER_MANAGER or shown == ROWS:
+            continue
+        shown += 1
         # Every field can hold a user's text (a unit name, a model path): one line each, inert.
         ref, step, at, reason, detail = (
             printable(v, FIELD_LIMIT) for v in (r.ref, r.step, r.at, r.reason, r.detail)
@@ -34,6 +45,14 @@ def render(records: Iterable[Record]) -> str:
         lines.append(f"  {ref}  {state} since {at}: {reason}: {detail}")
         if r.problem:
             lines.append(f"      problem: {printable(r.problem, FIELD_LIMIT)}")
+    if len(rows) > shown:
+        most = ", ".join(
+            f"{printable(m, FIELD_LIMIT)} {n}" for m, n in per.items() if n > ROWS_PER_MANAGER
+        )
+        lines.append(
+            f"  ... and {len(rows) - shown} more (spark-guard status lists them"
+            + (f"; in all: {most})" if most else ")")
+        )
     boxes = sum(r.ref.is_container for r in rows)
     if boxes == len(rows):
         lines.append("They are stopped, their restart policy set to no (the old one recorded).")

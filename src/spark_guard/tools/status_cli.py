@@ -107,6 +107,19 @@ def _print_unified(s: PublishedState) -> None:
     print(f"  room made since start: {made}; MemFree gained {format_size(freed)}")
 
 
+def _counts(s: PublishedState, key: str) -> dict[str, int]:
+    """left_out[key] of state.json, where it is one (not in a file from before it)."""
+    left_out: object = s.get("left_out")
+    got = left_out.get(key) if isinstance(left_out, dict) else None
+    return {str(m): n for m, n in got.items() if type(n) is int} if isinstance(got, dict) else {}
+
+
+def _more(left_out: dict[str, int], where: str) -> None:
+    """The rows state.json leaves out past its PER_MANAGER of each manager, counted."""
+    for manager, n in sorted(left_out.items()):
+        print(f"  ... and {n} more of {p(manager)} ({where})")
+
+
 def _print(s: PublishedState, age: float, alive: bool) -> None:
     # Units, reasons, details, predictions and problems can hold a user's text: each is
     # printed through p() so no escape sequence or line break of theirs reaches the terminal.
@@ -130,7 +143,8 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
     )
     _print_unified(s)
     loaders = s.get("loaders", [])
-    print(f"\nloaders ({len(loaders)}):")
+    left_out = {key: _counts(s, key) for key in ("loaders", "blocked")}
+    print(f"\nloaders ({len(loaders) + sum(left_out['loaders'].values())}):")
     for ld in loaders:
         size = ld.get("expected")
         expected = (
@@ -146,8 +160,9 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
             f"  {p(ld['unit'])}: {state}; expected {expected}; holds "
             f"{format_size(ld['rss'])} RSS + {gpu}{box}"
         )
+    _more(left_out["loaders"], "the biggest of each manager are listed")
     blocked = s.get("blocked", [])
-    print(f"\nblocked ({len(blocked)}):")
+    print(f"\nblocked ({len(blocked) + sum(left_out['blocked'].values())}):")
     for b in blocked:
         print(
             f"  {p(b['unit'])}: {p(b['step'])} since {p(b['at'])}: "
@@ -157,6 +172,7 @@ def _print(s: PublishedState, age: float, alive: bool) -> None:
             print(f"    restart policy no (was {p(b['restart_was'])})")
         if b.get("problem"):
             print(f"    problem: {p(b['problem'])}")
+    _more(left_out["blocked"], "spark-guard release --all --dry-run lists every one")
     if blocked:
         print("  undo: spark-guard release UNIT (or --all)")
     print(f"\nlast action: {p(s.get('last_action', 'none'))}")
