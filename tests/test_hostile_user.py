@@ -1163,3 +1163,42 @@ def test_her_many_blocked_units_are_a_few_lines_of_roots_note_and_state(stage: S
         assert f"  ... and {count - PER_MANAGER} more of {stage.key} (" in status, status
     finally:
         stage.mum.systemctl("stop", *names, check=False)
+
+
+# --- 14. issue 40: her manager is a peer, never one the loop waits on --------------------
+
+
+def test_her_thousands_of_queued_start_jobs_leave_the_loop_its_pace(stage: Stage) -> None:
+    """Issue 40, H6: each new unit of hers cost a call to her manager on the loop, with a
+    byte budget and no count: 3,000 start jobs queued behind a unit of hers that never
+    finishes made a pass of 35.7 s, and again whenever she re-queues them. A pass now
+    asks her manager of DETAILS_PER_PASS new units, within DETAILS_SECONDS, running units
+    first; the rest wait their turn. Root's loader that cannot fit, started while her
+    queue is fresh, is blocked within seconds, not after her 3,000 calls."""
+    from spark_guard.sense.units import DETAILS_PER_PASS
+
+    count = 3000
+    assert count > 50 * DETAILS_PER_PASS
+    stage.her_unit("gate.service", "/bin/sleep infinity", extra="Type=oneshot\n")
+    template = stage.mum.unit_dir / "q@.service"
+    text = "[Unit]\nAfter=gate.service\nRequires=gate.service\n[Service]\nExecStart=/bin/true\n"
+    stage.mallory.run(PY, "-c", f"open({str(template)!r}, 'w').write({text!r})")
+    stage.mum.systemctl("daemon-reload")
+    stage.root.write_unit(
+        "llama-late.service", f"[Service]\nExecStart={stage.server} -m {stage.big}\n"
+    )
+    try:
+        stage.mum.systemctl("start", "--no-block", "gate.service")
+        stage.mum.systemctl("start", "--no-block", *(f"q@{i}.service" for i in range(count)))
+        jobs = stage.mum.systemctl("list-jobs", "--no-legend").stdout.count("q@")
+        assert jobs == count, jobs
+        offset = len(log_text(stage.root))
+        started = time.monotonic()
+        stage.root.systemctl("start", "--no-block", "llama-late.service")
+        wait_log(stage.root, r"^warning unit-blocked: user:0:llama-late\.service", 60, offset)
+        took = time.monotonic() - started
+        assert took < 10, (took, log_text(stage.root)[offset:][-3000:])
+        assert stage.state()["decision_seconds"] < 3, stage.state()["decision_seconds"]
+    finally:
+        stage.mum.systemctl("stop", "gate.service", check=False)
+        stage.mum.systemctl("cancel", check=False)

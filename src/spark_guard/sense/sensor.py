@@ -217,7 +217,7 @@ class Sensor:
                 )
         units = []
         budget = self.units.budget(groups)
-        for ref, procs in sorted(groups.items()):
+        for ref, procs in _in_turn(groups):
             state = states.get(ref)
             if state is None:
                 continue
@@ -240,7 +240,7 @@ class Sensor:
                 seen = replace(seen, unmanaged=unmanaged[ref])
             units.append(seen)
         units = foresee(
-            units,
+            sorted(units, key=lambda u: u.ref),
             self.units.units,
             containers,
             self.predictor,
@@ -396,6 +396,17 @@ class Sensor:
         self.containers.close()
         self.watch.close()
         self.gpu.close()
+
+
+def _in_turn(groups: Groups) -> list[tuple[UnitRef, list[tuple[int, int, int | None]]]]:
+    """The units in the order a pass reads them: running ones first, the biggest first.
+    What a pass's budgets leave for later (units.DETAILS_PER_PASS) is a user's queued
+    start jobs, never the loader that grows."""
+
+    def used(procs: list[tuple[int, int, int | None]]) -> int:
+        return sum(rss + (gpu or 0) for _, rss, gpu in procs)
+
+    return sorted(groups.items(), key=lambda kv: (-used(kv[1]), kv[0]))
 
 
 def sense_once(

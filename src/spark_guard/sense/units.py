@@ -26,6 +26,12 @@ from .caches import MAPS_MIN_RSS, MAPS_RECHECK, PassBudget, ProcCache, UnitCache
 # a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
 DETAILS_OWNER_BUDGET = 1 << 20
 DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is asked again
+# A user's new units asked of her manager in one pass (issue 40, H6): her 3,000 start jobs
+# queued behind a unit that never finishes were 3,000 calls, a pass of 35.7 s. Past the
+# count, or past the time, the rest are asked in the next passes, in turn: a unit already
+# read is not asked again, so each pass reads new ones. PID 1's are never held back.
+DETAILS_PER_PASS = 32
+DETAILS_SECONDS = 1.0
 # A process whose argv is still systemd's own, between its fork and the exec of the unit's
 # command (its manager's argv, renamed "(llama-server)" before systemd 255; 255's
 # systemd-executor): not kept, or its pid would keep it for life.
@@ -269,6 +275,14 @@ def _read_details(
     """Its details, asked of its manager, within what the pass may hold of its owner's."""
     held = budget.details_held.get(ref.manager, 0)
     was_kernel_view = cache.kernel_view
+    asked, spent = budget.details_asked.get(ref.manager, (0, 0.0))
+    if ref.manager != SYSTEM and (asked >= DETAILS_PER_PASS or spent >= DETAILS_SECONDS):
+        # Her turn in this pass is over: asked in a later one (read_at: not before then).
+        if cache.details is None:
+            cache.details = UnitDetails((), None, unreadable=f"{ref.manager}: asked later")
+        cache.retry_at = cache.read_at = now
+        return
+    began = time.monotonic()
     try:
         if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
             raise ManagerError(
@@ -298,6 +312,8 @@ def _read_details(
             # argv's footprint is never "unknown for now" when its manager answers)
             cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
         cache.details, cache.kernel_view = answer, False
+    if not cache.kernel_view:  # a call went out (out of view: none)
+        budget.details_asked[ref.manager] = (asked + 1, spent + time.monotonic() - began)
     d = cache.details
     assert d is not None  # (kept from the kernel's view when the read failed)
     cache.details_bytes = sum(len(a) + 1 for row in d.exec_start for a in row) + sum(
