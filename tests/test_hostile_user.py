@@ -1202,3 +1202,45 @@ def test_her_thousands_of_queued_start_jobs_leave_the_loop_its_pace(stage: Stage
     finally:
         stage.mum.systemctl("stop", "gate.service", check=False)
         stage.mum.systemctl("cancel", check=False)
+
+
+def test_rescue_stops_her_running_loader_not_her_thousand_files_that_never_run(
+    stage: Stage,
+) -> None:
+    """Issue 40, H9: thousands of unit files of hers named like loaders, none of them
+    running. rescue stopped, disabled, masked and recorded each, and at 2,500 it ran out
+    of her manager's time before her running loader. It stops what runs or starts now
+    (and PID 1's enabled loaders), PID 1's first; her files that never run are the
+    daemon's to judge if one ever starts."""
+    count = 300
+    names = [f"llama-idle-{i}.service" for i in range(count)]
+    stage.mallory.run(
+        PY,
+        "-c",
+        "import sys, pathlib; d = pathlib.Path(sys.argv[1]); "
+        "[(d / n).write_text('[Service]\\nExecStart=/bin/llama-server -m /m.gguf\\n') "
+        "for n in sys.argv[2:]]",
+        str(stage.mum.unit_dir),
+        *names,
+    )
+    stage.her_unit("llama-live.service", f"{stage.server} -m {stage.tiny}")
+    stage.mum.systemctl("start", "llama-live.service")
+    try:
+        out = stage.guard("rescue")
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = [ln for ln in out.stdout.splitlines() if ln.startswith(f"{stage.key}:")]
+        assert [r.split()[0] for r in rows] == [f"{stage.key}:llama-live.service"], out.stdout
+        assert stage.mum.show("llama-live.service", "LoadState")["LoadState"] == "masked"
+        idle = stage.mum.show(names[0], "LoadState")["LoadState"]
+        assert idle == "loaded", idle
+        released = stage.guard("release", "--all", "--dry-run").stdout
+        assert "llama-idle-" not in released, released
+    finally:
+        stage.mallory.run(
+            PY,
+            "-c",
+            "import sys, pathlib; [(pathlib.Path(sys.argv[1]) / n).unlink() for n in sys.argv[2:]]",
+            str(stage.mum.unit_dir),
+            *names,
+        )
+        stage.mum.systemctl("daemon-reload")

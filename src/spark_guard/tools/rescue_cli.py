@@ -1,8 +1,9 @@
 """`spark-guard rescue`: for the admin with a shell in the first seconds after boot.
 
-Every model loader on every running manager is stopped, masked and disabled
-at once, through the same Blocker and records as the daemon's (so
-`spark-guard release` undoes it), all in this one process: no fork per unit.
+Every model loader that runs or starts on every running manager (and PID 1's
+enabled ones, PID 1's first) is stopped, masked and disabled at once, through
+the same Blocker and records as the daemon's (so `spark-guard release` undoes
+it), all in this one process: no fork per unit.
 Then it prints what holds: each loader's state on its level, MemAvailable,
 the load average and the GPU holders. Running loader containers of the
 configured engines are stopped and their restart policy set to `no` the same
@@ -28,6 +29,7 @@ from ..core.config import Config
 from ..core.quantities import format_size
 from ..core.snapshot import (
     CONTAINER,
+    SYSTEM,
     Action,
     Decision,
     Loader,
@@ -47,6 +49,7 @@ from .inventory import UnitInfo, collect, collect_containers, unlisted
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+AUTOSTART = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 RESCUE_LOCK_WAIT = 30.0  # seconds: a daemon's pass holds the lock for well under one
 
 
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     log = log_mod.get_logger()
     proc = ProcFS(config.proc)
     inv = collect(config)
-    loaders = [u for u in inv.loaders if not u.from_files]
+    loaders = sorted((u for u in inv.loaders if _now(u)), key=lambda u: u.ref.manager != SYSTEM)
     managers: dict[str, Manager] = {}
     unreached: list[str] = []  # managers that did not answer: what was not checked
     for key, sock in discover(config.system_manager, config.user_runtime).items():
@@ -247,6 +250,17 @@ def _report(
             "and it may start them again; the guard blocks them once it answers"
         )
     return ok
+
+
+def _now(unit: UnitInfo) -> bool:
+    """A loader rescue stops: one running or starting, and PID 1's enabled ones (they
+    start at the next boot). A user's unit file that never runs is left to the daemon:
+    her thousands of them were each stopped, masked and recorded (issue 40, H9), and
+    rescue ran out of time before her running loader."""
+    if unit.from_files:
+        return False
+    running = unit.active_state in ("active", "activating", "reloading", "deactivating")
+    return running or (unit.ref.manager == SYSTEM and unit.file_state in AUTOSTART)
 
 
 def _dry_run(
