@@ -616,8 +616,8 @@ def test_root_tools_never_give_an_all_clear_past_her_manager_out_of_view(stage: 
         ), dry.stdout + dry.stderr
         assert dry.returncode == 1, dry.stdout + dry.stderr
         audit = stage.guard("audit")
-        line = next((ln for ln in audit.stdout.splitlines() if "no manager lists" in ln), "")
-        assert unit in audit.stdout and "its manager is out of view" in line, audit.stdout
+        line = next((ln for ln in audit.stdout.splitlines() if "unlisted-loader" in ln), "")
+        assert unit in audit.stdout and "whose manager was not reached" in line, audit.stdout
         assert audit.returncode == 1, audit.stdout + audit.stderr
         out = stage.guard("rescue")
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith(unit)), "")
@@ -630,6 +630,50 @@ def test_root_tools_never_give_an_all_clear_past_her_manager_out_of_view(stage: 
     wait_log(stage.root, rf"manager-connected: watching {stage.key} manager", after=offset)
     # Rescue wrote nothing for it: no record, no mask (nothing for release to undo).
     assert stage.mum.show("llama-unseen.service", "LoadState")["LoadState"] == "loaded"
+
+
+def test_her_unit_too_big_to_read_costs_rescue_no_all_clear(stage: Stage) -> None:
+    """A fault review of H5: rescue counted her manager as reached when it connected, not
+    when her units were listed. Her unit with an Environment= over DETAILS_CAP is not
+    read, and the first such unit ended the listing of all of hers: no loader of hers
+    was listed, none was left to the kernel's view, and rescue said "no model loaders
+    found", exit 0, while her loader ran. The others are read now; a manager not listed
+    whole is judged by what the kernel shows, and rescue and audit exit 1."""
+    from spark_guard.system.managers import DETAILS_CAP
+
+    draft = stage.root.base / "draft-env.service"
+    draft.write_text(
+        f"[Service]\nExecStart={PY} {LAB}/fake_loader.py -m {stage.tiny} --alloc 16\n"
+        # Three lines: one string over 128 KiB is more than execve() takes (E2BIG).
+        + "".join(f"Environment=PAD{i}={'x' * (DETAILS_CAP // 3 + 4096)}\n" for i in range(3))
+    )
+    draft.chmod(0o644)
+    path = stage.mum.unit_dir / "aaa-env.service"
+    stage.mallory.run(
+        PY, "-c", "import shutil, sys; shutil.copyfile(*sys.argv[1:])", str(draft), str(path)
+    )
+    stage.mum.systemctl("daemon-reload")
+    stage.mum.systemctl("start", "aaa-env.service")
+    unit = f"{stage.key}:aaa-env.service"
+    try:
+        assert not _gone(stage, "fake_loader.py -m", 0)
+        audit = stage.guard("audit")
+        assert audit.returncode == 1, audit.stdout + audit.stderr
+        assert unit in audit.stdout and "whose manager was not reached" in audit.stdout, (
+            audit.stdout
+        )
+        out = stage.guard("rescue")
+        assert f"not reached: {stage.key}: its units could not all be listed" in out.stderr, (
+            out.stdout + out.stderr
+        )
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith(unit)), "")
+        assert re.search(r"\sunreached\s+killed\s", line), out.stdout + out.stderr
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert _gone(stage, "fake_loader.py -m")
+    finally:
+        stage.mum.systemctl("stop", "aaa-env.service", check=False)
+        stage.mallory.run("rm", "-f", str(path))
+        stage.mum.systemctl("daemon-reload")
 
 
 # --- 10. processes that are no unit: a cgroup of her own, her job in root's unit --------

@@ -325,3 +325,48 @@ def test_audit_sees_every_level_and_rescue_blocks_them_all(machine):
     assert "load average" in rescued.stdout
     assert c.run("spark-guard", "release", "--all").returncode == 0
     c.run("systemctl", "start", "spark-guard.service")
+
+
+def test_a_fake_manager_of_hers_in_her_init_scope_is_believed_by_none_of_roots_tools(machine):
+    """Issue 40, H7: root's tools connected to a user's socket without PID 1 vouching. A
+    fake of hers moved into her own init.scope (her delegation lets her), put in place
+    of her manager's socket, is uid hers and runs where her manager runs, and it claims
+    her manager's cgroup: every other check passes. audit and rescue believed it. Now
+    PID 1 is asked first, as the daemon asks it: user@UID.service's main process is not
+    the fake, so nothing it says is read, and audit says so."""
+    c = machine
+    shutil.copy(LAB / "fake_manager.py", c.path("/opt/fake-manager.py"))
+    sockets = f"/run/user/{ALICE}/systemd"
+    tree = f"/user.slice/user-{ALICE}.slice/user@{ALICE}.service"
+    fake = [f"{sockets}/private.fake", tree, "/home/alice/.config/systemd/user", "x.service"]
+    run = ["systemd-run", "--user", "--unit=sg-fake", "python3", "/opt/fake-manager.py"]
+    c.run(*run, *fake, user=ALICE)
+    deadline = time.monotonic() + 20
+    while c.run("test", "-S", f"{sockets}/private.fake", check=False).returncode:
+        journal = c.run("journalctl", "--user-unit=sg-fake", "-n", "20", check=False).stdout
+        assert time.monotonic() < deadline, f"the fake never listened:\n{journal}"
+        time.sleep(0.1)
+    pid = c.show("sg-fake.service", "MainPID", user=ALICE)["MainPID"]
+    # The unified hierarchy's (a hybrid host's is at /sys/fs/cgroup/unified): the kernel's
+    # word the guard reads first.
+    move = (
+        f"for d in /sys/fs/cgroup/unified /sys/fs/cgroup; do f=$d{tree}/init.scope/cgroup.procs; "
+        f'if [ -e "$f" ]; then echo {pid} > "$f"; exit; fi; done; exit 1'
+    )
+    c.run("sh", "-c", move, user=ALICE)
+    c.run("mv", f"{sockets}/private", f"{sockets}/private.real", user=ALICE)
+    c.run("mv", f"{sockets}/private.fake", f"{sockets}/private", user=ALICE)
+    try:
+        out = c.run("spark-guard", "audit", "--json", check=False)
+        report = json.loads(out.stdout)
+        assert f"user:{ALICE}" not in report["managers"], report["managers"]
+        unreached = [f["message"] for f in report["findings"] if f["code"] == "manager-unreached"]
+        assert any(f"pid {pid} " in m and "PID 1 says main pid" in m for m in unreached), unreached
+        dry = c.run("spark-guard", "rescue", "--dry-run", check=False)
+        assert dry.returncode == 1, dry.stdout + dry.stderr
+        assert f"not reached: user:{ALICE}: pid {pid} " in dry.stderr, dry.stderr
+    finally:
+        c.run("mv", f"{sockets}/private", f"{sockets}/private.fake", user=ALICE, check=False)
+        c.run("mv", f"{sockets}/private.real", f"{sockets}/private", user=ALICE, check=False)
+        c.run("kill", pid, check=False)
+        c.run("systemctl", "--user", "reset-failed", "sg-fake.service", user=ALICE, check=False)

@@ -263,6 +263,8 @@ def test_her_thousand_blocks_are_a_few_lines_of_the_login_note_not_a_thousand(tm
     assert sum("user:1101:" in ln for ln in lines) == banner.ROWS_PER_MANAGER
     shown = sum(" since 2026-11-30T08:00:00Z: " in ln for ln in lines)
     assert shown == banner.ROWS
-    assert f"  ... and {10_041 - shown} more (spark-guard status lists them; " in text
+    assert (
+        f"  ... and {10_041 - shown} more (spark-guard release --all --dry-run lists them; " in text
+    )
     assert "in all: user:1101 10000)" in text
     assert "spark-guard release UNIT" in text

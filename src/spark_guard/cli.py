@@ -50,7 +50,7 @@ COMMANDS: dict[str, Command] = {
         "tools.harden_cli", "write a hardening drop-in for a loader unit (shows it, asks first)"
     ),
     "rescue": Command(
-        "tools.rescue_cli", "stop, mask and disable every running model loader now, on every level"
+        "tools.rescue_cli", "stop, mask and disable the model loaders now, on every level"
     ),
     "doctor": Command(
         "tools.doctor.cli", "why a model server died or the GPU fell off: Xid, driver, card, logs"

@@ -48,6 +48,12 @@ def _client() -> Any:
     return prometheus_client
 
 
+def _blocked(state: PublishedState) -> int:
+    """Every block: state.json lists 32 per manager (statefile.PER_MANAGER), counts the rest."""
+    left_out: dict[str, int] = state.get("left_out", {}).get("blocked", {})
+    return len(state["blocked"]) + sum(left_out.values())
+
+
 def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     """A CollectorRegistry holding the state's metrics; cpu: unit -> CPU seconds used."""
     client = _client()
@@ -173,9 +179,7 @@ def registry(state: PublishedState, cpu: Mapping[str, float]) -> Any:
     for kind in ("stop", "warn", "dry-run"):
         actions.labels(kind).inc(state["counts"]["actions"].get(kind, 0))
 
-    gauge(
-        "blocked_units", "Units the guard holds stopped, masked and disabled", len(state["blocked"])
-    )
+    gauge("blocked_units", "Units the guard holds stopped, masked and disabled", _blocked(state))
     blocked = Gauge(
         f"{PREFIX}_unit_blocked",
         "1 for each blocked unit; phase: the guard's phase when it blocked it (strict: at boot)",

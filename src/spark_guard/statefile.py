@@ -117,10 +117,12 @@ class PassState(TypedDict):
 
 
 class LeftOut(TypedDict):
-    """Per manager, how many of its loaders and blocks are past PER_MANAGER, not listed."""
+    """Per manager, how many of its loaders, blocks and pending actions are past
+    PER_MANAGER, not listed."""
 
     loaders: dict[str, int]
     blocked: dict[str, int]
+    actions: dict[str, int]
 
 
 def _capped(items: Iterable[T], manager: Callable[[T], str]) -> tuple[list[T], dict[str, int]]:
@@ -140,9 +142,9 @@ def _action(a: Action) -> ActionEntry:
 
 def _listed(
     decision: Decision, records: Iterable[Record]
-) -> tuple[list[Loader], list[Record], LeftOut]:
-    """The loaders (the biggest of each manager, in the decision's order) and the blocks
-    state.json lists, and how many of each manager's it leaves out."""
+) -> tuple[list[Loader], list[Record], list[Action], LeftOut]:
+    """The loaders (the biggest of each manager, in the decision's order), the blocks and
+    the pending actions state.json lists, and how many of each manager's it leaves out."""
     biggest, loaders_out = _capped(
         sorted(decision.loaders, key=lambda ld: (ld.ref.manager, -ld.seen.used, ld.ref.name)),
         lambda ld: ld.ref.manager,
@@ -150,7 +152,9 @@ def _listed(
     kept = {id(ld) for ld in biggest}
     blocks, blocks_out = _capped(sorted(records, key=lambda r: str(r.ref)), lambda r: r.manager)
     listed = [ld for ld in decision.loaders if id(ld) in kept]
-    return listed, blocks, {"loaders": loaders_out, "blocked": blocks_out}
+    actions, actions_out = _capped(decision.actions, lambda a: a.unit.manager)
+    left_out: LeftOut = {"loaders": loaders_out, "blocked": blocks_out, "actions": actions_out}
+    return listed, blocks, actions, left_out
 
 
 class PublishedState(PassState):
@@ -178,7 +182,7 @@ def build(
     managers: list[str] | None = None,
 ) -> PassState:
     memory = snapshot.memory
-    loaders, blocks, left_out = _listed(decision, records)
+    loaders, blocks, actions, left_out = _listed(decision, records)
     return {
         "format": FORMAT,
         "pid": os.getpid(),
@@ -219,7 +223,7 @@ def build(
             }
             for ld in loaders
         ],
-        "pending_actions": [_action(a) for a in decision.actions],
+        "pending_actions": [_action(a) for a in actions],
         "blocked": [
             {
                 "unit": str(r.ref),

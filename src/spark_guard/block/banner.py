@@ -20,7 +20,7 @@ from .records import Record
 FIELD_LIMIT = 300
 # Rows of the note per manager, and in all: one user's thousand units (issue 40, H8) would
 # be a thousand lines at every login, on the console too, and push everyone else's out.
-# The rest is counted, and `spark-guard status` lists every one.
+# The rest is counted; `spark-guard release --all --dry-run` lists every one.
 ROWS_PER_MANAGER = 5
 ROWS = 30
 
@@ -50,7 +50,7 @@ def render(records: Iterable[Record]) -> str:
             f"{printable(m, FIELD_LIMIT)} {n}" for m, n in per.items() if n > ROWS_PER_MANAGER
         )
         lines.append(
-            f"  ... and {len(rows) - shown} more (spark-guard status lists them"
+            f"  ... and {len(rows) - shown} more (spark-guard release --all --dry-run lists them"
             + (f"; in all: {most})" if most else ")")
         )
     boxes = sum(r.ref.is_container for r in rows)

@@ -279,18 +279,21 @@ def _read_details(
     if ref.manager != SYSTEM and (asked >= DETAILS_PER_PASS or spent >= DETAILS_SECONDS):
         # Her turn in this pass is over: asked in a later one (read_at: not before then).
         if cache.details is None:
-            cache.details = UnitDetails((), None, unreadable=f"{ref.manager}: asked later")
+            later = f"{ref.manager}: its turn in this pass is over: asked in a later one"
+            cache.details = UnitDetails((), None, unreadable=later)
         cache.retry_at = cache.read_at = now
         return
-    began = time.monotonic()
+    began, called = time.monotonic(), False
     try:
         if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
             raise ManagerError(
                 f"{ref.manager}: the command lines and environment of its units"
                 f" held already are over {DETAILS_OWNER_BUDGET >> 10} KiB: not read"
             )
+        called = True
         answer = ask(ref)
     except KeyError:
+        called = False  # out of view: no call went out
         # Out of view: no ExecStart= to read yet; its processes' argv stand in
         # for it (foresee.py) until its manager answers and it is read again. When
         # it became active is not known until its manager says: it comes after
@@ -312,7 +315,7 @@ def _read_details(
             # argv's footprint is never "unknown for now" when its manager answers)
             cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
         cache.details, cache.kernel_view = answer, False
-    if not cache.kernel_view:  # a call went out (out of view: none)
+    if called:  # answered or not, it went out: her turn's count and time
         budget.details_asked[ref.manager] = (asked + 1, spent + time.monotonic() - began)
     d = cache.details
     assert d is not None  # (kept from the kernel's view when the read failed)

@@ -1,12 +1,13 @@
-"""A manager connected and verified off the loop, on a thread of its own."""
+"""Managers connected and verified: off the loop on a thread of its own (the daemon's),
+or all at once, PID 1 first (a command's: connect_all)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..core.snapshot import SYSTEM
-from .managers import Manager, ManagerError
+from .managers import Manager, ManagerError, ManagerUntrusted
 from .worker import spawn
 
 
@@ -64,3 +65,25 @@ class Connecting:
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(max(timeout, 0.0))
+
+
+def connect_all(
+    found: Mapping[str, str], proc_root: str = "/proc"
+) -> tuple[dict[str, Manager], list[str]]:
+    """Every manager `found` (discover()), connected and verified as the daemon's are: PID
+    1 first, which vouches for each user's (issue 40, H7: a fake of hers in her
+    init.scope passes every other check). Where PID 1 is there but does not answer, no
+    user's manager is believed. Returns those connected, and why each other was not."""
+    managers: dict[str, Manager] = {}
+    errors: list[str] = []
+    for key in sorted(found, key=lambda k: k != SYSTEM):
+        m = Manager(key, found[key], proc_root)
+        try:
+            if key != SYSTEM and SYSTEM in found and SYSTEM not in managers:
+                raise ManagerUntrusted(f"{key}: PID 1 did not answer, so it cannot vouch for it")
+            m.connect(managers.get(SYSTEM))
+            managers[key] = m
+        except ManagerError as e:
+            m.close()
+            errors.append(str(e))
+    return managers, errors

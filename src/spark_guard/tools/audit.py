@@ -24,6 +24,7 @@ from ..core.snapshot import (
     SeenUnit,
     UnitRef,
 )
+from ..core.text import printable
 from ..foresight.predict import Prediction
 from ..system.engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .findings import Finding, Severity
@@ -183,6 +184,20 @@ def container_protected(info: ContainerInfo, config: Config) -> bool:
     return matches_any(info.container.ref, config.protected_units)
 
 
+def unreached_findings(unreached: Sequence[str]) -> list[Finding]:
+    """A manager that was there and not reached, or not believed (a socket of hers that
+    PID 1 does not vouch for): none of its units was audited."""
+    return [
+        Finding(
+            Severity.WARNING,
+            "manager-unreached",
+            f"not audited: {printable(why)}",
+            fix="its users' running loaders are audited by what the kernel shows",
+        )
+        for why in unreached
+    ]
+
+
 def unlisted_findings(loaders: Sequence[Loader]) -> list[Finding]:
     """Loaders the kernel shows and no manager reached lists (inventory.unlisted): a
     user's processes that are no unit, or a unit of hers whose manager is out of view.
@@ -190,15 +205,20 @@ def unlisted_findings(loaders: Sequence[Loader]) -> list[Finding]:
     out = []
     for loader in loaders:
         seen = loader.seen
-        what = seen.group or "its manager is out of view, so no unit file of it was read"
+        held = f"{len(seen.pids)} process(es), {format_size(seen.used)}"
+        if seen.group:
+            # A loader run from a shell, a scope, a job in root's unit: judged, killed if
+            # it threatens, never masked (there is no unit to mask).
+            severity, what = Severity.WARNING, f"a model loader that is no unit ({seen.group})"
+        else:
+            severity, what = Severity.CRITICAL, "a model loader whose manager was not reached"
         out.append(
             Finding(
-                Severity.CRITICAL,
+                severity,
                 "unlisted-loader",
-                f"a model loader runs that no manager lists ({what}): "
-                f"{len(seen.pids)} process(es), {format_size(seen.used)}",
+                f"{what} runs: {held}; no unit file of it was read",
                 unit=str(loader.ref),
-                fix="spark-guard rescue (kills it in her own subtree)",
+                fix="spark-guard rescue kills it in its owner's own subtree",
             )
         )
     return out

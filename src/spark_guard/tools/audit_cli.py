@@ -40,6 +40,7 @@ from .audit import (
     reconcile,
     unified_findings,
     unlisted_findings,
+    unreached_findings,
 )
 from .findings import Finding, Severity, colours_wanted, label, worst, worst_first
 from .inventory import (
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     findings = (
         loader_findings(inv, config)
         + unlisted_findings(unlisted(snapshot, config, inv.managers))
+        + unreached_findings(inv.unreached)
         + container_findings(found, config)
         + memory_findings(memory, holders)
         + unified_findings(snapshot.memory, snapshot.rule, config)

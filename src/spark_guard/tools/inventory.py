@@ -37,8 +37,9 @@ from ..core.snapshot import (
     user_manager,
 )
 from ..core.text import printable
+from ..system.connecting import connect_all
 from ..system.engine import Container, Engine, EngineError
-from ..system.managers import Manager, ManagerError, discover
+from ..system.managers import Manager, ManagerError, ManagerSilent, discover
 from ..system.safefs import UnsafePath, as_user, read_regular
 
 INFINITY = 2**64 - 1  # systemd's "infinity" for MemoryMax= and friends
@@ -85,6 +86,7 @@ class Inventory:
     missing: list[str] = field(default_factory=list)  # names asked for that exist nowhere
     named: list[UnitInfo] = field(default_factory=list)  # units asked for by name
     errors: list[str] = field(default_factory=list)  # managers or files that could not be read
+    unreached: list[str] = field(default_factory=list)  # managers not reached or not believed
 
 
 def _user_of(key: str) -> str:
@@ -126,11 +128,18 @@ def is_loader(info: UnitInfo, config: Config) -> bool:
     return classify(seen, config) is not None
 
 
+UNREAD_MAX = 16  # units of one manager that could not be read before its listing ends
+
+
 def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[str]) -> None:
+    """Its units, read into `inv`. One that cannot be read (her Environment= over the
+    cap) does not end the listing of the others; the first such error is raised once
+    all are read, so the manager does not count as listed whole."""
     states = {u.name: u for u in manager.list_units()}
     files = manager.list_unit_files()
     names = {n for n in states if n.endswith(".service")}
     names |= {n for n in files if n.endswith(".service") and "@." not in n}
+    unread: list[ManagerError] = []
     for name in sorted(names | wanted):
         st = states.get(name)
         load = st.load_state if st else ("not-found" if name not in files else "not-loaded")
@@ -141,7 +150,15 @@ def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[
             load = probe.load_state if probe else "not-found"
             if load == "not-found":
                 continue
-        info = _info(manager, name, load, active, files.get(name, ""))
+        try:
+            info = _info(manager, name, load, active, files.get(name, ""))
+        except ManagerSilent:
+            raise  # the manager itself does not answer: no use asking it of the rest
+        except ManagerError as e:
+            unread.append(e)
+            if len(unread) > UNREAD_MAX:
+                raise
+            continue
         if name in wanted:
             inv.named.append(info)
         if is_loader(info, config):
@@ -159,6 +176,8 @@ def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[
                     files.get(st.name, ""),
                 )
             )
+    if unread:
+        raise unread[0]
 
 
 # --- users with linger whose manager is not running: their unit files on disk --------
@@ -341,11 +360,10 @@ def unlisted(snapshot: Snapshot, config: Config, reached: Collection[str]) -> tu
 def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
     inv = Inventory()
     wanted_refs = [parse_ref(n, "") for n in names]  # "": on whichever manager has it
-    sockets = discover(config.system_manager, config.user_runtime)
-    for key, sock in sockets.items():
-        manager = Manager(key, sock)
+    managers, inv.unreached = connect_all(discover(config.system_manager, config.user_runtime))
+    inv.errors += inv.unreached
+    for key, manager in managers.items():
         try:
-            manager.connect()
             wanted = {r.name for r in wanted_refs if r.manager in (key, "")}
             _from_manager(manager, config, inv, wanted)
             inv.managers.append(key)

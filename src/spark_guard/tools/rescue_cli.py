@@ -1,9 +1,9 @@
 """`spark-guard rescue`: for the admin with a shell in the first seconds after boot.
 
-Every model loader that runs or starts on every running manager (and PID 1's
-enabled ones, PID 1's first) is stopped, masked and disabled at once, through
-the same Blocker and records as the daemon's (so `spark-guard release` undoes
-it), all in this one process: no fork per unit.
+Every model loader of PID 1's, and every user's that runs, starts or stops, is
+stopped, masked and disabled at once, PID 1's first, through the same Blocker
+and records as the daemon's (so `spark-guard release` undoes it), all in this
+one process: no fork per unit.
 Then it prints what holds: each loader's state on its level, MemAvailable,
 the load average and the GPU holders. Running loader containers of the
 configured engines are stopped and their restart policy set to `no` the same
@@ -41,15 +41,15 @@ from ..core.snapshot import (
 from ..core.text import printable as p
 from ..sense import Sensor
 from ..system import cgroupfs
+from ..system.connecting import connect_all
 from ..system.engine import Container, Engine, EngineError
-from ..system.managers import Manager, ManagerError, discover
+from ..system.managers import Manager, discover
 from ..system.procfs import ProcError, ProcFS
 from .inventory import UnitInfo, collect, collect_containers, unlisted
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-AUTOSTART = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 RESCUE_LOCK_WAIT = 30.0  # seconds: a daemon's pass holds the lock for well under one
 
 
@@ -96,15 +96,8 @@ def run(args: argparse.Namespace) -> int:
     proc = ProcFS(config.proc)
     inv = collect(config)
     loaders = sorted((u for u in inv.loaders if _now(u)), key=lambda u: u.ref.manager != SYSTEM)
-    managers: dict[str, Manager] = {}
-    unreached: list[str] = []  # managers that did not answer: what was not checked
-    for key, sock in discover(config.system_manager, config.user_runtime).items():
-        m = Manager(key, sock)
-        try:
-            m.connect()
-            managers[key] = m
-        except ManagerError as e:
-            unreached.append(str(e))
+    # Those that did not answer (or were not believed): what was not checked.
+    managers, unreached = connect_all(discover(config.system_manager, config.user_runtime))
     try:
         memory = proc.memory()
         figures: dict[str, int | float] = {"mem_available": memory.available}
@@ -123,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
             for i in boxes.loaders
             if i.container in running
         }
-        groups = _unlisted(config, log, managers)
+        # A manager whose units could not all be listed is judged by what the kernel shows.
+        listed = [key for key in managers if key in inv.managers]
+        unreached += [f"{k}: its units could not all be listed" for k in set(managers) - {*listed}]
+        stopped = {u.ref for u in loaders}
+        groups = tuple(g for g in _unlisted(config, log, listed) if g.ref not in stopped)
         actions = (
             tuple(Action("stop", u.ref, Reason.RESCUE, why, figures) for u in loaders)
             + tuple(Action("stop", ref, Reason.RESCUE, why, figures) for ref in engines)
@@ -253,14 +250,14 @@ def _report(
 
 
 def _now(unit: UnitInfo) -> bool:
-    """A loader rescue stops: one running or starting, and PID 1's enabled ones (they
-    start at the next boot). A user's unit file that never runs is left to the daemon:
-    her thousands of them were each stopped, masked and recorded (issue 40, H9), and
-    rescue ran out of time before her running loader."""
+    """A loader rescue stops: every one of PID 1's (only root writes its unit files), and
+    a user's that is not inactive or failed (running, starting, stopping). A user's
+    unit file that never runs is left to the daemon: her thousands of them were each
+    stopped, masked and recorded (issue 40, H9), and rescue ran out of time before her
+    running loader."""
     if unit.from_files:
         return False
-    running = unit.active_state in ("active", "activating", "reloading", "deactivating")
-    return running or (unit.ref.manager == SYSTEM and unit.file_state in AUTOSTART)
+    return unit.ref.manager == SYSTEM or unit.active_state not in ("inactive", "failed")
 
 
 def _dry_run(
