@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab.accounts import User
@@ -37,6 +38,18 @@ JOURNALD = next(
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
 # The files Delegate= hands to a user along with their cgroup directory (cgroup v2 and v1).
 _DELEGATED = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads", "tasks")
+
+
+def poll(done: Callable[[], bool], timeout: float, step: float = 0.25) -> tuple[bool, float]:
+    """Until done() or the deadline, looking every `step` seconds; (done, seconds waited).
+    A test waits for the state it needs this way, never for a fixed time."""
+    began = time.monotonic()
+    while True:
+        if done():
+            return True, time.monotonic() - began
+        if time.monotonic() - began > timeout:
+            return False, time.monotonic() - began
+        time.sleep(step)
 
 
 class UserManager:

@@ -56,13 +56,13 @@ import shutil
 import subprocess
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lab import LAB
-from lab.harness import file_tree
+from lab.harness import file_tree, poll
 from lab.nspawn import Container
 from lab.synth import SPECS, Spec, write
 
@@ -602,17 +602,6 @@ def manager_log(c: Container, unit: Unit) -> tuple[int, int, list[str]]:
 
 def loads(c: Container) -> list[str]:
     return sorted(str(p)[len(str(c.root)) :] for p in c.path(HOME).glob(".fake-*-spool/*.loaded"))
-
-
-def poll(done: Callable[[], bool], timeout: float) -> tuple[bool, float]:
-    """Until done() or the deadline; (done, seconds waited)."""
-    began = time.monotonic()
-    while True:
-        if done():
-            return True, time.monotonic() - began
-        if time.monotonic() - began > timeout:
-            return False, time.monotonic() - began
-        time.sleep(0.25)
 
 
 def is_blocked(c: Container, unit: Unit) -> bool:

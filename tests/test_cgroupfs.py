@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -135,58 +137,74 @@ def test_a_manager_stopped_or_frozen_is_seen_paused_without_a_call():
             cgroup.rmdir()
 
 
-def test_her_fork_storm_and_her_subuids_leave_nothing_of_hers_in_her_tree():
-    """In her delegated subtree (any_user) every process but root's is hers, her user
-    namespace's subuids too; a loop that forks as fast as it can is listed and killed
-    until none is left, not for a fixed number of rounds. Root's process there lives."""
-    import os
-    import time
-    from pathlib import Path
-
-    from lab.harness import CGROUP_ROOTS
+@contextlib.contextmanager
+def her_tree(uid: int, leaf: str) -> Iterator[tuple[str, str, Path]]:
+    """A cgroup of hers below user@UID.service, in our own slice: (the hierarchy's root,
+    the cgroup, its directory). Whatever is left in it is killed, then it is removed."""
+    from lab.harness import CGROUP_ROOTS, poll
 
     root = CGROUP_ROOTS[0]
     if os.geteuid() != 0 or not Path(root, "cgroup.procs").exists():
         pytest.skip("no cgroup v2 hierarchy of ours to kill in")
-    tree = f"/sg-kill-{os.getpid()}.slice/user@4242.service/hideout"
+    tree = f"/sg-kill-{os.getpid()}.slice/user@{uid}.service/{leaf}"
     path = Path(root + tree)
     path.mkdir(parents=True)
-    drop = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups"]
-    sub = ["setpriv", "--reuid=104242", "--regid=104242", "--clear-groups"]
-    procs = [
-        subprocess.Popen(["sh", "-c", f'echo $$ > {path}/cgroup.procs; exec "$@"', "sh", *argv])
-        for argv in (
-            [*drop, "sh", "-c", STORM],
-            [*sub, "sleep", "60"],
-            ["sleep", "60"],  # root's
-        )
-    ]
     try:
-        deadline = time.monotonic() + 5
-        while len(cgroupfs.pids(root, tree)) < 50 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        listed = cgroupfs.pids(root, tree)
-        assert len(listed) >= 50  # a storm under way
-        fs = ProcFS()
-        tree_of = user_tree(tree)
-        assert tree_of is not None and tree_of[1] == 4242
-        count = cgroupfs.kill_uid(
-            root, tree, 4242, uid_of=fs.uid, cgroup_of=fs.cgroup, any_user=True
-        )
-        assert count >= len(listed) - 1  # all of them but root's, and the forks since
-        time.sleep(0.2)
-        left = cgroupfs.pids(root, tree)
-        assert left == [procs[2].pid], [(p, fs.uid(p)) for p in left]
-        assert procs[1].wait(5) == -9
+        yield root, tree, path
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        for pid in cgroupfs.pids(root, tree):
-            os.kill(pid, 9)
-        time.sleep(0.2)
+
+        def emptied() -> bool:
+            for pid in cgroupfs.pids(root, tree):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return not cgroupfs.pids(root, tree)
+
+        poll(emptied, 30, step=0.05)
         for d in (path, path.parent, path.parent.parent):
             d.rmdir()
+
+
+def started_in(path: Path, *argv: str) -> subprocess.Popen[bytes]:
+    """`argv` started in the cgroup at `path` (it moves itself there, then execs)."""
+    return subprocess.Popen(["sh", "-c", f'echo $$ > {path}/cgroup.procs; exec "$@"', "sh", *argv])
+
+
+def test_her_fork_storm_and_her_subuids_leave_nothing_of_hers_in_her_tree():
+    """In her delegated subtree (any_user) every process but root's is hers, her user
+    namespace's subuids too; a loop that forks as fast as it can is listed and killed
+    until none is left, not for a fixed number of rounds. Root's process there lives."""
+    from lab.harness import poll
+
+    drop = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups"]
+    sub = ["setpriv", "--reuid=104242", "--regid=104242", "--clear-groups"]
+    with her_tree(4242, "hideout") as (root, tree, path):
+        procs = [
+            started_in(path, *argv)
+            for argv in (
+                [*drop, "sh", "-c", STORM],
+                [*sub, "sleep", "60"],
+                ["sleep", "60"],  # root's
+            )
+        ]
+        try:
+            poll(lambda: len(cgroupfs.pids(root, tree)) >= 50, 5, step=0.02)
+            listed = cgroupfs.pids(root, tree)
+            assert len(listed) >= 50  # a storm under way
+            fs = ProcFS()
+            tree_of = user_tree(tree)
+            assert tree_of is not None and tree_of[1] == 4242
+            count = cgroupfs.kill_uid(
+                root, tree, 4242, uid_of=fs.uid, cgroup_of=fs.cgroup, any_user=True
+            )
+            assert count >= len(listed) - 1  # all of them but root's, and the forks since
+            time.sleep(0.2)
+            left = cgroupfs.pids(root, tree)
+            assert left == [procs[2].pid], [(p, fs.uid(p)) for p in left]
+            assert procs[1].wait(5) == -9
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
 
 
 def test_a_fork_storms_parent_is_killed_first_not_at_random_among_its_children():
@@ -194,48 +212,30 @@ def test_a_fork_storms_parent_is_killed_first_not_at_random_among_its_children()
     thousands. Picked at random, its parent outlived every budget (a rescue ended with
     17,800 left); killed oldest first, as the kernel lists them, it goes first. A kill
     whose budget is spent before it starts signals one process: the storm's parent."""
-    from pathlib import Path
+    from lab.harness import poll
 
-    from lab.harness import CGROUP_ROOTS
-
-    root = CGROUP_ROOTS[0]
-    if os.geteuid() != 0 or not Path(root, "cgroup.procs").exists():
-        pytest.skip("no cgroup v2 hierarchy of ours to kill in")
-    tree = f"/sg-kill-{os.getpid()}.slice/user@4243.service/storm"
-    path = Path(root + tree)
-    path.mkdir(parents=True)
     hers = ["setpriv", "--reuid=4243", "--regid=4243", "--clear-groups", "sh", "-c"]
-    storm = subprocess.Popen(
-        ["sh", "-c", f'echo $$ > {path}/cgroup.procs; exec "$@"', "sh", *hers, STORM]
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while len(cgroupfs.pids(root, tree)) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(cgroupfs.pids(root, tree)) >= 1000  # a storm under way
-        fs = ProcFS()
-        count = cgroupfs.kill_uid(
-            root,
-            tree,
-            4243,
-            uid_of=fs.uid,
-            cgroup_of=fs.cgroup,
-            any_user=True,
-            until=time.monotonic(),
-        )
-        assert count == 1
-        assert storm.wait(5) == -signal.SIGKILL
-    finally:
-        if storm.poll() is None:
-            storm.kill()
-            storm.wait()
-        while pids := cgroupfs.pids(root, tree):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
-        for d in (path, path.parent, path.parent.parent):
-            d.rmdir()
+    with her_tree(4243, "storm") as (root, tree, path):
+        storm = started_in(path, *hers, STORM)
+        try:
+            poll(lambda: len(cgroupfs.pids(root, tree)) >= 1000, 20, step=0.05)
+            assert len(cgroupfs.pids(root, tree)) >= 1000  # a storm under way
+            fs = ProcFS()
+            count = cgroupfs.kill_uid(
+                root,
+                tree,
+                4243,
+                uid_of=fs.uid,
+                cgroup_of=fs.cgroup,
+                any_user=True,
+                until=time.monotonic(),
+            )
+            assert count == 1
+            assert storm.wait(5) == -signal.SIGKILL
+        finally:
+            if storm.poll() is None:
+                storm.kill()
+                storm.wait()
 
 
 def test_a_deep_or_wide_tree_of_hers_is_walked_within_bounds(tmp_path):

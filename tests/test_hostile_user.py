@@ -39,7 +39,7 @@ from lab.guardunit import (
     wait_log,
     write_config,
 )
-from lab.harness import UserManager, file_tree
+from lab.harness import UserManager, file_tree, poll
 from spark_guard.statefile import readers_gid
 
 pytestmark = pytest.mark.systemd
@@ -1186,12 +1186,12 @@ def test_her_many_blocked_units_are_a_few_lines_of_roots_note_and_state(stage: S
     names = [f"llama-many@{i}.service" for i in range(count)]
     stage.mum.systemctl("start", "--no-block", *names)
     try:
-        deadline = time.monotonic() + 90
-        while len(re.findall(r"^warning unit-blocked: ", log_text(stage.root)[offset:], re.M)) < (
-            count
-        ):
-            assert time.monotonic() < deadline, log_text(stage.root)[offset:][-3000:]
-            time.sleep(0.2)
+
+        def all_blocked() -> bool:
+            done = re.findall(r"^warning unit-blocked: ", log_text(stage.root)[offset:], re.M)
+            return len(done) >= count
+
+        assert poll(all_blocked, 90)[0], log_text(stage.root)[offset:][-3000:]
         note = (stage.root.base / "motd.d" / "spark-guard").read_text()
         lines = note.splitlines()
         assert sum("llama-many@" in ln for ln in lines) == ROWS_PER_MANAGER, note

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from lab import LAB
-from lab.harness import file_tree
+from lab.harness import file_tree, poll
 from lab.nspawn import Container
 
 pytestmark = pytest.mark.nspawn
@@ -341,11 +341,11 @@ def test_a_fake_manager_of_hers_in_her_init_scope_is_believed_by_none_of_roots_t
     fake = [f"{sockets}/private.fake", tree, "/home/alice/.config/systemd/user", "x.service"]
     run = ["systemd-run", "--user", "--unit=sg-fake", "python3", "/opt/fake-manager.py"]
     c.run(*run, *fake, user=ALICE)
-    deadline = time.monotonic() + 20
-    while c.run("test", "-S", f"{sockets}/private.fake", check=False).returncode:
-        journal = c.run("journalctl", "--user-unit=sg-fake", "-n", "20", check=False).stdout
-        assert time.monotonic() < deadline, f"the fake never listened:\n{journal}"
-        time.sleep(0.1)
+    listening, _ = poll(
+        lambda: not c.run("test", "-S", f"{sockets}/private.fake", check=False).returncode, 20
+    )
+    journal = c.run("journalctl", "--user-unit=sg-fake", "-n", "20", check=False).stdout
+    assert listening, f"the fake never listened:\n{journal}"
     pid = c.show("sg-fake.service", "MainPID", user=ALICE)["MainPID"]
     # The unified hierarchy's (a hybrid host's is at /sys/fs/cgroup/unified): the kernel's
     # word the guard reads first.

@@ -297,8 +297,8 @@ def test_a_look_over_thousands_of_processes_tells_the_watchdog_it_goes_on():
     gives the sensor is called within the look, not only after it."""
     import signal
     import subprocess
-    import time
 
+    from lab.harness import poll
     from spark_guard import log
     from spark_guard.core.config import Config
     from spark_guard.sense import Sensor
@@ -311,9 +311,8 @@ def test_a_look_over_thousands_of_processes_tells_the_watchdog_it_goes_on():
     )
     beats: list[int] = []
     try:
-        while sum(name.isdigit() for name in os.listdir("/proc")) < n:
-            assert crowd.poll() is None
-            time.sleep(0.05)
+        crowded, _ = poll(lambda: sum(name.isdigit() for name in os.listdir("/proc")) >= n, 60)
+        assert crowded and crowd.poll() is None
         sensor = Sensor(Config(gpu=False), log.get_logger(), heartbeat=lambda: beats.append(1))
         try:
             sensor.snapshot(rescue=False)
