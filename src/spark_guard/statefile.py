@@ -8,7 +8,6 @@ new, never half).
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import json
 import os
@@ -19,7 +18,7 @@ from typing import Any, TypedDict, TypeVar, cast
 
 from .block.records import Record
 from .core.snapshot import Action, Decision, Loader, Snapshot
-from .system.safefs import MAKEDIRS, own_tree
+from .system.safefs import MAKEDIRS, as_user, own_tree
 
 T = TypeVar("T")
 
@@ -280,13 +279,11 @@ class Publisher:
             "written_at": time.time(),
             "written_boot": time.clock_gettime(time.CLOCK_BOOTTIME),
         }
-        # Parent directories made as needed; the group given once the file is in place (a
-        # moment of root:root 0640 between tells no one anything).
+        # Parent directories made as needed; the group given before the file is in place
+        # (an admin's `status` between a write and a chown was refused).
         data = json.dumps(written, indent=1).encode()
-        own_tree().write(self.path, data, mode=STATE_MODE, create=MAKEDIRS)
-        if self.gid and os.geteuid() == 0:
-            with contextlib.suppress(OSError):
-                os.chown(self.path, -1, self.gid, follow_symlinks=False)
+        with as_user(0, self.gid):  # the file is made with the group, no chown after
+            own_tree().write(self.path, data, mode=STATE_MODE, create=MAKEDIRS)
         self._last, self._at = state, now
         return written
 
