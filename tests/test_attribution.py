@@ -92,5 +92,5 @@ def test_a_process_in_user_at_uid_service_itself_is_hers_never_pid1s():
 def test_the_guards_own_unit_is_never_split():
     guard = UnitRef("system", "spark-guard.service")
     groups: dict[UnitRef, list[attribution.Proc]] = {guard: [(1, 10, None), (2, 10, None)]}
-    split, _, what = attribution.split_jobs(groups, {}, lambda p, _: {1: 0, 2: 1000}[p], guard)
+    split, _, what, _ = attribution.split_jobs(groups, {}, lambda p, _: {1: 0, 2: 1000}[p], guard)
     assert split == groups and what == {}

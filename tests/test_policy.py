@@ -260,6 +260,49 @@ def test_duplicate_between_two_users_the_first_started_stays():
     assert [u for u, _, _ in refused(later_a, b)] == ["user:1000:llama.service"]
 
 
+def job_in(uid, host, since, argv):
+    """A user's process split off a service of root's (attribution.split_jobs): her group."""
+    cgroup = f"/system.slice/{host}"
+    return SeenUnit(
+        UnitRef(f"user:{uid}", cgroup),
+        pids=(200,),
+        cmdlines=(argv,),
+        active_since=since,
+        cgroup=cgroup,
+        group=f"uid {uid}'s job in {host}",
+        within=UnitRef("system", host),
+    )
+
+
+def test_a_server_roots_unit_runs_as_a_user_keeps_its_model_over_a_users_earlier_copy():
+    """Issue 40, H11: `ExecStart=runuser -u bob -- llama-server -m X` in a unit of PID 1's.
+    The server runs as bob, a login-range uid, so it is split off its unit as bob's job
+    (a user's cron job must never rank as root's unit). It lost its model to her fake,
+    started earlier. A job that root's unit runs by name ranks after root's own units and
+    before every other user's copy; a job root's unit does not name (her crontab's, in
+    cron.service) ranks as hers."""
+    admins = unit("llama.service", 30.0, ("runuser", "-u", "bob", "--", *LLAMA_QWEN))
+    bobs = job_in(1001, "llama.service", 30.0, LLAMA_QWEN)
+    fake = unit("user:1000:fake.service", 1.0, LLAMA_QWEN)
+    got = refused(fake, admins, bobs)
+    assert [(u, r) for u, r, _ in got] == [("user:1000:fake.service", "duplicate")], got
+    assert "root's unit keeps it over a user's copy" in got[0][2]
+    assert "/system.slice/llama.service" in got[0][2]
+
+    # Her job in cron.service, started first: cron.service does not run it by name.
+    cron = unit("cron.service", 1.0, ("/usr/sbin/cron", "-f"))
+    hers = job_in(1000, "cron.service", 2.0, LLAMA_QWEN)
+    got = refused(cron, hers, admins, bobs)
+    assert [u for u, _, _ in got] == ["user:1000:/system.slice/cron.service"], got
+    # ...nor does her job take a model from root's own unit, whatever started first.
+    root_own = unit("llama-root.service", 40.0, LLAMA_QWEN)
+    got = refused(cron, hers, root_own)
+    assert [u for u, _, _ in got] == ["user:1000:/system.slice/cron.service"], got
+    # And a job run by name ranks after root's own units.
+    got = refused(admins, bobs, root_own)
+    assert [u for u, _, _ in got] == ["user:1001:/system.slice/llama.service"], got
+
+
 def test_duplicate_within_one_manager_the_first_started_stays():
     a = unit("llama-a.service", 5.0, LLAMA_QWEN)
     b = unit("llama-b.service", 4.0, LLAMA_QWEN)

@@ -250,7 +250,9 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     procs = {10: 0, 11: 1000, 12: 1001, 13: 61200, 14: 64055, 15: 101000, 16: 70000}
     ref = UnitRef("system", "cron.service")
     groups: dict[UnitRef, list[attribution.Proc]] = {ref: [(pid, 1 << 20, 0) for pid in procs]}
-    split, cgroups, what = attribution.split_jobs(groups, {ref: cron}, lambda p, _: procs[p])
+    split, cgroups, what, within = attribution.split_jobs(
+        groups, {ref: cron}, lambda p, _: procs[p]
+    )
     assert {str(r): [p for p, _, _ in v] for r, v in split.items()} == {
         "cron.service": [10, 13, 14],
         f"user:1000:{cron}": [11],
@@ -260,6 +262,7 @@ def test_a_users_process_in_roots_unit_is_hers_by_its_uid(tmp_path):
     }
     assert what[UnitRef("user:1000", cron)] == "uid 1000's job in cron.service"
     assert cgroups[UnitRef("user:1000", cron)] == cron
+    assert within[UnitRef("user:1000", cron)] == ref
     make_proc(
         tmp_path / "proc",
         {

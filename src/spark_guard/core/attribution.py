@@ -170,15 +170,19 @@ def split_jobs(
     cgroups: Mapping[UnitRef, str],
     uid: Callable[[int, int], int | None],
     guard: UnitRef | None = None,
-) -> tuple[dict[UnitRef, list[Proc]], dict[UnitRef, str], dict[UnitRef, str]]:
+) -> tuple[
+    dict[UnitRef, list[Proc]], dict[UnitRef, str], dict[UnitRef, str], dict[UnitRef, UnitRef]
+]:
     """A user's processes in a service of root's managers (her crontab's jobs in Debian's
     cron.service, which has no pam_systemd; a .forward pipe exim runs; her job run as
     one of her subuids) are hers: a group of her level, judged and killed alone; the
     unit's evidence and memory are its own processes' only. Hers by the kernel's word:
     a user's uid (human()) that is not the one the service runs as (the lowest among its
     processes: its main process came first). `uid(pid, memory)`: a process's real uid.
-    Returns the processes by unit and group, their cgroups, and what each group is."""
+    Returns the processes by unit and group, their cgroups, what each group is, and the
+    service each group is a job in."""
     out, where, what = dict(groups), dict(cgroups), {}
+    within: dict[UnitRef, UnitRef] = {}
     for ref in [r for r in groups if r.manager in ROOTS and r.name.endswith(".service")]:
         if ref == guard:
             continue
@@ -195,5 +199,6 @@ def split_jobs(
             out[group] = [*out[group], *(p for p in procs if theirs.get(p[0]) == who)]
             where.setdefault(group, own)
             what[group] = f"uid {who}'s job in {ref}"
+            within[group] = ref
         out[ref] = [p for p in procs if p[0] not in theirs]
-    return out, where, what
+    return out, where, what, within

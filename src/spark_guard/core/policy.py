@@ -24,14 +24,13 @@ from .classify import (
     classify,
     is_protected,
     launched_containers,
-    loaded_models,
 )
 from .config import Config, Steady
+from .duplicates import duplicates, start_order
 from .leaving import leaving, running
 from .quantities import format_size
 from .snapshot import (
     CONTAINER,
-    SYSTEM,
     Action,
     ActionKind,
     Decision,
@@ -45,7 +44,6 @@ from .snapshot import (
     UnitRef,
     judged,
     server_managers,
-    user_manager,
 )
 from .text import printable
 
@@ -82,28 +80,6 @@ def slope(history: Iterable[tuple[float, int]], window: float, now: float) -> fl
     if den == 0:
         return 0.0
     return sum((t - mt) * (v - mv) for t, v in pts) / den
-
-
-def _start_order(loader: Loader) -> tuple[float, str]:
-    since = loader.seen.active_since
-    return (since if since is not None else float("inf"), str(loader.ref))
-
-
-# Managers whose units are root's: PID 1 and root's own user manager.
-_ROOTS = (SYSTEM, user_manager(0))
-
-
-def _roots(loader: Loader) -> bool:
-    """A loader of root's: a unit of PID 1 or of root's own manager, or a container of an
-    engine of root's (its peer is checked, system/engine.py). A user's rootless
-    container is hers."""
-    return loader.ref.manager in (CONTAINER, *_ROOTS)
-
-
-def _keep_order(loader: Loader) -> tuple[bool, float, str]:
-    """Who keeps a model loaded twice: root's before any other user's (the admin's loader
-    is not taken over by a user who started first), then the one that started first."""
-    return (not _roots(loader), *_start_order(loader))
 
 
 def _figures(
@@ -159,7 +135,7 @@ def admit(
     """
     pending = 0
     refused = []
-    for loader in sorted(loaders, key=_start_order):
+    for loader in sorted(loaders, key=start_order):
         if loader.expected is None:
             continue
         left = available - pending - remaining(loader)
@@ -306,22 +282,14 @@ def decide(snapshot: Snapshot, config: Config) -> Decision:
     if current_phase == STEADY and config.steady == Steady.OFF:
         return decision(())
 
-    # The same model loaded twice: root's unit (system, or root's user manager) keeps it
-    # over another user's, else the first started does. Loaded means mapped, or given to a
-    # known loader: a path merely named (`sleep infinity /srv/models/x.gguf`) is no load.
-    by_model: dict[str, Loader] = {}
-    for loader in sorted(loaders, key=_keep_order):
-        for model in loaded_models(loader.seen):
-            first = by_model.setdefault(model, loader)
-            if first is not loader:
-                over = _roots(first) and not _roots(loader)
-                act(
-                    loader,
-                    Reason.DUPLICATE,
-                    f"{printable(model, SHOWN_PATH_MAX)} is already loaded by "
-                    f"{printable(first.ref)}"
-                    + ("; root's unit keeps it over a user's copy" if over else ""),
-                )
+    # The same model loaded twice: root's keeps it, else the first started (duplicates.py).
+    for loader, model, first, over in duplicates(loaders, snapshot.units):
+        act(
+            loader,
+            Reason.DUPLICATE,
+            f"{printable(model, SHOWN_PATH_MAX)} is already loaded by {printable(first.ref)}"
+            + ("; root's unit keeps it over a user's copy" if over else ""),
+        )
 
     if current_phase == STRICT:
         _, refused = admit((ld for ld in loaders if str(ld.ref) not in actions), available, reserve)

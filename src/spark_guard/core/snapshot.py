@@ -363,6 +363,10 @@ class SeenUnit:
     # user@UID.service, a user's job inside a system unit): what it is. Judged as a unit
     # of her level (ref.manager is her user:UID); a stop kills its processes of her uid.
     group: str = ""
+    # A user's job inside a service of root's managers (split_jobs()): that service. When
+    # its ExecStart= runs this load by name (`runuser -u bob -- llama-server -m X`: the
+    # admin wrote it), the job keeps a model loaded twice as root's units do (H11).
+    within: UnitRef | None = None
 
     # A container (ref.manager == CONTAINER): what its engine said of it.
     container: ContainerFacts | None = None

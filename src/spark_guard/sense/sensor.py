@@ -191,7 +191,7 @@ class Sensor:
         memory = memory or self.proc.memory()
         gpu = self._gpu_processes(now)
         groups, cgroups, containers, what = self._walk(gpu)
-        groups, cgroups, jobs = attribution.split_jobs(
+        groups, cgroups, jobs, within = attribution.split_jobs(
             groups, cgroups, self.units.uid, self.guard_unit
         )
         what.update(jobs)
@@ -234,8 +234,8 @@ class Sensor:
                 container=containers.get(ref),
                 ask=self._ask if ref.manager in self.managers else out_of_view,
             )
-            if ref in starting:
-                seen = replace(seen, starting=True)
+            if ref in starting or ref in within:
+                seen = replace(seen, starting=ref in starting, within=within.get(ref))
             if ref in unmanaged:
                 seen = replace(seen, unmanaged=unmanaged[ref])
             units.append(seen)
