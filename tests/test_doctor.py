@@ -236,6 +236,22 @@ def test_a_missing_nvml_binding_is_cannot_tell_never_a_dead_driver():
     assert "driver-level" not in {f.code for f in report.findings}
 
 
+def test_a_manager_doctor_did_not_reach_is_said_and_never_a_clean_exit():
+    """Issue 40, H5: her manager out of view (her socket renamed), doctor listed no loader
+    of hers and a healthy GPU exited 0. Each manager it did not reach is a warning of
+    its application step: the loaders there were not listed, and audit says what runs."""
+    from spark_guard.system.gpu import GpuFacts
+
+    facts = GpuFacts("no-library", "libnvidia-ml.so.1 not found")  # a machine with no GPU
+    why = "user:1101: pid 77 on /run/user/1101/systemd/private is not this user's systemd"
+    report = judge(Evidence(facts, False, 0, "not-found", unreached=(why,)))
+    unreached = [f for f in report.findings if f.code == "manager-unreached"]
+    assert [(f.step, f.severity.name) for f in unreached] == [("application", "WARNING")]
+    assert why in unreached[0].message and "spark-guard audit" in unreached[0].fix
+    assert report.exit_code == 1
+    assert judge(Evidence(facts, False, 0, "not-found")).exit_code == 0
+
+
 def test_a_loaders_cuda_line_is_known_by_its_tag_when_journald_lost_its_unit():
     """A process that prints its CUDA error and exits at once is often gone before journald
     reads its cgroup: the line has no unit, and only its SYSLOG_IDENTIFIER names it."""

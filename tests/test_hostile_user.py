@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1288,3 +1289,188 @@ def test_rescue_stops_her_running_loader_not_her_thousand_files_that_never_run(
             *names,
         )
         stage.mum.systemctl("daemon-reload")
+
+
+# --- issue 40, H1, H4, H10: her manager is a peer the guard talks to, never waits on ------
+
+
+def _her_manager(stage: Stage) -> Any:
+    """The project's own Manager for her, connected and verified as the daemon's is."""
+    from spark_guard.system.managers import connect_to
+
+    return connect_to(stage.key, "/nonexistent/systemd/private", str(stage.root.user_runtime))
+
+
+def _rss(pid: str = "self") -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)[1]) * 1024  # type: ignore[index]
+
+
+def test_her_managers_chatter_never_piles_up_in_the_guard(stage: Stage) -> None:
+    """Issue 40, H1: systemd sends UnitNew, JobNew, PropertiesChanged... to every client of
+    its private socket. On the connection the guard held open to her manager, her churn
+    of start/stop jobs queued up between two calls (96,260 messages after 9 s), and the
+    next call read them all with the GIL held: 1.41 s, the guard's RSS 28 -> 167 MiB,
+    over its MemoryMax=128M. Each call to her manager is on a connection of its own now:
+    nothing of hers waits in the guard for the next one."""
+    target = stage.mum.unit_dir / "g@.target"
+    stage.mallory.run(PY, "-c", f"open({str(target)!r}, 'w').write('[Unit]\\nDescription=g\\n')")
+    cycles = stage.mallory.home / "cycles"
+    units = "$$(seq -f g@%%g.target 0 99)"
+    stage.her_unit(
+        "churn.service",
+        "/bin/sh -c 'n=0; while :; do systemctl --user start "
+        f"{units}; systemctl --user stop {units}; n=$$((n+1)); echo $$n > {cycles}; done'",
+    )
+    m = _her_manager(stage)
+    guard_pid = stage.guard_props()["MainPID"]
+    try:
+        stage.mum.systemctl("start", "churn.service")
+        done, _ = poll(lambda: cycles.exists() and int(cycles.read_text() or 0) >= 30, 120)
+        assert done, stage.mum.show("churn.service", "ActiveState")
+        before = _rss()
+        began = time.monotonic()
+        states = m.unit_states(["churn.service", "g@0.target"])
+        took, grew = time.monotonic() - began, _rss() - before
+        assert states["churn.service"].active_state == "active", states
+        assert took < 0.5, took
+        assert grew < 8 << 20, grew
+        assert _rss(guard_pid) < 100 << 20, _rss(guard_pid)  # (MemoryMax=128M shipped)
+    finally:
+        m.close()
+        stage.mum.systemctl("stop", "churn.service", check=False)
+        stage.mallory.run("rm", "-f", str(target), str(cycles))
+
+
+def test_her_busy_manager_never_stalls_the_guards_other_threads(stage: Stage) -> None:
+    """Issue 40, H10: her manager kept busy listing thousands of her unit files is not
+    stopped or frozen, so it is asked; a pystemd call to it waited with the GIL held,
+    and every thread of the guard stopped with it (1,000 files: 1.2-1.3 s a call;
+    2,000: 5 s). Her manager is asked with the GIL free, within a deadline: the guard's
+    other threads run on while it is slow."""
+    from spark_guard.system.managers import DETAILS_TIMEOUT, ManagerError
+
+    count = 3000
+    names = [f"idle-{i}.service" for i in range(count)]
+    stage.mallory.run(
+        PY,
+        "-c",
+        "import sys, pathlib; d = pathlib.Path(sys.argv[1]); "
+        "[(d / n).write_text('[Service]\\nExecStart=/bin/true\\n') for n in sys.argv[2:]]",
+        str(stage.mum.unit_dir),
+        *names,
+    )
+    busy = stage.mallory.home / "busy"
+    stage.mallory.run("touch", str(busy))
+    loop = f"while [ -e {busy} ]; do systemctl --user list-unit-files >/dev/null; done"
+    stage.her_unit("busy.service", f"/bin/sh -c '{loop} & {loop} & wait'")
+    m = _her_manager(stage)
+    gaps = [0.0]
+    stop = threading.Event()
+
+    def tick() -> None:
+        last = time.monotonic()
+        while not stop.wait(0.01):
+            now = time.monotonic()
+            gaps[0] = max(gaps[0], now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    took = []
+    try:
+        stage.mum.systemctl("start", "busy.service")
+        ticker.start()
+        for _ in range(5):
+            began = time.monotonic()
+            with contextlib.suppress(ManagerError):
+                m.silent_until = 0.0  # asked each time, as if its silence were over
+                m.unit_states(["busy.service"])
+            took.append(time.monotonic() - began)
+    finally:
+        stop.set()
+        m.close()
+        stage.mallory.run("rm", "-f", str(busy))
+        stage.mum.systemctl("stop", "busy.service", check=False)
+        stage.mallory.run(
+            PY,
+            "-c",
+            "import sys, pathlib; [(pathlib.Path(sys.argv[1]) / n).unlink() for n in sys.argv[2:]]",
+            str(stage.mum.unit_dir),
+            *names,
+        )
+        stage.mum.systemctl("daemon-reload")
+    assert max(took) < DETAILS_TIMEOUT + 0.5, took
+    assert gaps[0] < 0.5, (gaps[0], took)
+
+
+@pytest.mark.parametrize("accept", ["no", "yes"])
+def test_her_socket_unit_where_her_manager_listens_is_not_believed(
+    stage: Stage, accept: str
+) -> None:
+    """Issue 40, H4: a `.socket` unit of hers listening beside her manager's private
+    socket, then renamed onto it. Her manager made the listener, so SO_PEERCRED names
+    her manager and every check of the listener passed; her service answered each call
+    in 4.5 s, any state she liked. The guard now asks her manager only on a connection
+    whose other end her manager holds, and no other process of hers (Accept=no: her
+    service holds it; Accept=yes: the instance spawned for it): her service is never
+    sent a call, and the guard goes on, her manager out of view, until she puts it back."""
+    systemd_dir = stage.mum.runtime / "systemd"
+    log = stage.mallory.home / f"bus-{accept}.log"
+    service = "bus@.service" if accept == "yes" else "bus.service"
+    stdin = "StandardInput=socket\n" if accept == "yes" else ""
+    stage.her_unit(service, f"{PY} {LAB}/socket_bus.py {log}", extra=stdin)
+    socket_unit = stage.mum.unit_dir / "bus.socket"
+    text = f"[Socket]\nListenStream=%t/systemd/private2\nAccept={accept}\nRemoveOnStop=yes\n"
+    stage.mallory.run(PY, "-c", f"open({str(socket_unit)!r}, 'w').write({text!r})")
+    stage.mum.systemctl("daemon-reload")
+    stage.mum.systemctl("start", "bus.socket")
+    offset = len(log_text(stage.root))
+    stage.mallory.sh(f"cd '{systemd_dir}'; mv private private.real; mv private2 private")
+    try:
+        refused = wait_log(
+            stage.root, rf"^warning manager-untrusted: .*{stage.key}.*$", 30, offset
+        ).group(0)
+        assert "a socket unit's, not the manager's own" in refused, refused
+        assert not log.exists() or "call" not in log.read_text(), log.read_text()
+        assert stage.state()["decision_seconds"] < 3, stage.state()["decision_seconds"]
+    finally:
+        offset = len(log_text(stage.root))
+        stage.mallory.sh(f"cd '{systemd_dir}'; mv private private2; mv private.real private")
+        stage.mum.systemctl("stop", "bus.socket", check=False)
+        stage.mallory.run("rm", "-f", str(socket_unit), str(log))
+        stage.mum.systemctl("daemon-reload")
+    wait_log(stage.root, rf"manager-connected: watching {stage.key} manager", 30, offset)
+
+
+def test_her_manager_gets_a_time_budget_in_roots_tools_then_the_kernels_view(
+    stage: Stage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40, H9: thousands of unit files of hers, each a dozen calls to read: rescue's
+    inventory spent her manager's time before PID 1's loaders and her running one. A
+    user's manager is read within USER_SECONDS (here none at all); past it she is not
+    listed whole, root's tools say so, and her running loader is judged by what the
+    kernel shows, as the daemon judges it. Root's own managers have no such budget."""
+    import dataclasses
+
+    import structlog
+
+    from spark_guard import config as config_mod
+    from spark_guard.sense.sensor import sense_once
+    from spark_guard.tools import inventory
+
+    stage.her_unit("llama-live.service", f"{stage.server} -m {stage.tiny}")
+    stage.mum.systemctl("start", "llama-live.service")
+    try:
+        config = config_mod.load_for_command(stage.root.base / "guard.toml")
+        assert config is not None
+        monkeypatch.setattr(inventory, "USER_SECONDS", 0.0)
+        inv = inventory.collect(config)
+        assert stage.key not in inv.managers and "user:0" in inv.managers, inv.managers
+        said = [u for u in inv.unreached if u.startswith(f"{stage.key}: not listed whole")]
+        assert said, inv.unreached
+        what_runs = dataclasses.replace(config, gpu=False, containers=False)
+        snapshot, _, _ = sense_once(what_runs, structlog.get_logger())
+        loose = inventory.unlisted(snapshot, config, inv.managers)
+        assert [str(ld.ref) for ld in loose] == [f"{stage.key}:llama-live.service"], loose
+    finally:
+        stage.mum.systemctl("stop", "llama-live.service")

@@ -11,10 +11,11 @@ The same for FreezeUnit, which systemd answers only once the kernel has frozen t
 cgroup: a loader in an uninterruptible wait (an NVIDIA ioctl) holds the answer back,
 and pystemd would hold the GIL, and every thread of the guard, the whole bus timeout.
 
-Just what Properties.Get and FreezeUnit need: marshal one method call, read messages until
-its reply, unmarshal the basic types, arrays, structs and variants systemd's
-unit properties use. The D-Bus specification, "Message Protocol": a 16-byte
-fixed header, header fields a(yv), the body 8-aligned after them.
+Every call to a user's manager goes this way (managers.py), and PID 1's FreezeUnit:
+marshal one method call (arguments of the basic types and arrays of them), read
+messages until its reply, unmarshal the basic types, arrays, structs and variants
+systemd's unit properties and Manager methods use. The D-Bus specification, "Message
+Protocol": a 16-byte fixed header, header fields a(yv), the body 8-aligned after them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.text import printable
@@ -45,7 +48,11 @@ class WireError(Exception):
 
 
 class TooBig(WireError):
-    """The reply is over the caller's cap: refused unread."""
+    """The reply is over the caller's cap: refused unread. `serial`: the call it answers."""
+
+    def __init__(self, text: str, serial: int = 0) -> None:
+        super().__init__(text)
+        self.serial = serial
 
 
 class NoAnswer(WireError):
@@ -76,15 +83,49 @@ def _put_string(buf: bytearray, code: str, text: bytes) -> None:
     buf.extend(text + b"\0")
 
 
+def _put(buf: bytearray, code: str, value: Any) -> None:
+    """One value of the complete type `code`: the basic types, and arrays of them."""
+    if code[0] == "a":
+        _pad(buf, 4)
+        at = len(buf)
+        buf.extend(b"\0\0\0\0")
+        _pad(buf, _ALIGN.get(code[1], 1))
+        start = len(buf)
+        for item in value:
+            _put(buf, code[1:], item)
+        buf[at : at + 4] = struct.pack("<I", len(buf) - start)
+        return
+    if code in "sog":
+        _put_string(buf, code, value.encode() if isinstance(value, str) else bytes(value))
+        return
+    if code not in _FORMAT:
+        raise WireError(f"D-Bus type {code!r} not written here")
+    _pad(buf, _ALIGN[code])
+    buf.extend(struct.pack("<" + _FORMAT[code], int(value)))
+
+
 def method_call(
-    serial: int, destination: bytes, path: bytes, interface: bytes, member: bytes, *args: bytes
+    serial: int,
+    destination: bytes,
+    path: bytes,
+    interface: bytes,
+    member: bytes,
+    *args: Any,
+    signature: str | None = None,
 ) -> bytes:
-    """A little-endian method call whose body is `args`, each a string ('s')."""
+    """A little-endian method call whose body is `args`, of `signature` (the basic types
+    and arrays of them; None: each a string, 's')."""
+    if signature is None:
+        signature = "s" * len(args)
     body = bytearray()
+    j = 0
     for a in args:
-        _put_string(body, "s", a)
+        k = _complete(signature, j)
+        _put(body, signature[j:k], a)
+        j = k
+    if j != len(signature):
+        raise WireError(f"{len(args)} arguments for signature {signature!r}")
     fields = bytearray()
-    signature = b"s" * len(args)
     items: list[tuple[int, str, bytes]] = [
         (F_PATH, "o", path),
         (F_INTERFACE, "s", interface),
@@ -92,7 +133,7 @@ def method_call(
         (F_DESTINATION, "s", destination),
     ]
     if signature:
-        items.append((F_SIGNATURE, "g", signature))
+        items.append((F_SIGNATURE, "g", signature.encode()))
     for code, kind, value in items:
         _pad(fields, 8)
         fields.append(code)
@@ -240,12 +281,30 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
 
 
 def read_reply(
-    sock: socket.socket, serial: int, deadline: float, cap: int, signature: str | None
+    sock: socket.socket,
+    serial: int,
+    deadline: float,
+    cap: int,
+    signature: str | None,
+    returns: str | None = None,
 ) -> tuple[str, Any]:
-    """The reply to call `serial`, a variant of `signature` (None: a reply with no value):
+    """The reply to call `serial`, a variant of `signature` (None: a reply with no value),
+    or, given `returns`, one value of that signature (a method's out-argument):
     ("ok", its value) or ("error", its name and text). Other messages (the signals systemd
     sends every client) are read past, each one bounded; another signature is an error."""
-    while True:
+    return read_replies(sock, {serial: (signature, returns)}, deadline, cap)[serial]
+
+
+def read_replies(
+    sock: socket.socket,
+    wanted: dict[int, tuple[str | None, str | None]],
+    deadline: float,
+    cap: int,
+) -> dict[int, tuple[str, Any]]:
+    """The replies to the calls `wanted` (serial -> read_reply's `signature`, `returns`),
+    in whatever order they come, each read as read_reply reads one."""
+    out: dict[int, tuple[str, Any]] = {}
+    while len(out) < len(wanted):
         fixed = _recv_exactly(sock, FIXED, deadline)
         endian = {b"l"[0]: "<", b"B"[0]: ">"}.get(fixed[0])
         if endian is None:
@@ -263,35 +322,85 @@ def read_reply(
             HEADER_VARIANTS,
         )
         header = dict(fields)
-        mine = header.get(F_REPLY_SERIAL) == serial and kind in (METHOD_RETURN, ERROR)
+        serial = header.get(F_REPLY_SERIAL)
+        if not isinstance(serial, int) or serial in out or kind not in (METHOD_RETURN, ERROR):
+            serial = 0  # (a signal, a reply already read, a peer's string for a serial)
+        mine = serial in wanted
         if body_len > cap:
             if mine:
-                raise TooBig(f"a reply of {body_len} bytes, over {cap}")
+                raise TooBig(f"a reply of {body_len} bytes, over {cap}", serial)
             raise TooBig(f"a message of {body_len} bytes before the reply")
         body = _recv_exactly(sock, body_len, deadline)
-        if not mine:
-            continue
-        said = header.get(F_SIGNATURE, "")
-        at = FIXED + len(fields_raw)
-        if kind == ERROR:
-            text = unmarshal("s", body, endian, at)[0] if said == "s" else ""
-            return "error", f"{printable(str(header.get(F_ERROR_NAME, '?')), 128)}: " + (
-                printable(text, 256)
-            )
-        if signature is None and not said:
-            return "ok", None
-        if said != "v" or signature is None:
-            raise WireError(f"a reply of signature {printable(str(said), 32)!r}, not {signature!r}")
-        (value,) = unmarshal("v", body, endian, at, frozenset({signature}))
+        if mine:
+            at = FIXED + len(fields_raw)
+            out[serial] = _answer(kind, header, body, endian, at, *wanted[serial])
+    return out
+
+
+def _answer(
+    kind: int,
+    header: dict[int, Any],
+    body: bytes,
+    endian: str,
+    at: int,
+    signature: str | None,
+    returns: str | None,
+) -> tuple[str, Any]:
+    said = header.get(F_SIGNATURE, "")
+    if kind == ERROR:
+        text = unmarshal("s", body, endian, at)[0] if said == "s" else ""
+        name = printable(str(header.get(F_ERROR_NAME, "?")), 128)
+        return "error", f"{name}: {printable(text, 256)}"
+    if returns is not None and said == returns:
+        (value,) = unmarshal(returns, body, endian, at)
         return "ok", value
+    if signature is None and returns is None and not said:
+        return "ok", None
+    if said != "v" or signature is None:
+        wanted = returns or signature
+        raise WireError(f"a reply of signature {printable(str(said), 32)!r}, not {wanted!r}")
+    (value,) = unmarshal("v", body, endian, at, frozenset({signature}))
+    return "ok", value
 
 
-def get_property(
-    address: str, path: bytes, interface: bytes, prop: bytes, *, signature: str, **how: Any
-) -> Any:
-    """One property of object `path`, of D-Bus type `signature` (call()'s `how`)."""
-    properties = b"org.freedesktop.DBus.Properties"
-    return call(address, path, properties, b"Get", interface, prop, reply=signature, **how)
+def _authenticate(sock: socket.socket, deadline: float) -> None:
+    """SASL's EXTERNAL, answered OK within the deadline. BEGIN with the AUTH, as sd-bus's
+    own clients send it, and the call only after the OK: a call that reaches systemd in
+    one read with BEGIN is left in its buffer until the next event on the socket
+    (measured: answered only when the client hung up)."""
+    uid = str(os.geteuid()).encode().hex().encode()
+    sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n")
+    line = b""
+    while not line.endswith(b"\r\n"):
+        line += _recv_exactly(sock, 1, deadline)
+        if len(line) > 512:
+            raise WireError("no D-Bus handshake")
+    if not line.startswith(b"OK "):
+        raise WireError("the D-Bus handshake was refused")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One method call: `args` of `signature` (None: strings), its answer a variant of
+    `reply` or one value of `returns` (both None: a method that returns nothing)."""
+
+    path: bytes
+    interface: bytes
+    member: bytes
+    args: tuple[Any, ...] = ()
+    signature: str | None = None
+    reply: str | None = None
+    returns: str | None = None
+
+
+def _named(e: TooBig, requests: list[Request]) -> TooBig:
+    """A reply over the cap, named by what it answers (one of several calls: a property)."""
+    if len(requests) < 2 or not 0 < e.serial <= len(requests):
+        return e
+    asked = requests[e.serial - 1]
+    label = asked.args[-1] if asked.args else asked.member
+    what = label.decode(errors="replace") if isinstance(label, bytes) else str(label)
+    return TooBig(f"{what}: {e}", e.serial)
 
 
 def call(
@@ -299,18 +408,37 @@ def call(
     path: bytes,
     interface: bytes,
     member: bytes,
-    *args: bytes,
+    *args: Any,
     reply: str | None,
+    signature: str | None = None,
+    returns: str | None = None,
+    **how: Any,
+) -> Any:
+    """One method call (calls()'s `how`): its value, or WireError with what it answered."""
+    request = Request(path, interface, member, args, signature, reply, returns)
+    kind, value = calls(address, [request], **how)[0]
+    if kind == "error":
+        raise WireError(value)
+    return value
+
+
+def calls(
+    address: str,
+    requests: list[Request],
+    *,
     timeout: float,
     cap: int,
     peer_pid: int = 0,
     destination: bytes = b"org.freedesktop.systemd1",
-) -> Any:
-    """One method call with string arguments, on a fresh peer-to-peer connection to
-    `address` (a manager's private socket), in plain Python: the GIL is free while it
-    waits. Its value, a variant of `reply` (None: a method that returns nothing); refused
-    over `cap` bytes, or of another type; given up after `timeout` seconds (NoAnswer).
-    `peer_pid`: the process that must answer (SO_PEERCRED), when known."""
+    vouch: Callable[[socket.socket], None] | None = None,
+) -> list[tuple[str, Any]]:
+    """Method calls on one fresh peer-to-peer connection to `address` (a manager's private
+    socket), in plain Python: the GIL is free while it waits, and no signal of the
+    manager's is left queued after it. Each answer ("ok", its value) or ("error", what
+    the manager said), in the order asked; each reply refused over `cap` bytes, or of
+    another type; all given up after `timeout` seconds (NoAnswer). `peer_pid`: the
+    process that must answer (SO_PEERCRED), when known; `vouch`: a check of the
+    connection once the peer has answered the handshake (raises), before any call."""
     deadline = time.monotonic() + timeout
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -320,36 +448,37 @@ def call(
         sock.settimeout(timeout)
         try:
             sock.connect(address)
-            if peer_pid:
-                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                pid = struct.unpack("3i", creds)[0]
-                if pid != peer_pid:
-                    raise WireError(f"pid {pid} answers, not the manager's pid {peer_pid}")
-            uid = str(os.geteuid()).encode().hex().encode()
-            # BEGIN with the AUTH, as sd-bus's own clients send it, and the call only after
-            # the OK: a call that reaches systemd in one read with BEGIN is left in its
-            # buffer until the next event on the socket (measured: answered only when the
-            # client hung up).
-            sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n")
-            line = b""
-            while not line.endswith(b"\r\n"):
-                more = _recv_exactly(sock, 1, deadline)
-                line += more
-                if len(line) > 512:
-                    raise WireError("no D-Bus handshake")
-            if not line.startswith(b"OK "):
-                raise WireError("the D-Bus handshake was refused")
-            sock.sendall(method_call(1, destination, path, interface, member, *args))
+            pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            if peer_pid and pid != peer_pid:
+                raise WireError(f"pid {pid} answers, not the manager's pid {peer_pid}")
+            _authenticate(sock, deadline)
+            if vouch is not None:
+                vouch(sock)
+            sock.sendall(
+                b"".join(
+                    method_call(
+                        n,
+                        destination,
+                        r.path,
+                        r.interface,
+                        r.member,
+                        *r.args,
+                        signature=r.signature,
+                    )
+                    for n, r in enumerate(requests, 1)
+                )
+            )
         except TimeoutError:
             raise NoAnswer("no answer within the deadline") from None
         except OSError as e:
             raise WireError(f"cannot connect: {e.strerror or e}") from None
+        wanted = {n: (r.reply, r.returns) for n, r in enumerate(requests, 1)}
         try:
-            kind, value = read_reply(sock, 1, deadline, cap, reply)
+            answers = read_replies(sock, wanted, deadline, cap)
         except NoAnswer:
             raise NoReply("no reply within the deadline") from None
+        except TooBig as e:
+            raise _named(e, requests) from None
     finally:
         sock.close()
-    if kind == "error":
-        raise WireError(value)
-    return value
+    return [answers[n] for n in range(1, len(requests) + 1)]

@@ -1,29 +1,32 @@
-"""Talking to systemd managers on their private sockets, in-process, with pystemd.
+"""Talking to systemd managers on their private sockets, in-process.
 
 PID 1 listens on /run/systemd/private and each user manager on
 /run/user/UID/systemd/private. Both are peer-to-peer D-Bus: no dbus-daemon
 in the way, so the guard can run before dbus.service and never waits on the
-system bus. Calls name their D-Bus signatures explicitly instead of letting
-pystemd introspect (an lxml parse per object; pystemd 0.11 repeats it on
-every load()).
+system bus. PID 1 is asked over one pystemd connection, its D-Bus signatures
+named (pystemd would introspect: an lxml parse per object, on every load()).
+
+A user's manager is a peer the guard talks to, never one it waits on (issue 40,
+H1, H10): each call is dbuswire.call() on a connection of its own, in plain
+Python, so the GIL is free while she is slow, every reply is capped, every call
+has a deadline, and no signal of hers is left queued between calls (systemd
+sends every client of its private socket UnitNew, JobNew, PropertiesChanged...:
+on a connection held open, her churn queued 96,000 of them, 167 MiB, for the
+next call to read with the GIL held).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import importlib
 import importlib.util
 import os
 import select
-import socket
-import stat
-import struct
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +34,20 @@ from ..core.argv.environment import needed as needed_environment
 from ..core.classify import bounded
 from ..core.snapshot import ARGV_MAX_BYTES, SYSTEM, manager_uid, user_manager, valid_unit_name
 from . import dbuswire, mounts
+from .believing import (
+    Identity,
+    believed,
+    handshake,
+    peer_credentials,
+    socket_address,
+    sole_answerer,
+)
 from .cgroupfs import paused
-from .procfs import ProcFS
-from .safefs import Tree, UnsafePath, anchor_stat
+from .manager_errors import FreezeLate as FreezeLate
+from .manager_errors import ManagerError as ManagerError
+from .manager_errors import ManagerNotRunning as ManagerNotRunning
+from .manager_errors import ManagerSilent as ManagerSilent
+from .manager_errors import ManagerUntrusted as ManagerUntrusted
 
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"
@@ -42,6 +56,15 @@ _UNIT = b"org.freedesktop.systemd1.Unit"
 _SERVICE = b"org.freedesktop.systemd1.Service"
 _DRAIN_MAX = 4096  # queued messages dropped after one call, at most (each is one process())
 _START_JOBS = ("start", "restart", "try-restart", "reload-or-start")
+# What unit_details reads: a service's, then any unit's two timestamps.
+_DETAILS = (
+    (_SERVICE, b"ExecStart", b"a(sasbttttuii)"),
+    (_SERVICE, b"ExecStartPost", b"a(sasbttttuii)"),
+    (_SERVICE, b"Environment", b"as"),
+    (_SERVICE, b"User", b"s"),
+    (_UNIT, b"ActiveEnterTimestampMonotonic", b"t"),
+    (_UNIT, b"InactiveExitTimestampMonotonic", b"t"),
+)
 _AUDIT_PROPS = (
     (_UNIT, b"FragmentPath", b"s"),
     (_UNIT, b"UnitFileState", b"s"),
@@ -57,24 +80,6 @@ _AUDIT_PROPS = (
 )
 
 
-class ManagerError(RuntimeError):
-    """A manager could not be reached or refused a call; str() says which and why."""
-
-
-class ManagerUntrusted(ManagerError):
-    """What listens on a user's socket is not that user's systemd (a fake, or a redirect)."""
-
-
-class ManagerSilent(ManagerError):
-    """A call timed out: the manager is busy (a daemon-reload under memory pressure) or
-    frozen. It is not asked again until SILENT_FOR has passed."""
-
-
-class FreezeLate(ManagerError):
-    """FreezeUnit sent, not answered within FREEZE_TIMEOUT: the kernel has not frozen the
-    cgroup yet (a process in an uninterruptible wait). It may still land; not silent."""
-
-
 # A manager busy past this answers nothing useful in time: the guard moves on
 # (cgroup kill, retry later) instead of sd-bus's default 25 s wait.
 os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", "5s")
@@ -83,17 +88,33 @@ os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", "5s")
 # five things would hold the loop 25 s (seen: a daemon-reload of PID 1 under
 # memory pressure, then the watchdog). Two bus timeouts: asked every 10 s at most.
 SILENT_FOR = 10.0
-# A manager must answer the D-Bus handshake within this before pystemd is let near it.
-# pystemd keeps the GIL while sd-bus waits: a call to a silent peer would stop every
-# thread of the guard, the loop included, for the whole bus timeout. Python's own
-# socket waits let go of it. A live manager answers in microseconds to milliseconds.
-HANDSHAKE_TIMEOUT = 1.0
 # A user's unit property (ExecStart=, Environment=): a real one is a few kB, and comes back
 # in milliseconds; 60 Environment= lines of 1 MB took systemd 3.7 s to send.
 DETAILS_CAP = 256 * 1024
 DETAILS_TIMEOUT = 1.0
 # A freeze of a cgroup whose processes all run or sleep takes milliseconds (F4).
 FREEZE_TIMEOUT = 1.0
+# A user manager's call that is not a read of the pass (a stop, a disable, a reload, a
+# command's list of every unit): the bus timeout. Lists: a row is a few hundred bytes,
+# 10,000 units about 3 MB.
+USER_CALL_TIMEOUT = 5.0
+LIST_CAP = 16 * 1024 * 1024
+# What each Manager method returns (its one out-argument), for the calls made on the wire;
+# reads of the pass get DETAILS_TIMEOUT.
+_RETURNS: dict[bytes, str | None] = {
+    b"ListUnitsByNames": "a(ssssssouso)",
+    b"ListUnits": "a(ssssssouso)",
+    b"ListUnitFiles": "a(ss)",
+    b"ListJobs": "a(usssoo)",
+    b"GetDefaultTarget": "s",
+    b"StopUnit": "o",
+    b"GetUnitFileLinks": "as",
+    b"DisableUnitFiles": "a(sss)",
+    b"ThawUnit": None,
+    b"KillUnit": None,
+    b"Reload": None,
+}
+_PASS_READS = (b"ListUnitsByNames", b"ListJobs")
 
 
 def _hung_up(fd: int) -> bool:
@@ -178,7 +199,11 @@ class Manager:
         self.key = key
         self.socket_path = socket_path
         self.proc_root = proc_root
-        self._bus: Any = None
+        self._bus: Any = None  # PID 1's pystemd connection
+        self._wired = False  # a user manager: connected, each call on a connection of its own
+        # Her socket file as it was when it was verified (st_dev, st_ino): one listener
+        # for that file's life. Another file there is not asked (H4).
+        self.socket_id: Identity | None = None
         # Called after every call that came back, answered or not: the daemon pings its
         # watchdog there, so calls that each end within the bus timeout never add up to
         # a watchdog kill. A call that never comes back pings nothing.
@@ -197,22 +222,36 @@ class Manager:
 
     def connect(self, system: Manager | None = None) -> None:
         """Connect, and believe a user manager only once it is shown to be that user's
-        systemd: see `_verify`. `system`: PID 1's connected manager, when there is one."""
-        with self._socket_dir() as address:
-            self._handshake(address)
-            bus = _dbuslib().DBusAddress(f"unix:path={address}".encode(), peer_to_peer=True)
+        systemd (believing.py). `system`: PID 1's connected manager, when there is one."""
+        with socket_address(self.key, self.socket_path, self.uid, None) as (address, ident):
             try:
-                bus.open()
-            except Exception as e:
-                raise ManagerError(
-                    f"{self.key}: cannot connect to {self.socket_path}: {e}"
-                ) from None
-        self._bus = bus
+                peer = handshake(self.key, self.socket_path, address)
+            except ManagerSilent:
+                self.silent_until = time.monotonic() + SILENT_FOR
+                raise
+            self.socket_id = ident
+            if self.key == SYSTEM:
+                bus = _dbuslib().DBusAddress(f"unix:path={address}".encode(), peer_to_peer=True)
+                try:
+                    bus.open()
+                except Exception as e:
+                    raise ManagerError(
+                        f"{self.key}: cannot connect to {self.socket_path}: {e}"
+                    ) from None
+                self._bus = bus
+                peer = peer_credentials(bus.get_fd())
+        self._wired = self.key != SYSTEM
         try:
             # The peer is checked before the first call: a fake that never answers
             # must not hold the guard for the bus timeout.
-            self._verify(system)
-            claimed = _s(self._get(_PATH, _MANAGER, b"ControlGroup", b"s")).rstrip("/") or "/"
+            vouch = system.main_pid_and_cgroup if system is not None else None
+            self.pid, root = believed(
+                self.key, self.socket_path, self.uid, peer, self.proc_root, vouch
+            )
+            self.root_cgroup = root or self.root_cgroup
+            # (A user's: answered on a connection only her manager holds the other end of.)
+            cgroup = self._get(_PATH, _MANAGER, b"ControlGroup", b"s", vouch=True)
+            claimed = _s(cgroup).rstrip("/") or "/"
             if self.key == SYSTEM:
                 self.root_cgroup = claimed
             elif claimed != self.root_cgroup:
@@ -224,98 +263,6 @@ class Manager:
         except ManagerError:
             self.close()
             raise
-
-    def _handshake(self, address: str) -> None:
-        """The manager answers SASL's AUTH EXTERNAL within HANDSHAKE_TIMEOUT, or is silent.
-
-        A frozen manager, or PID 1 deep in a daemon-reload, answers nothing: that
-        is found here, where waiting costs no one else anything."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(HANDSHAKE_TIMEOUT)
-        try:
-            sock.connect(address)
-            sock.sendall(b"\0AUTH EXTERNAL " + str(os.geteuid()).encode().hex().encode() + b"\r\n")
-            reply = sock.recv(256)
-        except TimeoutError:
-            self.silent_until = time.monotonic() + SILENT_FOR
-            raise ManagerSilent(
-                f"{self.key}: no answer to the D-Bus handshake within {HANDSHAKE_TIMEOUT:g}s"
-            ) from None
-        except OSError as e:
-            raise ManagerError(
-                f"{self.key}: cannot connect to {self.socket_path}: {e.strerror or e}"
-            ) from None
-        finally:
-            sock.close()
-        if not reply.startswith(b"OK "):
-            raise ManagerError(f"{self.key}: {self.socket_path} refused the D-Bus handshake")
-
-    @contextlib.contextmanager
-    def _socket_dir(self) -> Any:
-        """The socket's address, reached without following a user's symlinks. She owns
-        /run/user/UID/systemd: it is walked from the root-owned runtime root with
-        O_NOFOLLOW, never into FUSE (mounts.py), and the socket pinned, checked, and
-        connected to through /proc/self/fd: a symlink, or a mount over it, is refused."""
-        if not self.uid:
-            yield self.socket_path
-            return
-        directory, name = os.path.split(self.socket_path)
-        # <user_runtime>/UID/systemd/private: the anchor is the root-owned runtime root.
-        runtime = os.path.dirname(directory)
-        try:
-            tree = Tree(os.path.dirname(runtime), self.uid, anchor_stat(runtime).st_gid, True)
-            with tree.directory(directory) as fd, mounts.pinned(name, fd) as sock:
-                st = os.fstat(sock)
-                if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.uid:
-                    raise UnsafePath(errno.EPERM, f"{self.socket_path}: not a socket of hers")
-                yield f"/proc/self/fd/{sock}"
-        except UnsafePath as e:
-            raise ManagerUntrusted(f"{self.key}: {e}") from None
-        except OSError as e:  # gone meanwhile (a logout), or her FUSE mount on it (EXDEV)
-            why = f"{self.key}: {self.socket_path}: {e.strerror}"
-            raise (ManagerUntrusted if e.errno == errno.EXDEV else ManagerError)(why) from None
-
-    def _verify(self, system: Manager | None) -> None:
-        """The peer must be uid UID, running as the manager of user@UID.service.
-
-        SO_PEERCRED names the process that listens; /proc/PID/cgroup (the kernel's
-        word, not the manager's) must be <...>/user@UID.service/init.scope, where
-        systemd --user puts itself; where PID 1 answers, it must also name that
-        process as user@UID.service's main process. The manager's root cgroup is
-        taken from there, so whatever it reports, it can claim only its own units.
-        """
-        pid, uid, _gid = peer_credentials(self._bus.get_fd())
-        if uid != self.uid:
-            raise ManagerUntrusted(
-                f"{self.key}: the process on {self.socket_path} is uid {uid}, not {self.uid}"
-            )
-        self.pid = pid
-        if self.key == SYSTEM:
-            return
-        own = ProcFS(self.proc_root).cgroup(pid) or ""
-        root, _, leaf = own.rpartition("/")
-        expected = f"user@{self.uid}.service"
-        if leaf != "init.scope" or (self.uid and os.path.basename(root) != expected):
-            raise ManagerUntrusted(
-                f"{self.key}: pid {pid} on {self.socket_path} runs in {own or '?'}, "
-                f"not {expected}/init.scope: not this user's systemd"
-            )
-        self.root_cgroup = root or "/"
-        if system is None or not self.uid:
-            return
-        unit = system.unit_path(expected)
-        try:
-            main = int(system._get(unit, _SERVICE, b"MainPID", b"u"))
-            cgroup = _s(system._get(unit, _SERVICE, b"ControlGroup", b"s"))
-        except ManagerSilent:
-            raise  # PID 1 busy is no verdict on this manager: asked again next time
-        except ManagerError as e:
-            raise ManagerUntrusted(f"{self.key}: PID 1 cannot vouch for it: {e}") from None
-        if main != pid or cgroup.rstrip("/") != root:
-            raise ManagerUntrusted(
-                f"{self.key}: pid {pid} in {root} is not {expected} "
-                f"(PID 1 says main pid {main}, cgroup {cgroup or '-'})"
-            )
 
     @property
     def persistent_config_dir(self) -> str | None:
@@ -332,6 +279,7 @@ class Manager:
         return manager_uid(self.key)
 
     def close(self) -> None:
+        self._wired = False
         if self._bus is not None:
             try:
                 self._bus.close()
@@ -339,26 +287,54 @@ class Manager:
                 self._bus = None
 
     def _get(
-        self, path: bytes, iface: bytes, prop: bytes, sig: bytes, bounded: bool = False
+        self, path: bytes, iface: bytes, prop: bytes, sig: bytes, *, vouch: bool = False
     ) -> Any:
-        """A property. `bounded`: one a user wrote (ExecStart=, Environment=), refused over
-        DETAILS_CAP bytes (pystemd would read it whole, however big, with the GIL held)."""
-        if bounded:
-            get = (path, b"org.freedesktop.DBus.Properties", b"Get", iface, prop)
-            what, reply = f"reading {prop.decode()}", sig.decode()
-            return self._wire(what, *get, reply=reply, timeout=DETAILS_TIMEOUT, cap=DETAILS_CAP)
-        bus = self._ready(f"reading {prop.decode()}")
+        """One property (_props), or the ManagerError that says why not."""
+        (value,) = self._props(path, [(iface, prop, sig)], vouch=vouch)
+        if isinstance(value, ManagerError):
+            raise value
+        return value
+
+    def _props(
+        self, path: bytes, wanted: Sequence[tuple[bytes, bytes, bytes]], *, vouch: bool = False
+    ) -> list[Any]:
+        """Properties of object `path`, each (interface, name, signature), in the order
+        asked; one the manager refused (a unit type without it) is a ManagerError in its
+        place. A user manager's are read on one connection, bounded: each refused over
+        DETAILS_CAP bytes (pystemd would read ExecStart= or Environment= whole, however big,
+        with the GIL held). `vouch`: on a connection only her manager answers."""
+        what = f"reading {wanted[0][1].decode()}" if len(wanted) == 1 else "reading its properties"
+        if self._wired:
+            get = b"org.freedesktop.DBus.Properties"
+            asks = [
+                dbuswire.Request(path, get, b"Get", (i, p), reply=t.decode()) for i, p, t in wanted
+            ]
+            me = (self.key, self.socket_path, self.uid, self.pid, self.proc_root)
+            check = sole_answerer(*me) if vouch else None
+            answers = self._wire(what, asks, timeout=DETAILS_TIMEOUT, cap=DETAILS_CAP, vouch=check)
+            return [
+                v if k == "ok" else ManagerError(f"{self.key}: reading {p.decode()}: {v}")
+                for (k, v), (_, p, _) in zip(answers, wanted, strict=True)
+            ]
+        bus = self._ready(what)
+        out: list[Any] = []
         try:
-            return bus.get_property(_DEST, path, iface, prop, sig)
-        except Exception as e:
-            raise self._failed(f"reading {prop.decode()}", e) from None
+            for iface, prop, sig in wanted:
+                try:
+                    out.append(bus.get_property(_DEST, path, iface, prop, sig))
+                except Exception as e:
+                    failed = self._failed(f"reading {prop.decode()}", e)
+                    if isinstance(failed, ManagerSilent):
+                        raise failed from None
+                    out.append(failed)
         finally:
             self._drain()
             self.heartbeat()
+        return out
 
     def _ready(self, what: str) -> Any:
         """The bus to call on, unless not connected or silent since a timeout."""
-        if self._bus is None:
+        if self._bus is None and not self._wired:
             raise ManagerError(f"{self.key}: not connected")
         wait = self.silent_until - time.monotonic()
         if wait > 0:
@@ -369,7 +345,7 @@ class Manager:
         if why:
             self.silent_until = time.monotonic() + SILENT_FOR
             raise ManagerSilent(f"{self.key}: {what}: not asked, its manager is {why}")
-        if _hung_up(self._bus.get_fd()):
+        if self._bus is not None and _hung_up(self._bus.get_fd()):
             # Said here, not by a failed call: pystemd 0.11 leaks about 2 kB on every call
             # that fails (measured), and a manager that exits fails the next call of each
             # pass that still holds it: a logout, every time.
@@ -401,6 +377,15 @@ class Manager:
                 return
 
     def _call(self, method: bytes, sig: bytes, *args: Any) -> Any:
+        if self._wired:
+            timeout = DETAILS_TIMEOUT if method in _PASS_READS else USER_CALL_TIMEOUT
+            ask = dbuswire.Request(
+                _PATH, _MANAGER, method, args, sig.decode(), None, _RETURNS[method]
+            )
+            ((kind, value),) = self._wire(method.decode(), [ask], timeout=timeout, cap=LIST_CAP)
+            if kind == "error":
+                raise ManagerError(f"{self.key}: {method.decode()}: {value}")
+            return value
         apply_signature = _dbuslib().apply_signature
         bus = self._ready(method.decode())
         try:
@@ -428,13 +413,17 @@ class Manager:
             if _s(r[0]) in wanted
         }
 
-    def _wire(self, what: str, *args: Any, late: bool = False, **how: Any) -> Any:
-        """dbuswire.call() on a connection of its own, the GIL free while it waits. No answer:
-        silent for SILENT_FOR (30 units of hers cost one deadline), or FreezeLate (`late`)."""
+    def _wire(
+        self, what: str, asks: list[dbuswire.Request], *, late: bool = False, **how: Any
+    ) -> list[tuple[str, Any]]:
+        """dbuswire.calls() on a connection of its own, the GIL free while it waits: each
+        answer, ("ok", value) or ("error", what the manager said). No answer: silent for
+        SILENT_FOR (30 units of hers cost one deadline), or FreezeLate (`late`)."""
         self._ready(what)
         try:
-            with self._socket_dir() as address:
-                return dbuswire.call(address, *args, peer_pid=self.pid, **how)
+            where = (self.key, self.socket_path, self.uid, self.socket_id)
+            with socket_address(*where) as (address, _):
+                return dbuswire.calls(address, asks, peer_pid=self.pid, **how)
         except dbuswire.WireError as e:
             if late and isinstance(e, dbuswire.NoReply):  # (sent: the manager took it)
                 raise FreezeLate(f"{self.key}: {what}: {e}; it may still land") from None
@@ -448,24 +437,21 @@ class Manager:
     def unit_details(self, name: str) -> UnitDetails:
         """What a service runs and since when. Environment=: only what foresight reads
         (core/argv/environment.py). A user manager's units are read bounded."""
-        path = self.unit_path(name)
-        get = functools.partial(self._get, bounded=self.key != SYSTEM)
-        exec_start: tuple[tuple[str, ...], ...] = ()
-        environment: tuple[str, ...] = ()
-        user = ""
-        if name.endswith(".service"):
-            raw = get(path, _SERVICE, b"ExecStart", b"a(sasbttttuii)")
-            # And ExecStartPost=: a preload there (`curl .../api/generate`) is a load the
-            # unit asks of its own server, as one in ExecStart= is.
-            post = get(path, _SERVICE, b"ExecStartPost", b"a(sasbttttuii)")
-            exec_start = _bounded_rows(tuple(_s(a) for a in row[1]) for row in [*raw, *post])
-            assignments = (_s(e) for e in get(path, _SERVICE, b"Environment", b"as"))
-            environment = needed_environment(assignments, exec_start)
-            user = _s(get(path, _SERVICE, b"User", b"s"))
-        since_us = int(self._get(path, _UNIT, b"ActiveEnterTimestampMonotonic", b"t"))
-        if since_us == 0:  # still activating: it left 'inactive' when the start began
-            since_us = int(self._get(path, _UNIT, b"InactiveExitTimestampMonotonic", b"t"))
-        return UnitDetails(exec_start, since_us / 1e6 if since_us else None, environment, user)
+        service = name.endswith(".service")
+        values = self._props(self.unit_path(name), _DETAILS if service else _DETAILS[-2:])
+        for value in values:
+            if isinstance(value, ManagerError):
+                raise value
+        since_us = int(values[-2]) or int(values[-1])  # 0: activating, since it left inactive
+        since = since_us / 1e6 if since_us else None
+        if not service:
+            return UnitDetails((), since)
+        raw, post, assignments, user = values[:4]
+        # ExecStartPost= too: a preload there (`curl .../api/generate`) is a load the unit
+        # asks of its own server, as one in ExecStart= is.
+        exec_start = _bounded_rows(tuple(_s(a) for a in row[1]) for row in [*raw, *post])
+        environment = needed_environment((_s(e) for e in assignments), exec_start)
+        return UnitDetails(exec_start, since, environment, _s(user))
 
     def list_units(self) -> list[UnitState]:
         """Every unit loaded in this manager, with its states."""
@@ -484,12 +470,12 @@ class Manager:
 
     def unit_settings(self, name: str) -> dict[str, Any]:
         """What an audit reads of a service: its limits, ordering and restart policy."""
-        path = self.unit_path(name)
         props: dict[str, Any] = {}
-        for iface, prop, sig in _AUDIT_PROPS:
-            try:
-                value = self._get(path, iface, prop, sig)
-            except ManagerError:
+        values = self._props(self.unit_path(name), _AUDIT_PROPS)
+        for (_, prop, _), value in zip(_AUDIT_PROPS, values, strict=True):
+            if isinstance(value, ManagerSilent):
+                raise value
+            if isinstance(value, ManagerError):
                 continue  # a unit type without it (or an older systemd)
             props[prop.decode()] = (
                 [_s(v) for v in value]
@@ -516,8 +502,11 @@ class Manager:
         """Freeze the unit's cgroup (systemd 246+, cgroup v2 only): the reply comes once the
         kernel has frozen it (FreezeLate past FREEZE_TIMEOUT); a manager without the
         freezer answers with an error."""
-        call = (_PATH, _MANAGER, b"FreezeUnit", name.encode())
-        self._wire("FreezeUnit", *call, reply=None, timeout=FREEZE_TIMEOUT, cap=1 << 16, late=True)
+        ask = dbuswire.Request(_PATH, _MANAGER, b"FreezeUnit", (name,))
+        how: dict[str, Any] = {"timeout": FREEZE_TIMEOUT, "cap": 1 << 16, "late": True}
+        ((kind, said),) = self._wire("FreezeUnit", [ask], **how)
+        if kind == "error":
+            raise ManagerError(f"{self.key}: FreezeUnit: {said}")
 
     def thaw_unit(self, name: str) -> None:
         """Thaw a unit frozen by freeze_unit (the guard's brake, when it did not block it)."""
@@ -547,6 +536,13 @@ class Manager:
             removed += [_s(path) for kind, path, _dest in changes if _s(kind) == "unlink"]
         return removed
 
+    def main_pid_and_cgroup(self, name: str) -> tuple[int, str]:
+        """A service's MainPID and ControlGroup, as this manager says them (PID 1 vouching
+        for a user's manager: believing.believed)."""
+        unit = self.unit_path(name)
+        main = int(self._get(unit, _SERVICE, b"MainPID", b"u"))
+        return main, _s(self._get(unit, _SERVICE, b"ControlGroup", b"s"))
+
     def unit_control_group(self, name: str) -> str:
         """A service's cgroup ('' when it has none, or when it is not below the manager's
         own: a manager can name no one else's processes); the property lives on Service."""
@@ -569,10 +565,6 @@ def discover(system_socket: str, user_runtime: str) -> dict[str, str]:
     return found
 
 
-class ManagerNotRunning(ManagerError):
-    """No private socket for that manager: it is not running (a user not logged in)."""
-
-
 def connect_to(
     key: str, system_socket: str, user_runtime: str, proc_root: str = "/proc"
 ) -> Manager:
@@ -593,17 +585,6 @@ def connect_to(
         if system is not None:
             system.close()
     return manager
-
-
-def peer_credentials(fd: int) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process on the other end of a connected unix socket."""
-    sock = socket.socket(fileno=os.dup(fd))
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    finally:
-        sock.close()
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
 
 
 def cgroup_within(cgroup: str, root: str) -> bool:

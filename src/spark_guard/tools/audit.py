@@ -184,15 +184,17 @@ def container_protected(info: ContainerInfo, config: Config) -> bool:
     return matches_any(info.container.ref, config.protected_units)
 
 
-def unreached_findings(unreached: Sequence[str]) -> list[Finding]:
+def unreached_findings(unreached: Sequence[str], step: str = "") -> list[Finding]:
     """A manager that was there and not reached, or not believed (a socket of hers that
-    PID 1 does not vouch for): none of its units was audited."""
+    PID 1 does not vouch for): none of its units was audited (doctor: `step`)."""
     return [
         Finding(
             Severity.WARNING,
             "manager-unreached",
             f"not audited: {printable(why)}",
-            fix="its users' running loaders are audited by what the kernel shows",
+            fix="its users' running loaders are audited by what the kernel shows: "
+            "spark-guard audit",
+            step=step,
         )
         for why in unreached
     ]

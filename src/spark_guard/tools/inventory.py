@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,18 +130,29 @@ def is_loader(info: UnitInfo, config: Config) -> bool:
 
 
 UNREAD_MAX = 16  # units of one manager that could not be read before its listing ends
+# A user's manager's units are read within this (each unit a dozen calls): past it, she is
+# not listed whole, and her running loaders are judged by what the kernel shows (H9:
+# thousands of files of hers held rescue back from PID 1's loaders and her running one).
+USER_SECONDS = 10.0
 
 
 def _from_manager(manager: Manager, config: Config, inv: Inventory, wanted: set[str]) -> None:
     """Its units, read into `inv`. One that cannot be read (her Environment= over the
     cap) does not end the listing of the others; the first such error is raised once
-    all are read, so the manager does not count as listed whole."""
+    all are read, so the manager does not count as listed whole; so is a user's manager
+    whose units are not read within USER_SECONDS."""
+    deadline = time.monotonic() + (USER_SECONDS if manager.uid else float("inf"))
     states = {u.name: u for u in manager.list_units()}
     files = manager.list_unit_files()
     names = {n for n in states if n.endswith(".service")}
     names |= {n for n in files if n.endswith(".service") and "@." not in n}
     unread: list[ManagerError] = []
-    for name in sorted(names | wanted):
+    for done, name in enumerate(sorted(names | wanted)):
+        if time.monotonic() > deadline:
+            raise ManagerError(
+                f"{manager.key}: not listed whole within {USER_SECONDS:g}s "
+                f"({done} of {len(names | wanted)} units read)"
+            )
         st = states.get(name)
         load = st.load_state if st else ("not-found" if name not in files else "not-loaded")
         active = st.active_state if st else "inactive"
@@ -369,6 +381,7 @@ def collect(config: Config, names: Iterable[str] = ()) -> Inventory:
             inv.managers.append(key)
         except ManagerError as e:
             inv.errors.append(str(e))
+            inv.unreached.append(str(e))
         finally:
             manager.close()
     inv.lingering = lingering(config.linger, inv.managers)

@@ -123,6 +123,7 @@ def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evid
         persistenced=_persistenced(),
         logs=tuple(logs.lines),
         log_limits=tuple(logs.limits + inv.errors),
+        unreached=tuple(inv.unreached),
         loader_units=frozenset(str(u.ref) for u in inv.loaders),
         loader_names=config.loader_patterns + config.loader_binaries,
         budgets=tuple(_budgets(inv, config, mem_total)),

@@ -5,9 +5,9 @@
    NV_ERR_NO_MEMORY, judged against the memory state now);
 3. the driver's state (versions, persistence mode);
 4. the card (PCIe link, temperature, power, memory);
-5. the application's side: restart storms, OOM kills, CUDA errors, memory budgets.
-
-Pure: Evidence (plain data, gathered by doctor_cli) in, a Report out.
+5. the application's side: restart storms, OOM kills, CUDA errors, memory budgets, and
+   managers whose loaders could not be listed. Pure: Evidence (plain data, gathered by
+   doctor_cli) in, a Report out.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ...core.quantities import format_size
 from ...core.snapshot import STORM_WINDOW
 from ...exits import CANNOT_SAY, CRITICAL
 from ...system.gpu import GpuFacts
+from ..audit import unreached_findings
 from ..findings import Finding, Severity, worst
 from .logscan import OOM_KILL, OOM_TASK, RESTART_SCHEDULED, UNIT_OOM_KILLED, LogLine
 from .xid import CATALOGUE_URL, XidEvent, describe, parse_line
@@ -59,6 +60,7 @@ class Evidence:
     persistenced: str  # ActiveState of nvidia-persistenced.service, or "not-found"
     logs: tuple[LogLine, ...] = ()
     log_limits: tuple[str, ...] = ()
+    unreached: tuple[str, ...] = ()  # managers not reached or not believed (inventory)
     loader_units: frozenset[str] = frozenset()
     loader_names: tuple[str, ...] = ()  # name patterns and binaries that mark a loader
     budgets: tuple[LoaderBudget, ...] = ()
@@ -606,10 +608,8 @@ def judge(ev: Evidence) -> Report:
     cuda = _cuda_lines(ev)
     storms = _storms(ev)
     first = classify(ev, xids, cuda)
-    findings = [first]
-    findings += [
-        Finding(Severity.INFO, "log-limit", limit, step="kernel") for limit in ev.log_limits
-    ]
+    findings = [first, *unreached_findings(ev.unreached, "application")]
+    findings += [Finding(Severity.INFO, "log-limit", lim, step="kernel") for lim in ev.log_limits]
     findings += xid_findings(xids, ev)
     findings += nv_no_memory_findings(ev)
     findings += driver_findings(ev, set(storms))
