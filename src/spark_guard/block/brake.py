@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..core.block import RETRY_AFTER
 from ..core.events import Event, EventKind, Level, tell
 from ..core.snapshot import UnitRef
-from ..system.managers import FreezeLate, ManagerError
+from ..system.managers import FreezeLate, ManagerError, ManagerSilent
 from .records import BRAKED, PendingStop, RecordStore
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Brake:
             return True, str(e)
         except ManagerError as e:
             text = str(e)
-            if any(s in text.lower() for s in NOT_ANSWERING):
+            if isinstance(e, ManagerSilent) or any(s in text.lower() for s in NOT_ANSWERING):
                 raise
             if cannot_freeze(text):
                 self.no_freezer.add(ref.manager)  # cgroup v1/hybrid, or an old systemd

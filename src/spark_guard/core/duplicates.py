@@ -35,37 +35,35 @@ def roots(loader: Loader) -> bool:
     return loader.ref.manager in (CONTAINER, *ROOTS)
 
 
-def _run_by_root(loader: Loader, units: Mapping[UnitRef, SeenUnit]) -> bool:
+def _run_by_root(loader: Loader, model: str, units: Mapping[UnitRef, SeenUnit]) -> bool:
     """A user's job that a service of root's runs by name: a line of its ExecStart= gives
-    this load to a known loader behind a command that changes user."""
+    this model to a known loader behind a command that changes user."""
     within = loader.seen.within
     host = units.get(within) if within is not None else None
     if host is None or host.ref.manager not in ROOTS:
         return False
-    models = set(loaded_models(loader.seen))
     return any(
-        command_line(line[k:]).loads in models
+        command_line(line[k:]).loads == model
         for line in host.exec_start
         for k in range(1, min(len(line), _WRAPPER_WORDS + 1))
     )
-
-
-def _tier(loader: Loader, units: Mapping[UnitRef, SeenUnit]) -> int:
-    return 0 if roots(loader) else 1 if _run_by_root(loader, units) else 2
 
 
 def duplicates(
     loaders: Iterable[Loader], units: Iterable[SeenUnit]
 ) -> list[tuple[Loader, str, Loader, bool]]:
     """Each second copy: (the loader, the model, who keeps it, whether it is kept as
-    root's over a user's)."""
+    root's over a user's). Ranked per model: a job root's unit runs by name ranks with
+    root's for that model only, not for another it is asked to load (over its API)."""
     by_ref = {u.ref: u for u in units}
-    ranked = sorted(((_tier(ld, by_ref), *start_order(ld)), ld) for ld in loaders)
-    first: dict[str, tuple[int, Loader]] = {}
-    out = []
-    for (tier, *_), loader in ranked:
+    claims: dict[str, list[tuple[int, tuple[float, str], Loader]]] = {}
+    for loader in loaders:
         for model in loaded_models(loader.seen):
-            kept_tier, keeper = first.setdefault(model, (tier, loader))
-            if keeper is not loader:
-                out.append((loader, model, keeper, kept_tier < tier))
+            tier = 0 if roots(loader) else 1 if _run_by_root(loader, model, by_ref) else 2
+            claims.setdefault(model, []).append((tier, start_order(loader), loader))
+    out = []
+    for model, ranked in claims.items():
+        ranked.sort(key=lambda c: (c[0], c[1]))
+        kept_tier, _, keeper = ranked[0]
+        out += [(ld, model, keeper, kept_tier < tier) for tier, _, ld in ranked[1:]]
     return out

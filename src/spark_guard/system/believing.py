@@ -135,20 +135,23 @@ def believed(
     return pid, root or "/"
 
 
-def sole_answerer(key: str, path: str, uid: int, pid: int, proc_root: str) -> Callable[..., None]:
+def sole_answerer(
+    key: str, path: str, uid: int, pid: int, proc_root: str, tree: str = ""
+) -> Callable[..., None]:
     """A check of a connection (dbuswire.call's `vouch`): its other end is held by her
     manager `pid` and no other process of hers (issue 40, H4).
 
     Her manager also listens for her socket units, so SO_PEERCRED names it there too; but
     what a socket unit's listener accepts is held by her service (Accept=no) or by the
     instance spawned for it (Accept=yes, the manager keeping a copy). The kernel says
-    which socket is the other end, /proc who holds it (answerer.py)."""
+    which socket is the other end, /proc who holds it (answerer.py): her processes, and
+    those in `tree`, her user slice (a subuid's in her rootless container)."""
 
     def check(sock: socket.socket) -> None:
         if not uid:
             return
         try:
-            who = answerer.holders(proc_root, answerer.other_end(sock), uid)
+            who = answerer.holders(proc_root, answerer.other_end(sock), uid, tree)
         except answerer.Unknown as e:
             raise ManagerUntrusted(f"{key}: cannot tell who answers: {e.strerror}") from None
         if who != {pid}:

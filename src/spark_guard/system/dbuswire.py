@@ -392,6 +392,17 @@ class Request:
     reply: str | None = None
     returns: str | None = None
 
+    def message(self, serial: int, destination: bytes) -> bytes:
+        return method_call(
+            serial,
+            destination,
+            self.path,
+            self.interface,
+            self.member,
+            *self.args,
+            signature=self.signature,
+        )
+
 
 def _named(e: TooBig, requests: list[Request]) -> TooBig:
     """A reply over the cap, named by what it answers (one of several calls: a property)."""
@@ -452,22 +463,10 @@ def calls(
             if peer_pid and pid != peer_pid:
                 raise WireError(f"pid {pid} answers, not the manager's pid {peer_pid}")
             _authenticate(sock, deadline)
-            if vouch is not None:
+            if vouch is not None:  # (its /proc reads are not the peer's time)
                 vouch(sock)
-            sock.sendall(
-                b"".join(
-                    method_call(
-                        n,
-                        destination,
-                        r.path,
-                        r.interface,
-                        r.member,
-                        *r.args,
-                        signature=r.signature,
-                    )
-                    for n, r in enumerate(requests, 1)
-                )
-            )
+                deadline = time.monotonic() + timeout
+            sock.sendall(b"".join(r.message(n, destination) for n, r in enumerate(requests, 1)))
         except TimeoutError:
             raise NoAnswer("no answer within the deadline") from None
         except OSError as e:

@@ -99,8 +99,9 @@ FREEZE_TIMEOUT = 1.0
 # 10,000 units about 3 MB.
 USER_CALL_TIMEOUT = 5.0
 LIST_CAP = 16 * 1024 * 1024
-# What each Manager method returns (its one out-argument), for the calls made on the wire;
-# reads of the pass get DETAILS_TIMEOUT.
+# A pass's reads, parsed on the loop: past about 5,000 jobs of hers, the kernel's view.
+PASS_CAP = 1024 * 1024
+# What each Manager method returns (its one out-argument; not here: nothing), on the wire.
 _RETURNS: dict[bytes, str | None] = {
     b"ListUnitsByNames": "a(ssssssouso)",
     b"ListUnits": "a(ssssssouso)",
@@ -110,9 +111,6 @@ _RETURNS: dict[bytes, str | None] = {
     b"StopUnit": "o",
     b"GetUnitFileLinks": "as",
     b"DisableUnitFiles": "a(sss)",
-    b"ThawUnit": None,
-    b"KillUnit": None,
-    b"Reload": None,
 }
 _PASS_READS = (b"ListUnitsByNames", b"ListJobs")
 
@@ -310,7 +308,7 @@ class Manager:
                 dbuswire.Request(path, get, b"Get", (i, p), reply=t.decode()) for i, p, t in wanted
             ]
             me = (self.key, self.socket_path, self.uid, self.pid, self.proc_root)
-            check = sole_answerer(*me) if vouch else None
+            check = sole_answerer(*me, os.path.dirname(self.root_cgroup)) if vouch else None
             answers = self._wire(what, asks, timeout=DETAILS_TIMEOUT, cap=DETAILS_CAP, vouch=check)
             return [
                 v if k == "ok" else ManagerError(f"{self.key}: reading {p.decode()}: {v}")
@@ -378,11 +376,12 @@ class Manager:
 
     def _call(self, method: bytes, sig: bytes, *args: Any) -> Any:
         if self._wired:
-            timeout = DETAILS_TIMEOUT if method in _PASS_READS else USER_CALL_TIMEOUT
+            reads = method in _PASS_READS
+            timeout, cap = (DETAILS_TIMEOUT, PASS_CAP) if reads else (USER_CALL_TIMEOUT, LIST_CAP)
             ask = dbuswire.Request(
-                _PATH, _MANAGER, method, args, sig.decode(), None, _RETURNS[method]
+                _PATH, _MANAGER, method, args, sig.decode(), None, _RETURNS.get(method)
             )
-            ((kind, value),) = self._wire(method.decode(), [ask], timeout=timeout, cap=LIST_CAP)
+            ((kind, value),) = self._wire(method.decode(), [ask], timeout=timeout, cap=cap)
             if kind == "error":
                 raise ManagerError(f"{self.key}: {method.decode()}: {value}")
             return value
@@ -417,8 +416,9 @@ class Manager:
         self, what: str, asks: list[dbuswire.Request], *, late: bool = False, **how: Any
     ) -> list[tuple[str, Any]]:
         """dbuswire.calls() on a connection of its own, the GIL free while it waits: each
-        answer, ("ok", value) or ("error", what the manager said). No answer: silent for
-        SILENT_FOR (30 units of hers cost one deadline), or FreezeLate (`late`)."""
+        answer, ("ok", value) or ("error", what the manager said). No answer, or a list over
+        its cap (her 30,000 jobs): silent for SILENT_FOR, so thirty units of hers cost one
+        deadline; or FreezeLate (`late`)."""
         self._ready(what)
         try:
             where = (self.key, self.socket_path, self.uid, self.socket_id)
@@ -427,7 +427,7 @@ class Manager:
         except dbuswire.WireError as e:
             if late and isinstance(e, dbuswire.NoReply):  # (sent: the manager took it)
                 raise FreezeLate(f"{self.key}: {what}: {e}; it may still land") from None
-            if dbuswire.timed_out(e):
+            if dbuswire.timed_out(e) or (isinstance(e, dbuswire.TooBig) and not asks[0].args):
                 self.silent_until = time.monotonic() + SILENT_FOR
                 raise ManagerSilent(f"{self.key}: {what}: {e}") from None
             raise ManagerError(f"{self.key}: {what}: {e}") from None

@@ -122,7 +122,7 @@ def gather(config: Config, since: str, directory: str | None, kmsg: str) -> Evid
         nvidia_pci=_nvidia_pci(config.sysfs),
         persistenced=_persistenced(),
         logs=tuple(logs.lines),
-        log_limits=tuple(logs.limits + inv.errors),
+        log_limits=tuple(logs.limits + [e for e in inv.errors if e not in inv.unreached]),
         unreached=tuple(inv.unreached),
         loader_units=frozenset(str(u.ref) for u in inv.loaders),
         loader_names=config.loader_patterns + config.loader_binaries,
