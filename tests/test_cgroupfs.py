@@ -197,7 +197,7 @@ def test_her_fork_storm_and_her_subuids_leave_nothing_of_hers_in_her_tree():
                 root, tree, 4242, uid_of=fs.uid, cgroup_of=fs.cgroup, any_user=True
             )
             assert count >= len(listed) - 1  # all of them but root's, and the forks since
-            time.sleep(0.2)
+            poll(lambda: cgroupfs.pids(root, tree) == [procs[2].pid], 5, step=0.02)
             left = cgroupfs.pids(root, tree)
             assert left == [procs[2].pid], [(p, fs.uid(p)) for p in left]
             assert procs[1].wait(5) == -9

@@ -64,6 +64,26 @@ def peak_kib(pid: str) -> int:
     return int(m.group(1))
 
 
+def unharmed(root: UserManager, before: dict[str, str], after_what: str) -> None:
+    """The guard is up, never restarted, and its peak within test_budget's limit."""
+    after = root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
+    assert after["ActiveState"] == "active"
+    assert after["NRestarts"] == before["NRestarts"] and after["MainPID"] == before["MainPID"]
+    peak = peak_kib(after["MainPID"])
+    print(f"guard peak (VmHWM) after {after_what}: {peak} kB")  # docs/security.md
+    assert peak < MAX_RSS_KB, peak
+
+
+def fake_server(root: UserManager) -> Path:
+    """A llama-server stand-in anyone may run, in root's bin."""
+    tools = root.base / "bin"
+    tools.mkdir(exist_ok=True)
+    server = tools / "llama-server"
+    server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
+    server.chmod(0o755)
+    return server
+
+
 @pytest.fixture(scope="module")
 def stage() -> Iterator[tuple[UserManager, UserManager, User]]:
     with (
@@ -150,9 +170,7 @@ def test_every_input_class_at_ten_times_its_cap_leaves_the_guard_within_budget(s
     )
     # Environment=: 60 lines of 1 MB in a llama-server unit.
     assert 10 * DETAILS_CAP < 60_000_000
-    server = tools / "llama-server"
-    server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
-    server.chmod(0o755)
+    server = fake_server(root)
     env = "".join(f"Environment=PAD{i}={'x' * 1_000_000}\n" for i in range(60))
     # No exec takes 60 MB of environment (E2BIG): the unit lives as its start job only,
     # held here behind one of hers that takes an hour, so every pass sees it (else it is
@@ -203,12 +221,7 @@ def test_every_input_class_at_ten_times_its_cap_leaves_the_guard_within_budget(s
     mum.systemctl("start", "--no-block", "llama-big.service")
     wait_log(root, rf"^warning unit-blocked: {key}:llama-big\.service", after=offset, timeout=30)
 
-    after = root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
-    assert after["ActiveState"] == "active"
-    assert after["NRestarts"] == before["NRestarts"] and after["MainPID"] == before["MainPID"]
-    peak = peak_kib(after["MainPID"])
-    print(f"guard peak (VmHWM) after every input class at 10x its cap: {peak} kB")
-    assert peak < MAX_RSS_KB, peak
+    unharmed(root, before, "every input class at 10x its cap")
     for u in (*units, "hold"):
         mum.systemctl("stop", f"{u}.service")
 
@@ -251,11 +264,7 @@ def test_her_managers_chatter_and_queue_at_ten_times_leave_the_guard_within_budg
         str(mum.unit_dir),
         str(QUEUED_JOBS),
     )
-    tools = root.base / "bin"
-    tools.mkdir(exist_ok=True)
-    server = tools / "llama-server"
-    server.write_text(f'#!/bin/sh\nexec {PY} {LAB}/fake_loader.py --alloc 20 "$@"\n')
-    server.chmod(0o755)
+    server = fake_server(root)
     big = synth.write(synth.SPECS["deepseek-v3"], root.base / "models")
     # Root's loader that cannot fit, started amid it all: PID 1's are never behind hers.
     root.write_unit("llama-late.service", f"[Service]\nExecStart={server} -m {big}\n")
@@ -282,9 +291,4 @@ def test_her_managers_chatter_and_queue_at_ten_times_leave_the_guard_within_budg
             mum.systemctl("stop", "churn.service", check=False)
             mum.systemctl("cancel", check=False)
             mum.systemctl("stop", "gate.service", check=False)
-    after = root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
-    assert after["ActiveState"] == "active"
-    assert after["NRestarts"] == before["NRestarts"] and after["MainPID"] == before["MainPID"]
-    peak = peak_kib(after["MainPID"])
-    print(f"guard peak (VmHWM) after her churn and queue at 10x: {peak} kB")
-    assert peak < MAX_RSS_KB, peak
+    unharmed(root, before, "her churn and queue at 10x")

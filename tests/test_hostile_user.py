@@ -82,6 +82,20 @@ class Stage:
         self.mum.systemctl("daemon-reload")
         return path
 
+    def her_files(self, names: list[str], text: str) -> None:
+        """Many unit files of hers at once (one process as her), and her manager reloaded."""
+        write = "import sys, pathlib; d = pathlib.Path(sys.argv[1]); t = sys.argv[2]\n"
+        write += "for n in sys.argv[3:]: (d / n).write_text(t)"
+        self.mallory.run(PY, "-c", write, str(self.mum.unit_dir), text, *names)
+        self.mum.systemctl("daemon-reload")
+
+    def her_files_gone(self, names: list[str]) -> None:
+        unlink = (
+            "import sys, pathlib; [(pathlib.Path(sys.argv[1]) / n).unlink() for n in sys.argv[2:]]"
+        )
+        self.mallory.run(PY, "-c", unlink, str(self.mum.unit_dir), *names)
+        self.mum.systemctl("daemon-reload")
+
     def guard_props(self) -> dict[str, str]:
         return self.root.show(GUARD, "ActiveState", "NRestarts", "MainPID")
 
@@ -1259,15 +1273,7 @@ def test_rescue_stops_her_running_loader_not_her_thousand_files_that_never_run(
     daemon's to judge if one ever starts."""
     count = 300
     names = [f"llama-idle-{i}.service" for i in range(count)]
-    stage.mallory.run(
-        PY,
-        "-c",
-        "import sys, pathlib; d = pathlib.Path(sys.argv[1]); "
-        "[(d / n).write_text('[Service]\\nExecStart=/bin/llama-server -m /m.gguf\\n') "
-        "for n in sys.argv[2:]]",
-        str(stage.mum.unit_dir),
-        *names,
-    )
+    stage.her_files(names, "[Service]\nExecStart=/bin/llama-server -m /m.gguf\n")
     stage.her_unit("llama-live.service", f"{stage.server} -m {stage.tiny}")
     stage.mum.systemctl("start", "llama-live.service")
     try:
@@ -1281,14 +1287,7 @@ def test_rescue_stops_her_running_loader_not_her_thousand_files_that_never_run(
         released = stage.guard("release", "--all", "--dry-run").stdout
         assert "llama-idle-" not in released, released
     finally:
-        stage.mallory.run(
-            PY,
-            "-c",
-            "import sys, pathlib; [(pathlib.Path(sys.argv[1]) / n).unlink() for n in sys.argv[2:]]",
-            str(stage.mum.unit_dir),
-            *names,
-        )
-        stage.mum.systemctl("daemon-reload")
+        stage.her_files_gone(names)
 
 
 # --- issue 40, H1, H4, H10: her manager is a peer the guard talks to, never waits on ------
@@ -1352,14 +1351,7 @@ def test_her_busy_manager_never_stalls_the_guards_other_threads(stage: Stage) ->
 
     count = 3000
     names = [f"idle-{i}.service" for i in range(count)]
-    stage.mallory.run(
-        PY,
-        "-c",
-        "import sys, pathlib; d = pathlib.Path(sys.argv[1]); "
-        "[(d / n).write_text('[Service]\\nExecStart=/bin/true\\n') for n in sys.argv[2:]]",
-        str(stage.mum.unit_dir),
-        *names,
-    )
+    stage.her_files(names, "[Service]\nExecStart=/bin/true\n")
     busy = stage.mallory.home / "busy"
     stage.mallory.run("touch", str(busy))
     loop = f"while [ -e {busy} ]; do systemctl --user list-unit-files >/dev/null; done"
@@ -1391,14 +1383,7 @@ def test_her_busy_manager_never_stalls_the_guards_other_threads(stage: Stage) ->
         m.close()
         stage.mallory.run("rm", "-f", str(busy))
         stage.mum.systemctl("stop", "busy.service", check=False)
-        stage.mallory.run(
-            PY,
-            "-c",
-            "import sys, pathlib; [(pathlib.Path(sys.argv[1]) / n).unlink() for n in sys.argv[2:]]",
-            str(stage.mum.unit_dir),
-            *names,
-        )
-        stage.mum.systemctl("daemon-reload")
+        stage.her_files_gone(names)
     assert max(took) < DETAILS_TIMEOUT + 0.5, took
     assert gaps[0] < 0.5, (gaps[0], took)
 

@@ -473,10 +473,8 @@ class Manager:
         props: dict[str, Any] = {}
         values = self._props(self.unit_path(name), _AUDIT_PROPS)
         for (_, prop, _), value in zip(_AUDIT_PROPS, values, strict=True):
-            if isinstance(value, ManagerSilent):
-                raise value
             if isinstance(value, ManagerError):
-                continue  # a unit type without it (or an older systemd)
+                continue  # a unit type without it (or an older systemd); silence raises
             props[prop.decode()] = (
                 [_s(v) for v in value]
                 if isinstance(value, list)
