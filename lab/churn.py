@@ -28,15 +28,22 @@ from lab import LAB
 from lab.harness import CGROUP_ROOTS, UserManager, _kill_and_remove
 
 SERVER = r"""
-import os, socket, sys, threading
+import os, socket, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from fake_manager import Fake, serve_quietly
 
-path, cgroup = sys.argv[2], sys.argv[3]
+path, cgroup, slow = sys.argv[2], sys.argv[3], float(sys.argv[4])
 
 
 class Manager(Fake):
     def answer(self, member, body):
+        if member in ("ListJobs", "ListUnitsByNames"):
+            time.sleep(slow)  # each of a pass's questions answered this late
+        if member == "ListJobs" and slow:  # a start job waiting: its state is asked too
+            objects = "/org/freedesktop/systemd1/"
+            unit = objects + "unit/wait_2dhere_2eservice"
+            job = (1, "wait-here.service", "start", "waiting", objects + "job/1", unit)
+            return "a(usssoo)", [[job]]
         if member == "Get" and body[1] == "UnitPath":
             return "v", [("as", [os.path.dirname(path) + "/user.control"])]
         return super().answer(member, body)
@@ -89,9 +96,11 @@ for line in sys.stdin:
 
 
 class FakeUser:
-    """One uid's manager socket that comes and goes, believed by the guard."""
+    """One uid's manager socket that comes and goes, believed by the guard; `slow`: the
+    seconds it takes to answer each of a pass's questions (ListJobs, ListUnitsByNames),
+    with a start job waiting (so a pass asks both)."""
 
-    def __init__(self, um: UserManager, uid: int, cgroup: str) -> None:
+    def __init__(self, um: UserManager, uid: int, cgroup: str, slow: float = 0.0) -> None:
         self.uid = uid
         self.key = f"user:{uid}"
         runtime = um.user_runtime / str(uid)
@@ -118,10 +127,23 @@ class FakeUser:
                 str(LAB),
                 str(sock),
                 self.cgroup,
+                str(slow),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+        )
+
+    def run_in(self, unit: str, *argv: str) -> subprocess.Popen[bytes]:
+        """`argv` run as this uid in a cgroup of a unit of hers (app.slice/UNIT): what
+        her manager would have started (gone with Churn.close, which kills the slice)."""
+        where = f"{self.cgroup}/app.slice/{unit}"
+        for root in CGROUP_ROOTS:
+            os.makedirs(f"{root}{where}", exist_ok=True)
+        moves = "; ".join(f"echo $$ > {r}{where}/cgroup.procs" for r in CGROUP_ROOTS)
+        become = f"exec setpriv --reuid={self.uid} --regid={self.uid} --clear-groups"
+        return subprocess.Popen(
+            ["sh", "-c", f'{moves}; {become} "$@"', "sh", *argv], stdout=subprocess.DEVNULL
         )
 
     def send(self, cmd: str) -> None:
@@ -138,10 +160,12 @@ class FakeUser:
 class Churn:
     """`users` fake managers and `loaders` loader units on `um`, cycled together."""
 
-    def __init__(self, um: UserManager, users: int, loaders: int, first_uid: int = 61000) -> None:
+    def __init__(
+        self, um: UserManager, users: int, loaders: int, first_uid: int = 61000, slow: float = 0.0
+    ) -> None:
         self.um = um
         self.cgroup = f"sg-churn-{os.getpid()}.slice"
-        self.users = [FakeUser(um, first_uid + i, self.cgroup) for i in range(users)]
+        self.users = [FakeUser(um, first_uid + i, self.cgroup, slow) for i in range(users)]
         self.loaders = [f"churn-loader-{i}.service" for i in range(loaders)]
         for name in self.loaders:
             # A loader by its command line; it holds little, so nothing is blocked.
@@ -162,6 +186,15 @@ class Churn:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{count} x {pattern!r} not seen:\n{text[-3000:]}")
             time.sleep(0.05)
+
+    def up(self, said: str = "manager-connected: watching user:{uid} manager") -> None:
+        """Every user's manager appears; returns once the guard has said `said` of each
+        ({uid}: that user's)."""
+        offset = len(self.um.log.read_text(errors="replace"))
+        for u in self.users:
+            u.send("up")
+        for u in self.users:
+            self._wait_log("^info " + said.format(uid=u.uid), 1, offset)
 
     def cycle(self) -> None:
         """Every user's manager appears and is watched, loaders start; all vanish and stop."""

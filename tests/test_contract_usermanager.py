@@ -24,16 +24,18 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from lab import LAB
+from lab import LAB, synth
 from lab.accounts import unprivileged_user
 from lab.churn import Churn
 from lab.guardunit import (
@@ -46,7 +48,7 @@ from lab.guardunit import (
     wait_log,
     write_config,
 )
-from lab.harness import UserManager
+from lab.harness import UserManager, poll
 
 SHIPPED_UNIT = LAB.parent / "units" / "spark-guard.service"
 
@@ -446,10 +448,10 @@ def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
     a handshake in plain Python before pystemd is let near the peer
     (connecting.Connecting, Manager._handshake); (3) not be blind meanwhile: a
     loader that starts in a manager that answers, the moment the others froze,
-    is blocked within about one bus timeout, since a pass lets one call time out
-    and leaves the managers it did not ask yet for the next pass, after those
-    that answered (ManagerWatch.in_turn; before, the pass asked all three, and the
-    loader waited out 15 s); and (4) watch the managers again once they answer.
+    is blocked within about one bus timeout, since the users' managers are asked in
+    parallel, off the loop, the loop waiting one turn for all of them (sense/asking.py;
+    before, the pass asked all three in turn, and the loader waited out 15 s); and (4)
+    watch the managers again once they answer.
     """
     write_config(um, '[loaders.footprint]\n"llama-meanwhile.service" = "100TiB"\n')
     restart_guard(um)
@@ -458,11 +460,7 @@ def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
     churn = Churn(um, users=3, loaders=0, first_uid=62000)
     frozen: list[int] = []
     try:
-        offset = len(log_text(um))
-        for u in churn.users:
-            u.send("up")
-        for u in churn.users:
-            wait_log(um, rf"^info manager-connected: watching user:{u.uid} manager", after=offset)
+        churn.up()
         loader_unit(um, "llama-meanwhile.service", 30, Restart="always")
         offset = len(log_text(um))
         for u in churn.users:
@@ -510,3 +508,72 @@ def test_silent_managers_neither_starve_the_watchdog_nor_blind_the_guard(um):
         told = re.findall(rf"^info manager-lost: user:{u.uid} manager: .*\n", during, re.M)
         assert len(told) == 1, told
         assert "its manager is stopped (SIGSTOP)" in told[0] or "bus timeout" in told[0], told
+
+
+@pytest.mark.systemd
+def test_slow_user_managers_cost_a_pass_one_turn_together_never_one_each(um):
+    """Issue 40: four users' managers each answer a pass's questions well inside the
+    call deadline (0.6 s for ListJobs, 0.6 s for ListUnitsByNames), never timing out.
+    Asked one after another on the loop, they made every pass 4.8 s long, and a loader
+    of root's that cannot fit ran that long before anyone looked. Now root's managers
+    are asked first, on the loop, and the users' in parallel off it, the loop waiting
+    one turn (asking.USER_TURN) for all of them: root's loader is blocked within a
+    couple of seconds, and each late manager is said once, not at every pass. A late
+    manager's units are what the kernel shows, as when it is out of view: her loader
+    that starts meanwhile is foreseen from its argv (the model it names), never left
+    "unknown" until her manager answers in time, and paused, not stopped through her
+    manager: no block waits on a manager that is late."""
+    write_config(um, '[loaders.footprint]\n"llama-meanwhile.service" = "100TiB"\n')
+    restart_guard(um)
+    models = Path(tempfile.mkdtemp(prefix="sg-slow-"))
+    models.chmod(0o755)  # (her loader's model: hers to read, as the guard reads it for her)
+    big = synth.write(synth.SPECS["deepseek-v3"], models)
+    # A llama-server the kernel names as such (`python3 .../llama-server -m MODEL`).
+    server = models / "llama-server"
+    server.write_text(f"#!{PY}\n" + (LAB / "fake_loader.py").read_text())
+    server.chmod(0o755)
+    churn = Churn(um, users=4, loaders=0, first_uid=62100, slow=0.6)
+    her = churn.users[0]
+    try:
+        churn.up("manager-late: user:{uid} manager")
+        offset = len(log_text(um))
+        loader = her.run_in("llama-hers.service", str(server), "-m", str(big))
+        seen = wait_log(um, rf"loader-seen: model loader {her.key}:llama-hers\.service.*")
+
+        def footprint() -> int:
+            state = json.loads((um.base / "run" / "state.json").read_text())
+            hers = [ld for ld in state["loaders"] if ld["unit"] == f"{her.key}:llama-hers.service"]
+            return int(hers[0]["expected"] or 0) if hers else 0
+
+        foreseen = poll(lambda: footprint() > 100 << 30, 20)[0]
+        # It cannot fit, and no block waits on her late manager: its processes are paused
+        # from the kernel's side (as when her manager is out of view) until it answers.
+        acted = wait_log(um, rf"unit-stop-failed: cannot stop {her.key}:llama-hers\.service.*")
+        stat = Path(f"/proc/{loader.pid}/stat")
+        paused = poll(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 10)[0]
+        loader_unit(um, "llama-meanwhile.service", 30, Restart="always")
+        offset = len(log_text(um))
+        started = time.monotonic()
+        um.systemctl("start", "llama-meanwhile.service")
+        wait_log(um, r"^warning unit-blocked: user:0:llama-meanwhile.service", after=offset)
+        blocked_in = time.monotonic() - started
+        told = log_text(um)  # (passes with all four late, from the first late to the block)
+    finally:
+        churn.close()
+        shutil.rmtree(models)
+        subprocess.run(
+            [PY, "-m", "spark_guard", "release", "--all", "--config", str(um.base / "guard.toml")],
+            capture_output=True,
+            timeout=60,
+        )
+    assert "its manager is not answering" in seen.group(0), seen.group(0)
+    assert foreseen, footprint()
+    assert "its processes are paused (SIGSTOP) until it answers" in acted.group(0), acted[0]
+    assert paused
+    # One turn for the four of them, and a pass: one after another they were 4.8 s.
+    assert blocked_in < 4.0, (blocked_in, told[-3000:])
+    for u in churn.users:
+        late = re.findall(rf"^info manager-late: user:{u.uid} manager: .*$", told, re.M)
+        assert len(late) == 1, late
+        assert "judged by what the kernel shows" in late[0], late
+        assert f"manager-lost: user:{u.uid}" not in told  # slow is not gone: still watched

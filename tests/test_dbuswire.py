@@ -189,7 +189,8 @@ def test_a_users_unit_details_held_have_a_budget_across_her_units():
     from spark_guard import config as config_mod
     from spark_guard import log
     from spark_guard.sense import Sensor
-    from spark_guard.sense.units import DETAILS_OWNER_BUDGET, DETAILS_RETRY
+    from spark_guard.sense.asking import DETAILS_OWNER_BUDGET
+    from spark_guard.sense.units import DETAILS_RETRY
 
     args = " ".join(f"a{i:05}{'x' * 40}" for i in range(1000))  # 47 KiB, 1,000 arguments
     n = 30

@@ -1207,7 +1207,10 @@ def test_her_many_blocked_units_are_a_few_lines_of_roots_note_and_state(stage: S
             return len(done) >= count
 
         assert poll(all_blocked, 90)[0], log_text(stage.root)[offset:][-3000:]
-        note = (stage.root.base / "motd.d" / "spark-guard").read_text()
+        motd = stage.root.base / "motd.d" / "spark-guard"
+        # (The note is written at the end of the pass that blocked the last of them.)
+        assert poll(lambda: f"in all: {stage.key} {count})" in motd.read_text(), 30)[0]
+        note = motd.read_text()
         lines = note.splitlines()
         assert sum("llama-many@" in ln for ln in lines) == ROWS_PER_MANAGER, note
         assert f"... and {count - ROWS_PER_MANAGER} more" in note, note
@@ -1234,7 +1237,7 @@ def test_her_thousands_of_queued_start_jobs_leave_the_loop_its_pace(stage: Stage
     asks her manager of DETAILS_PER_PASS new units, within DETAILS_SECONDS, running units
     first; the rest wait their turn. Root's loader that cannot fit, started while her
     queue is fresh, is blocked within seconds, not after her 3,000 calls."""
-    from spark_guard.sense.units import DETAILS_PER_PASS
+    from spark_guard.sense.asking import DETAILS_PER_PASS
 
     count = 3000
     assert count > 50 * DETAILS_PER_PASS

@@ -51,7 +51,7 @@ FUNCTION_DEBTS = {
     "foresight/predict.py:for_spec": 79,
     "metrics.py:registry": 135,
     "sense/sensor.py:snapshot": 85,
-    "sense/units.py:seen": 84,
+    "sense/units.py:seen": 80,
     "sense/foresee.py:_foresee_unit": 61,
     "statefile.py:build": 79,
     "system/cgroupfs.py:kill_uid": 73,

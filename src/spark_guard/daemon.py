@@ -89,7 +89,7 @@ class Guard:
             on_answer=self._look_now,
         )
         self.blocker = Blocker(
-            self.sensor.managers,
+            self.sensor.answering,  # (a manager late in the last pass is left out)
             config,
             log,
             tick=lambda: self.notifier.notify("WATCHDOG=1"),

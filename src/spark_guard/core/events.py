@@ -31,6 +31,7 @@ class EventKind(StrEnum):
     MANAGER_CONNECTED = "manager-connected"
     MANAGER_LOST = "manager-lost"
     MANAGER_UNTRUSTED = "manager-untrusted"
+    MANAGER_LATE = "manager-late"
     ENGINE_UNANSWERED = "engine-unanswered"
     LOADER_SEEN = "loader-seen"
     PHASE_CHANGED = "phase-changed"
@@ -131,6 +132,7 @@ MESSAGE_IDS: dict[EventKind, str] = {
     EventKind.MANAGER_CONNECTED: "542be34c8de6421cb66e1a009b6949e3",
     EventKind.MANAGER_LOST: "be412eceffd849ddaa1bd575d38bd4b3",
     EventKind.MANAGER_UNTRUSTED: "30ca554172384757b931717acb0d32b7",
+    EventKind.MANAGER_LATE: "4e1e8ee38be24e1e9d9dd60f1542945f",
     EventKind.ENGINE_UNANSWERED: "c7752726b9074718bb28d293086eea7d",
     EventKind.LOADER_SEEN: "4a07fefefba742fca5fdea72ee9904c8",
     EventKind.PHASE_CHANGED: "9fdd30b2101e4b4a800f03b3587ed425",

@@ -84,8 +84,6 @@ class PassBudget:
         # Unit details (ExecStart=, Environment=) the unit caches hold, per manager.
         self.details_held: dict[str, int] = {}
         self.argv_reads = 0  # argv read this pass, all units (the watchdog's progress)
-        # Per manager, its units' details asked this pass and the seconds they took.
-        self.details_asked: dict[str, tuple[int, float]] = {}
 
     def hold_maps(self, owner: str) -> bool:
         held = self.maps_held.get(owner, 0)

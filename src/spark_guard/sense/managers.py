@@ -6,25 +6,23 @@ found by discover(); the connection is made and its peer verified off the loop
 full look. A manager not believed is said once per reason and asked again now and then;
 one that timed out is left alone until its silence is over.
 
-A call to a manager that froze since the last pass waits the bus timeout (5 s), with
-the GIL held (pystemd): three frozen at once were 15 s of one pass, blind to every
-loader meanwhile. So a pass lets one call time out: after it, the user managers not
-yet asked are left for the next pass, which asks them after those that answered (a
-manager that answered is asked every pass, however many froze). PID 1 is always
-asked, first.
+A pass asks PID 1 first, on the loop, then the users' managers in parallel, each in its
+turn (sense/asking.py): three frozen at once cost a pass one turn, not three timeouts.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from ..core.config import Config
 from ..core.events import Event, EventKind, tell
 from ..core.snapshot import SYSTEM
 from ..system.connecting import Connecting
-from ..system.managers import Manager, ManagerError, ManagerSilent, ManagerUntrusted, discover
+from ..system.managers import Manager, ManagerError, ManagerUntrusted, discover
+from .asking import USER_TURN
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger  # type only: no runtime import
@@ -34,7 +32,7 @@ UNTRUSTED_RETRY = 10.0  # seconds before a manager that failed verification is t
 
 class ManagerWatch:
     """The managers connected now (`managers`, one dict for the guard's life: the blocker
-    acts through the same), those connecting, and the pass's one timeout."""
+    acts through the same), those connecting, and those late in the last pass."""
 
     def __init__(
         self,
@@ -48,7 +46,12 @@ class ManagerWatch:
         self.system_manager, self.user_runtime = config.system_manager, config.user_runtime
         self.proc = config.proc
         self.log, self.clock = log, clock
-        self.heartbeat = heartbeat  # given to every Manager: after each call that came back
+        # Given to every Manager: after each call that came back, on the loop's own thread
+        # (made here): a user's manager answering a worker (asking.py) says nothing of it.
+        loop = threading.get_ident()
+        self.heartbeat = heartbeat and (
+            lambda: heartbeat() if threading.get_ident() == loop else None
+        )
         self.on_answer = on_answer
         self.managers: dict[str, Manager] = {}
         self.connecting: dict[str, Connecting] = {}
@@ -56,12 +59,7 @@ class ManagerWatch:
         # key -> monotonic time: a call to that manager timed out; not reconnected before.
         self._silent: dict[str, float] = {}
         self._found: dict[str, str] = {}  # the last discover(): key -> socket
-        # One call may time out per pass (in_turn): whether one did, and the managers left
-        # out of this pass and the last one for it.
-        self._timed_out = False
-        self._answered: set[str] = set()  # asked in this pass (and answered, or dropped)
-        self._left_out: set[str] = set()
-        self._left_out_now: set[str] = set()
+        self.late: set[str] = set()  # not back within their turn in the last pass
 
     def refresh(self, wait: float) -> None:
         """Forget managers gone; start connecting those that appeared (boot, linger, login).
@@ -158,35 +156,25 @@ class ManagerWatch:
                 ),
             )
 
-    def new_pass(self) -> None:
-        """A full look begins: those left out of the last pass are asked early in this one."""
-        self._left_out, self._left_out_now, self._timed_out = self._left_out_now, set(), False
-        self._answered = set()
-
-    def in_turn(self) -> list[tuple[str, Manager]]:
-        """The managers to ask now: PID 1, those that answered, those left out last pass."""
-        return sorted(
-            self.managers.items(),
-            key=lambda item: (item[0] != SYSTEM, item[0] in self._left_out),
-        )
-
-    def spent(self, key: str) -> bool:
-        """A call timed out in this pass: `key`, a user manager not asked yet in it, waits
-        for the next; one that answered a moment ago is asked on."""
-        if self._timed_out and key != SYSTEM and key not in self._answered:
-            self._left_out_now.add(key)
-            return True
-        self._answered.add(key)  # (a call that fails now drops it from the managers)
-        return False
-
-    def waits(self, key: str) -> bool:
-        """Whether `key` was left out of this pass (another manager's call timed out)."""
-        return key in self._left_out_now
-
     def failed(self, key: str, e: ManagerError) -> None:
-        """A call to `key` failed: dropped (a timeout spends the pass's one)."""
-        self._timed_out = self._timed_out or isinstance(e, ManagerSilent)
+        """A call to `key` failed: dropped (a timeout makes it silent for SILENT_FOR)."""
         self.drop(key, str(e))
+
+    def pending(self, keys: set[str]) -> None:
+        """The user managers not back within their turn in this pass (sense/asking.py):
+        said once, when one first misses its turn, and again only after it answered."""
+        for key in sorted(keys - self.late):
+            tell(
+                self.log,
+                Event.of(
+                    EventKind.MANAGER_LATE,
+                    "info",
+                    manager=key,
+                    msg=f"{key} manager: no answer within its turn ({USER_TURN:g}s): its"
+                    " units are judged by what the kernel shows until it answers",
+                ),
+            )
+        self.late = {k for k in keys if k in self.managers}
 
     def close(self) -> None:
         for key in list(self.managers):
@@ -195,3 +183,23 @@ class ManagerWatch:
             if pending.done:
                 pending.manager.close()  # one still connecting dies with its daemon thread
         self.connecting.clear()
+
+
+class Answering(Mapping[str, Manager]):
+    """The managers as the blocker sees them: those late in the last pass left out. No
+    block waits on a manager that did not answer its turn: its units are paused or
+    killed from the kernel's side, as when it is out of view, until it answers."""
+
+    def __init__(self, watch: ManagerWatch) -> None:
+        self._watch = watch
+
+    def __getitem__(self, key: str) -> Manager:
+        if key in self._watch.late:
+            raise KeyError(key)
+        return self._watch.managers[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in list(self._watch.managers) if k not in self._watch.late)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

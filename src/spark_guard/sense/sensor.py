@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core import attribution
-from ..core.attribution import attribute
+from ..core.attribution import ROOTS, attribute
 from ..core.classify import is_protected
 from ..core.config import Config
 from ..core.events import Event, EventKind, tell
@@ -21,6 +21,7 @@ from ..core.room import AS_MADE, RoomView
 from ..core.snapshot import (
     CONTAINER,
     CONTAINER_PREFIX,
+    SYSTEM,
     USER_PREFIX,
     Memory,
     MemoryRule,
@@ -34,13 +35,11 @@ from ..foresight.predict import Predictor
 from ..system.containerwatch import PENDING, ContainerWatch, container_cgroup
 from ..system.engine import Container, container_id, scope_container_id
 from ..system.gpu import GpuWatch, unified_memory
-from ..system.managers import (
-    ManagerError,
-    UnitDetails,
-)
+from ..system.managers import Manager, UnitDetails
 from ..system.procfs import ProcFS
+from .asking import Answer, Question, Turns, ask, ghost
 from .foresee import foresee
-from .managers import ManagerWatch
+from .managers import Answering, ManagerWatch
 from .rescue import RescueWatch
 from .units import PROGRESS_EVERY, UnitReader, out_of_view
 
@@ -89,6 +88,8 @@ class Sensor:
         # The managers (sense/managers.py); `managers` is the one dict the blocker shares.
         self.watch = ManagerWatch(config, log, clock, heartbeat, self._on_answer)
         self.managers = self.watch.managers
+        self.answering = Answering(self.watch)  # what the daemon's blocker acts through
+        self.turns = Turns()  # the users' managers, asked in parallel (sense/asking.py)
         # NVML is asked off the loop, within a deadline (gpu.py): a hung GPU cannot hold it.
         self.gpu = GpuWatch(retry=config.gpu_retry, deadline=config.gpu_deadline)
         self.predictor = Predictor(on_ready=on_answer)
@@ -196,11 +197,11 @@ class Sensor:
         )
         what.update(jobs)
 
-        self.watch.new_pass()
-        starting = self._start_jobs(groups)
+        answers = self._ask_managers(groups, what, now)
+        starting = self._start_jobs(answers, groups)
         for ref in starting:
             groups.setdefault(ref, [])
-        states, ghosts = self._states({r: p for r, p in groups.items() if r not in what})
+        states, ghosts = self._states(answers, {r: p for r, p in groups.items() if r not in what})
         what.update(ghosts)
         # A container or a group has processes: it runs (no manager has its state).
         states.update({ref: "active" for ref in [*containers, *what] if groups.get(ref)})
@@ -232,7 +233,7 @@ class Sensor:
                 what.get(ref, ""),
                 protected=is_protected(ref, self.config, self.guard_unit),
                 container=containers.get(ref),
-                ask=self._ask if ref.manager in self.managers else out_of_view,
+                ask=self._asker(ref.manager, answers),
             )
             if ref in starting or ref in within:
                 seen = replace(seen, starting=ref in starting, within=within.get(ref))
@@ -314,12 +315,48 @@ class Sensor:
             self._report_engines()
         return groups, cgroups, containers, what
 
-    def _ask(self, ref: UnitRef) -> UnitDetails:
-        """A unit's details, of its manager (KeyError: out of view)."""
-        if self.watch.waits(ref.manager):
-            # Another manager's call timed out in this pass: this one waits too.
-            raise ManagerError(f"{ref.manager}: not asked in this pass")
-        return self.managers[ref.manager].unit_details(ref.name)
+    def _ask_managers(self, groups: Groups, what: What, now: float) -> dict[str, Answer]:
+        """What each manager answered in this pass: root's first (PID 1, then root's user
+        manager), on the loop and whole; then the users' in parallel, each in its turn
+        (sense/asking.py). A manager that failed is dropped; one left pending is said once
+        and answers nothing now."""
+        answers: dict[str, Answer] = {}
+        asks: dict[str, tuple[Manager, Question]] = {}
+        ordered = [r for r, _ in _in_turn(groups) if r not in what]
+        held = self.units.budget(groups).details_held
+        for key, m in sorted(self.managers.items(), key=lambda km: km[0] != SYSTEM):
+            known = self.units.known(key, groups, now)
+
+            def wanted(name: str, key: str = key, known: frozenset[str] = known) -> bool:
+                ref = UnitRef(key, name)
+                return name not in known and not is_protected(ref, self.config, self.guard_unit)
+
+            names = tuple(r.name for r in ordered if r.manager == key)
+            q = Question(names, wanted, held.get(key, 0), key != SYSTEM, key not in ROOTS)
+            if q.hers:
+                asks[key] = (m, q)
+                continue
+            answer = ask(m, q)
+            if answer.error is not None:
+                self.watch.failed(key, answer.error)
+            else:
+                answers[key] = answer
+        got, failed, pending = self.turns.ask_all(asks)
+        for key, error in failed.items():
+            self.watch.failed(key, error)
+        self.watch.pending(pending)
+        answers.update(got)
+        return answers
+
+    def _asker(self, manager: str, answers: dict[str, Answer]) -> Callable[[UnitRef], UnitDetails]:
+        """A unit's details as its manager answered in this pass (Later: not in it); its
+        manager out of view, or late in this pass: KeyError (foreseen from argv)."""
+        if manager not in self.managers:
+            return out_of_view
+        answer = answers.get(manager)
+        if answer is None:
+            return out_of_view  # late in this pass: what the kernel shows, as out of view
+        return lambda ref: answer.details_of(ref.name)
 
     def memory_rule(self, room: RoomView = AS_MADE) -> MemoryRule:
         """Which figure to judge: unified memory as the config says, or, on "auto", as NVML
@@ -327,18 +364,11 @@ class Sensor:
         unified = unified_memory(self.config.unified, self.gpu.unified)
         return MemoryRule(unified, self.config.make_room and room.counts, room.mapped)
 
-    def _start_jobs(self, groups: dict[UnitRef, Any]) -> set[UnitRef]:
+    def _start_jobs(self, answers: dict[str, Answer], groups: Groups) -> set[UnitRef]:
         """Services with a start job and no process yet: loaders caught before they allocate."""
         found = set()
-        for key, m in self.watch.in_turn():
-            if self.watch.spent(key):
-                continue
-            try:
-                names = m.start_jobs()
-            except ManagerError as e:
-                self.watch.failed(key, e)
-                continue
-            for name in names:
+        for key, answer in answers.items():
+            for name in answer.jobs:
                 ref = UnitRef(key, name)
                 if (
                     name.endswith(".service")
@@ -348,34 +378,30 @@ class Sensor:
                     found.add(ref)
         return found
 
-    def _states(self, groups: dict[UnitRef, Any]) -> tuple[dict[UnitRef, str], dict[UnitRef, str]]:
-        """ActiveState of every unit with processes: one call per manager. And the units of
-        a user manager that it does not run, though processes sit in their cgroup (a cgroup
-        of hers named `x.service` in her delegated subtree, or what KillMode=process left
-        behind): groups of hers, never its units (what they are, for SeenUnit.group)."""
+    def _states(
+        self, answers: dict[str, Answer], groups: Groups
+    ) -> tuple[dict[UnitRef, str], dict[UnitRef, str]]:
+        """ActiveState of every unit with processes, as its manager answered. And the units
+        of a user manager that it does not run, though processes sit in their cgroup (a
+        cgroup of hers named `x.service` in her delegated subtree, or what KillMode=process
+        left behind): groups of hers, never its units (what they are, for SeenUnit.group)."""
         out: dict[UnitRef, str] = {}
         ghosts: dict[UnitRef, str] = {}
-        for key, m in self.watch.in_turn():
-            if self.watch.spent(key):
+        for ref in groups:
+            answer = answers.get(ref.manager)
+            st = answer.states.get(ref.name) if answer is not None else None
+            if st is None:
                 continue
-            names = [r.name for r in groups if r.manager == key]
-            try:
-                states = m.unit_states(names)
-            except ManagerError as e:
-                self.watch.failed(key, e)
+            if (
+                ref.manager not in attribution.ROOTS
+                and groups.get(ref)  # a start job has no process yet: a unit, starting
+                and ghost(st)
+            ):
+                ghosts[ref] = f"processes in {ref.name}, which her manager " + (
+                    "does not know" if st.load_state == "not-found" else "does not run"
+                )
                 continue
-            for name, st in states.items():
-                ref = UnitRef(key, name)
-                if (
-                    key not in attribution.ROOTS
-                    and groups.get(ref)  # a start job has no process yet: a unit, starting
-                    and (st.load_state == "not-found" or st.active_state in ("inactive", "failed"))
-                ):
-                    ghosts[ref] = f"processes in {name}, which her manager " + (
-                        "does not know" if st.load_state == "not-found" else "does not run"
-                    )
-                    continue
-                out[ref] = st.active_state
+            out[ref] = st.active_state
         return out, ghosts
 
     def _report_engines(self) -> None:
@@ -394,13 +420,14 @@ class Sensor:
         self.proc.close()
         self.predictor.close()
         self.containers.close()
+        self.turns.close()
         self.watch.close()
         self.gpu.close()
 
 
 def _in_turn(groups: Groups) -> list[tuple[UnitRef, list[tuple[int, int, int | None]]]]:
     """The units in the order a pass reads them: running ones first, the biggest first.
-    What a pass's budgets leave for later (units.DETAILS_PER_PASS) is a user's queued
+    What a pass's budgets leave for later (asking.DETAILS_PER_PASS) is a user's queued
     start jobs, never the loader that grows."""
 
     def used(procs: list[tuple[int, int, int | None]]) -> int:

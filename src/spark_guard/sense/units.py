@@ -20,18 +20,10 @@ from ..core.snapshot import MAPS_MAX_MODELS, SYSTEM, ContainerFacts, SeenUnit, U
 from ..system.engine import Container
 from ..system.managers import ManagerError, UnitDetails
 from ..system.procfs import ProcFS
+from .asking import DETAILS_OWNER_BUDGET, Later, details_size
 from .caches import MAPS_MIN_RSS, MAPS_RECHECK, PassBudget, ProcCache, UnitCache
 
-# A user's unit details held (ExecStart= within 64 KiB and 16 KiB of Environment= each):
-# a real loader's are a few kB; 40 units of hers at the per-unit caps, 3 MiB.
-DETAILS_OWNER_BUDGET = 1 << 20
 DETAILS_RETRY = 30.0  # seconds before a unit whose details could not be read is asked again
-# A user's new units asked of her manager in one pass (issue 40, H6): her 3,000 start jobs
-# queued behind a unit that never finishes were 3,000 calls, a pass of 35.7 s. Past the
-# count, or past the time, the rest are asked in the next passes, in turn: a unit already
-# read is not asked again, so each pass reads new ones. PID 1's are never held back.
-DETAILS_PER_PASS = 32
-DETAILS_SECONDS = 1.0
 # A process whose argv is still systemd's own, between its fork and the exec of the unit's
 # command (its manager's argv, renamed "(llama-server)" before systemd 255; 255's
 # systemd-executor): not kept, or its pid would keep it for life.
@@ -44,6 +36,22 @@ PROGRESS_EVERY = 1024
 
 def out_of_view(ref: UnitRef) -> UnitDetails:
     raise KeyError(ref.manager)
+
+
+def restarted(cache: UnitCache, pids: tuple[int, ...]) -> bool:
+    """None of the processes it had a pass ago: a new run, read afresh."""
+    return bool(pids and cache.pids and not (cache.pids & set(pids)))
+
+
+def details_due(cache: UnitCache, now: float, in_view: bool = True) -> bool:
+    """Whether its details are asked of its manager now: never read; unreadable, and
+    its retry is due; or seen by the kernel alone so far, and its manager is in view."""
+    d = cache.details
+    return (
+        d is None
+        or (bool(d.unreadable) and now >= cache.retry_at)
+        or (cache.kernel_view and in_view and now >= cache.read_at)
+    )
 
 
 class UnitReader:
@@ -73,6 +81,16 @@ class UnitReader:
         if pc.uid is None or (pc.uid == 0 and (again or rss >= MAPS_MIN_RSS)):
             pc.uid = self.proc.uid(pid)
         return pc.uid
+
+    def known(self, manager: str, groups: dict[UnitRef, Any], now: float) -> frozenset[str]:
+        """The units of `manager` whose details are read and not due again in this pass."""
+        return frozenset(
+            r.name
+            for r, c in self.units.items()
+            if r.manager == manager
+            and not restarted(c, tuple(p for p, _, _ in groups.get(r, ())))
+            and not details_due(c, now)
+        )
 
     def budget(self, groups: dict[UnitRef, Any]) -> PassBudget:
         """A pass's budget, with what the caches of the units still there hold (a unit gone
@@ -176,7 +194,7 @@ class UnitReader:
         gpu_bytes = sum(g or 0 for _, _, g in procs)
         gpu_pids = tuple(p for p in pids if p in gpu)
         cache = self.units.get(ref)
-        if cache is None or (pids and cache.pids and not (cache.pids & set(pids))):
+        if cache is None or restarted(cache, pids):
             cache = self.units[ref] = UnitCache()  # new or restarted: read it afresh
         growth = 0.0
         if cache.at and now > cache.at:
@@ -200,11 +218,7 @@ class UnitReader:
             # shell, and be "first" to any model another user loads.
             if cache.details is None:
                 cache.details = UnitDetails((), cache.since)
-        elif (
-            cache.details is None
-            or (cache.details.unreadable and now >= cache.retry_at)
-            or (cache.kernel_view and ask is not out_of_view and now >= cache.read_at)
-        ):
+        elif details_due(cache, now, ask is not out_of_view):
             _read_details(ref, cache, budget, now, ask)
         details = cache.details
         assert details is not None  # (every branch above reads or sets them)
@@ -275,25 +289,20 @@ def _read_details(
     """Its details, asked of its manager, within what the pass may hold of its owner's."""
     held = budget.details_held.get(ref.manager, 0)
     was_kernel_view = cache.kernel_view
-    asked, spent = budget.details_asked.get(ref.manager, (0, 0.0))
-    if ref.manager != SYSTEM and (asked >= DETAILS_PER_PASS or spent >= DETAILS_SECONDS):
-        # Her turn in this pass is over: asked in a later one (read_at: not before then).
-        if cache.details is None:
-            later = f"{ref.manager}: its turn in this pass is over: asked in a later one"
-            cache.details = UnitDetails((), None, unreadable=later)
-        cache.retry_at = cache.read_at = now
-        return
-    began, called = time.monotonic(), False
     try:
         if ref.manager != SYSTEM and held >= DETAILS_OWNER_BUDGET:
             raise ManagerError(
                 f"{ref.manager}: the command lines and environment of its units"
                 f" held already are over {DETAILS_OWNER_BUDGET >> 10} KiB: not read"
             )
-        called = True
         answer = ask(ref)
+    except Later as e:
+        # Her turn in this pass was over (sense/asking.py): asked in the next one.
+        if cache.details is None:
+            cache.details = UnitDetails((), None, unreadable=str(e))
+        cache.retry_at = cache.read_at = now
+        return
     except KeyError:
-        called = False  # out of view: no call went out
         # Out of view: no ExecStart= to read yet; its processes' argv stand in
         # for it (foresee.py) until its manager answers and it is read again. When
         # it became active is not known until its manager says: it comes after
@@ -315,11 +324,7 @@ def _read_details(
             # argv's footprint is never "unknown for now" when its manager answers)
             cache.commands, cache.predicted, cache.foreseen_from = None, False, ()
         cache.details, cache.kernel_view = answer, False
-    if called:  # answered or not, it went out: her turn's count and time
-        budget.details_asked[ref.manager] = (asked + 1, spent + time.monotonic() - began)
     d = cache.details
     assert d is not None  # (kept from the kernel's view when the read failed)
-    cache.details_bytes = sum(len(a) + 1 for row in d.exec_start for a in row) + sum(
-        len(e) for e in d.environment
-    )
+    cache.details_bytes = details_size(d)
     budget.details_held[ref.manager] = held + cache.details_bytes
