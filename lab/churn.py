@@ -32,20 +32,25 @@ import os, socket, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from fake_manager import Fake, serve_quietly
 
-path, cgroup, slow = sys.argv[2], sys.argv[3], float(sys.argv[4])
+path, cgroup = sys.argv[2], sys.argv[3]
+pace = {"slow": float(sys.argv[4])}  # ("slow N" on stdin changes it)
 
 
 class Manager(Fake):
     def answer(self, member, body):
         if member in ("ListJobs", "ListUnitsByNames"):
-            time.sleep(slow)  # each of a pass's questions answered this late
-        if member == "ListJobs" and slow:  # a start job waiting: its state is asked too
+            time.sleep(pace["slow"])  # each of a pass's questions answered this late
+        if member == "ListJobs" and pace["slow"]:  # a start job: its state is asked too
             objects = "/org/freedesktop/systemd1/"
             unit = objects + "unit/wait_2dhere_2eservice"
             job = (1, "wait-here.service", "start", "waiting", objects + "job/1", unit)
             return "a(usssoo)", [[job]]
         if member == "Get" and body[1] == "UnitPath":
             return "v", [("as", [os.path.dirname(path) + "/user.control"])]
+        if member == "StopUnit":  # taken, and nothing stops (an ExecStop= that hangs)
+            return "o", ["/org/freedesktop/systemd1/job/77"]
+        if member == "GetUnitFileLinks":
+            return "as", [[]]
         return super().answer(member, body)
 
 
@@ -78,6 +83,8 @@ for line in sys.stdin:
         srv.bind(path)
         srv.listen(16)
         threading.Thread(target=accept, args=(srv,), daemon=True).start()
+    elif cmd.startswith("slow "):
+        pace["slow"] = float(cmd.split()[1])
     elif cmd == "down" and srv is not None:
         os.unlink(path)
         srv.shutdown(socket.SHUT_RDWR)
@@ -133,6 +140,10 @@ class FakeUser:
             stdout=subprocess.PIPE,
             text=True,
         )
+
+    def slow(self, seconds: float) -> None:
+        """From now on, each of a pass's questions answered after `seconds`."""
+        self.send(f"slow {seconds:g}")
 
     def run_in(self, unit: str, *argv: str) -> subprocess.Popen[bytes]:
         """`argv` run as this uid in a cgroup of a unit of hers (app.slice/UNIT): what

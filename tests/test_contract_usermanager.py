@@ -577,3 +577,46 @@ def test_slow_user_managers_cost_a_pass_one_turn_together_never_one_each(um):
         assert len(late) == 1, late
         assert "judged by what the kernel shows" in late[0], late
         assert f"manager-lost: user:{u.uid}" not in told  # slow is not gone: still watched
+
+
+@pytest.mark.systemd
+def test_her_manager_late_again_after_taking_the_stop_leaves_her_loader_no_time(um):
+    """Found by a hostile review of the parallel asks: her manager is late, so her
+    unfit loader is paused; one pass in time, her manager takes the StopUnit (and
+    nothing stops: an ExecStop= that hangs) and the pause is let go for the stop's
+    SIGTERM; then she is late again, never timing out. The blocker left out the late
+    manager and, with it, the block past its stop: her loader ran on for 30 s, until
+    the decision's repeat. A block not done whose manager is late is held from the
+    kernel's side as one whose manager is gone: her running loader is killed."""
+    write_config(um, '[guard]\nstop_timeout = "3s"\n')
+    restart_guard(um)
+    models = Path(tempfile.mkdtemp(prefix="sg-late-"))
+    models.chmod(0o755)
+    big = synth.write(synth.SPECS["deepseek-v3"], models)
+    server = models / "llama-server"
+    server.write_text(f"#!{PY}\n" + (LAB / "fake_loader.py").read_text())
+    server.chmod(0o755)
+    churn = Churn(um, users=1, loaders=0, first_uid=62300, slow=0.6)
+    her = churn.users[0]
+    try:
+        churn.up("manager-late: user:{uid} manager")
+        loader = her.run_in("llama-hers.service", str(server), "-m", str(big), "--alloc", "64")
+        wait_log(um, rf"unit-stop-failed: cannot stop {her.key}:llama-hers\.service", 30)
+        offset = len(log_text(um))
+        her.slow(0)  # in time for a pass: the stop goes to her manager
+        wait_log(um, rf"stopping {her.key}:llama-hers\.service", 30, offset)
+        her.slow(0.6)  # and late again
+        stopped = time.monotonic()
+        gone, _ = poll(lambda: loader.poll() is not None, 20)
+        took = time.monotonic() - stopped
+        told = log_text(um)[offset:]
+    finally:
+        churn.close()
+        shutil.rmtree(models)
+        subprocess.run(
+            [PY, "-m", "spark_guard", "release", "--all", "--config", str(um.base / "guard.toml")],
+            capture_output=True,
+            timeout=60,
+        )
+    # Killed within a few passes, never left to run until the block is decided again.
+    assert gone and took < 8, (took, told[-3000:])

@@ -266,10 +266,10 @@ class Blocker:
                 continue
             manager = self.managers.get(record.manager)
             if manager is None:
-                held = key in self.pauses or (record.step == Step.STOP and record.cgroup)
+                held = key in self.pauses or (record.step != Step.BLOCKED and record.cgroup)
                 if held and not self.pauses.hold(record, self.config.stop_timeout):
-                    self.settler.kill_cgroup(record, f"{record.manager} manager is not connected")
-                continue  # its manager is not running: nothing can start the unit
+                    self.settler.kill_cgroup(record, f"{record.manager} manager is not answering")
+                continue  # gone, or late (sense/managers.Answering): held from the kernel's side
             gone = (
                 record.step == Step.BLOCKED
                 and bool(record.mask_path)
