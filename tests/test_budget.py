@@ -12,7 +12,10 @@ loader units starting and stopping (lab/churn.py).
 How many cycles: each round here is USERS managers at once (the guard
 looks for managers every 2 s, so a round takes about 2 s whatever its
 width), ROUNDS times, after WARMUP rounds that fill the caches that are
-meant to fill (first imports, pystemd's interface tables). A leak of one fd
+meant to fill (first imports, pystemd's interface tables, and the malloc
+arenas of the workers that ask the users' managers, sense/asking.py: with
+two warm-up rounds they were still filling, 480-524 kB over the rounds
+against 244 kB before the workers; with four, 272-300 kB). A leak of one fd
 per manager connection (a bus left open, a pidfd, a PSI trigger opened per
 reload) shows as USERS x ROUNDS = 40 fds, and fds are compared exactly: the
 guard's own fds do not move between passes (8 here). A leaked connection
@@ -30,12 +33,13 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from lab.churn import Churn, FakeUser, guard_figures
 from lab.guardunit import GUARD, guard_manager, restart_guard, write_config
-from lab.harness import UserManager
+from lab.harness import CGROUP_ROOTS, UserManager, _kill_and_remove
 from spark_guard.system.managers import Manager, ManagerError
 
 pytestmark = pytest.mark.systemd
@@ -44,7 +48,7 @@ MAX_RSS_KB = 32 * 1024
 MAX_FDS = 32  # stated: measured 15-20 (stdio, journal/notify sockets, PSI, bus, pipes)
 RSS_NOISE_KB = 512
 USERS = 8
-WARMUP = 2
+WARMUP = 4
 ROUNDS = 5
 
 
@@ -98,7 +102,8 @@ def test_a_manager_that_goes_away_costs_no_memory():
     """
     cycles, noise_kb = 300, 192
     with UserManager() as um:
-        user = FakeUser(um, 61500, f"sg-budget-{os.getpid()}.slice")
+        slice_ = f"sg-budget-{os.getpid()}.slice"
+        user = FakeUser(um, 61500, slice_)
         sock = str(um.user_runtime / "61500" / "systemd" / "private")
 
         def cycle() -> str:
@@ -123,5 +128,7 @@ def test_a_manager_that_goes_away_costs_no_memory():
             grown = guard_figures(os.getpid())["rss_kb"] - before
         finally:
             user.close()
+            for root in CGROUP_ROOTS:
+                _kill_and_remove(Path(root) / slice_)  # (its cgroup too, as Churn.close)
     assert said == {f"user:61500: {sock}: No such file or directory"}, said
     assert grown <= noise_kb, f"{grown} kB over {cycles} managers that went away"
